@@ -1,0 +1,36 @@
+# One entry point for people and CI. `make test` is the README's test command.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv check test test-gpu demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,cuda12]'
+	touch $(STAMP)
+
+check: venv
+	$(VENV)/bin/ruff check taogpud tests bench scripts
+	$(VENV)/bin/ruff format --check taogpud tests bench scripts
+	$(VENV)/bin/mypy
+
+test: check
+	$(PY) -m pytest -q -n 2 --durations=10
+
+# On a host with an NVIDIA GPU: the GPU tier alone, with a report. Exit 5 (no test
+# selected, i.e. no GPU here) is not a failure.
+test-gpu: venv
+	$(PY) -m pytest -q -m gpu --junitxml=gpu-report.xml || [ $$? -eq 5 ]
+
+demo: venv
+	$(PY) scripts/demo.py
+
+bench: venv
+	$(PY) bench/dispatch.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

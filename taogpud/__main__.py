@@ -1,0 +1,7 @@
+"""python -m taogpud → the daemon, in the foreground."""
+
+import sys
+
+from taogpud.daemon import main
+
+sys.exit(main())

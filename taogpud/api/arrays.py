@@ -1,0 +1,21 @@
+"""Arrays: upload a .npy body to use as a job input."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from taogpud.api.deps import Daemon
+from taogpud.api.models import ArrayView
+
+router = APIRouter(prefix="/v1/arrays", tags=["arrays"])
+
+
+@router.post(
+    "",
+    response_model=ArrayView,
+    status_code=201,
+    openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}, "required": True}},
+)
+async def upload(request: Request, daemon: Daemon) -> ArrayView:
+    array_id, ref = await daemon.arrays.upload(request.stream(), daemon.max_upload_bytes)
+    return ArrayView(id=array_id, shape=list(ref.shape), dtype=ref.dtype, nbytes=ref.nbytes)

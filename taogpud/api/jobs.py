@@ -1,0 +1,85 @@
+"""Jobs: submit, list, get, wait, cancel, download an output."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from taogpud.api.deps import Daemon
+from taogpud.api.models import JobRequest
+from taogpud.api.peer import peer_of
+from taogpud.errors import OutputNotFound
+from taogpud.jobs import JobRecord, JobState
+from taogpud.scheduler import output_id
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+MAX_WAIT_S = 60.0  # one long-poll; clients loop for longer waits
+JSON = "application/json"
+
+
+def _job_response(job: JobRecord, status_code: int = 200) -> Response:
+    return Response(job.model_dump_json(), status_code=status_code, media_type=JSON)
+
+
+@router.post("", response_model=JobRecord, status_code=201)
+async def submit(
+    body: JobRequest,
+    request: Request,
+    daemon: Daemon,
+    wait_s: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None,
+) -> Response:
+    job = daemon.scheduler.submit(body, peer_of(request))
+    if wait_s:
+        await daemon.store.wait(job.id, wait_s)
+    return _job_response(job, 201)
+
+
+@router.get("", response_model=list[JobRecord])
+async def list_jobs(
+    daemon: Daemon,
+    status: JobState | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+) -> Response:
+    jobs = daemon.store.list(status, limit)
+    body = b"[" + b",".join(job.model_dump_json().encode() for job in jobs) + b"]"
+    return Response(body, media_type=JSON)
+
+
+@router.get("/{job_id}", response_model=JobRecord)
+async def get_job(job_id: str, daemon: Daemon) -> Response:
+    return _job_response(daemon.scheduler.get(job_id))
+
+
+@router.get("/{job_id}/wait", response_model=JobRecord)
+async def wait_job(
+    job_id: str,
+    daemon: Daemon,
+    timeout_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 30.0,
+) -> Response:
+    job = daemon.scheduler.get(job_id)
+    await daemon.store.wait(job_id, timeout_s)
+    return _job_response(job)
+
+
+@router.post("/{job_id}/cancel", response_model=JobRecord)
+async def cancel_job(job_id: str, request: Request, daemon: Daemon) -> Response:
+    job = daemon.scheduler.cancel(job_id, peer_of(request))
+    await daemon.store.wait(job_id, 10.0)  # a running job stops at its next check
+    return _job_response(job)
+
+
+@router.get("/{job_id}/outputs/{name}", responses={200: {"content": {"application/octet-stream": {}}}})
+async def download_output(job_id: str, name: str, daemon: Daemon) -> StreamingResponse:
+    job = daemon.scheduler.get(job_id)
+    ref = daemon.arrays.get(output_id(job.id, name))
+    if ref is None:
+        kept = ", ".join(o.name for o in job.outputs) or "none"
+        raise OutputNotFound(
+            f"job {job_id} has no output named {name!r} (kept: {kept})",
+            "submit with keep_outputs (taogpuctl submit --output DIR) to keep outputs",
+        )
+    headers = {"content-length": str(ref.header_bytes + ref.nbytes)}
+    return StreamingResponse(daemon.arrays.read(ref), media_type="application/octet-stream", headers=headers)

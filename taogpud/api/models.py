@@ -1,0 +1,108 @@
+"""The wire types of the control API (v1). The job view is `taogpud.jobs.JobRecord`.
+
+Routes (all JSON unless said; errors are always {code, message, hint}):
+
+    GET  /v1/health                       HealthView
+    GET  /v1/info                         InfoView
+    GET  /v1/status                       StatusView
+    GET  /v1/devices                      list[dict]   (DeviceInfo.as_dict() + live NVML where present)
+    GET  /v1/tasks                        list[dict]   (Task.catalog_entry())
+    POST /v1/arrays        body: .npy     ArrayView    (application/octet-stream; an input for jobs)
+    POST /v1/jobs?wait_s=S body: JobRequest → JobRecord  (201; with wait_s, answers when finished or after S)
+    GET  /v1/jobs?status=&limit=          list[JobRecord]  newest first
+    GET  /v1/jobs/{id}                    JobRecord
+    GET  /v1/jobs/{id}/wait?timeout_s=S   JobRecord    (when finished, or its current state after S)
+    POST /v1/jobs/{id}/cancel             JobRecord
+    GET  /v1/jobs/{id}/outputs/{name}     .npy bytes   (application/octet-stream)
+    GET  /v1/config                       the effective config, redacted
+    GET  /v1/config/status                ConfigStatusView
+    GET  /v1/openapi.json                 the OpenAPI document
+    GET  /metrics                         Prometheus text
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class JobRequest(BaseModel):
+    task: str = Field(description="a registered task name, see GET /v1/tasks")
+    params: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, str] = Field(
+        default_factory=dict, description="input name → array id from POST /v1/arrays"
+    )
+    device: int | None = Field(default=None, ge=0, description="pin to this device index")
+    affinity: str | None = Field(
+        default=None, max_length=200, description="jobs of one key stay on one device"
+    )
+    priority: int = Field(default=0, ge=-1000, le=1000, description="higher runs first")
+    timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
+    keep_outputs: bool = Field(default=False, description="keep the output arrays for download")
+
+
+class ArrayView(BaseModel):
+    id: str
+    shape: list[int]
+    dtype: str
+    nbytes: int
+
+
+class HealthView(BaseModel):
+    ok: bool
+    state: str  # "starting" | "ready" | "draining"
+
+
+class WorkerView(BaseModel):
+    device: str
+    index: int
+    pid: int | None
+    state: str  # "starting" | "warm" | "dead"
+    running: int
+    slots: int
+    jobs_done: int
+    restarts: int
+    warmup_ms: float | None
+
+
+class StatusView(BaseModel):
+    state: str
+    backend: str
+    fallback: bool
+    fallback_reason: str | None
+    running: int
+    queued: int
+    max_concurrent_tasks: int
+    queue_limit: int
+    strategy: str
+    gpu_affinity: bool
+    config_generation: int
+    jobs_total: int
+    workers: list[WorkerView]
+
+
+class InfoView(BaseModel):
+    version: str
+    backend: str
+    fallback: bool
+    devices: list[dict[str, Any]]
+    config_digest: str
+    config_generation: int
+    settings_path: str | None
+    config_path: str | None
+    key_source: str
+    pid: int
+
+
+class ReloadView(BaseModel):
+    ok: bool
+    at: float | None = None
+    errors: list[dict[str, str]] = Field(default_factory=list)
+    warnings: list[dict[str, str]] = Field(default_factory=list)
+
+
+class ConfigStatusView(BaseModel):
+    generation: int
+    digest: str
+    last_reload: ReloadView

@@ -1,0 +1,102 @@
+"""The daemon itself: health, info, status, devices, the task catalog, metrics."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fastapi import APIRouter, Response
+
+from taogpud import __version__, tasks
+from taogpud.api.deps import Daemon
+from taogpud.api.models import HealthView, InfoView, StatusView, WorkerView
+from taogpud.metrics import render_metrics
+from taogpud.state import DaemonState
+
+router = APIRouter(tags=["daemon"])
+
+
+@router.get("/v1/health", response_model=HealthView)
+async def health(daemon: Daemon) -> HealthView:
+    return HealthView(ok=daemon.phase == "ready", state=daemon.phase)
+
+
+@router.get("/v1/info", response_model=InfoView)
+async def info(daemon: Daemon) -> InfoView:
+    snapshot = daemon.snapshot
+    return InfoView(
+        version=__version__,
+        backend=daemon.backend,
+        fallback=daemon.fallback,
+        devices=devices_of(daemon),
+        config_digest=snapshot.digest,
+        config_generation=daemon.generation,
+        settings_path=str(snapshot.settings_path) if snapshot.settings_path else None,
+        config_path=str(snapshot.config_path) if snapshot.config_path else None,
+        key_source=snapshot.key_source,
+        pid=os.getpid(),
+    )
+
+
+@router.get("/v1/status", response_model=StatusView)
+async def status(daemon: Daemon) -> StatusView:
+    return status_of(daemon)
+
+
+@router.get("/v1/devices")
+async def devices(daemon: Daemon) -> list[dict[str, Any]]:
+    return devices_of(daemon)
+
+
+@router.get("/v1/tasks")
+async def task_catalog() -> list[dict[str, Any]]:
+    return [task.catalog_entry() for task in tasks.all_tasks()]
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(daemon: Daemon) -> Response:
+    body, content_type = render_metrics(daemon)
+    return Response(body, media_type=content_type)
+
+
+def status_of(daemon: DaemonState) -> StatusView:
+    policy = daemon.scheduler.policy
+    return StatusView(
+        state=daemon.phase,
+        backend=daemon.backend,
+        fallback=daemon.fallback,
+        fallback_reason=daemon.fallback_reason,
+        running=daemon.scheduler.running_total,
+        queued=daemon.scheduler.queued,
+        max_concurrent_tasks=policy.max_concurrent_tasks,
+        queue_limit=policy.queue_limit,
+        strategy=policy.strategy,
+        gpu_affinity=policy.gpu_affinity,
+        config_generation=daemon.generation,
+        jobs_total=daemon.scheduler.jobs_total,
+        workers=[_worker_view(w) for w in daemon.pool.workers],
+    )
+
+
+def _worker_view(worker: Any) -> WorkerView:
+    return WorkerView(
+        device=worker.label,
+        index=worker.spec.index,
+        pid=worker.pid,
+        state=worker.state.value,
+        running=len(worker.running),
+        slots=worker.spec.stream_count,
+        jobs_done=worker.jobs_done,
+        restarts=worker.restarts,
+        warmup_ms=worker.info.warmup_ms if worker.info else None,
+    )
+
+
+def devices_of(daemon: DaemonState) -> list[dict[str, Any]]:
+    found = []
+    for worker in daemon.pool.workers:
+        entry = worker.info.as_dict() if worker.info else {"device": worker.label, "index": worker.spec.index}
+        entry["worker_state"] = worker.state.value
+        entry["fallback"] = worker.spec.fallback_reason is not None
+        found.append(entry)
+    return found

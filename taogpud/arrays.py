@@ -1,0 +1,159 @@
+"""The daemon's arrays: uploaded inputs and kept outputs, as shared .npy images.
+
+Bounded by bytes. An array a queued or running job uses is pinned and never
+evicted; past the budget the oldest unpinned arrays go first. When nothing can
+be evicted the upload is refused with the numbers, instead of /dev/shm filling up.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator
+
+from taogpud.errors import RequestError, TaogpudError
+from taogpud.pool import shm
+from taogpud.pool.shm import ArrayRef, BadArray
+
+CHUNK_BYTES = 1 << 20
+
+
+class ArrayStoreFull(TaogpudError):
+    code = "array_store_full"
+    http_status = 507
+
+
+class ArrayStore:
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._arrays: OrderedDict[str, ArrayRef] = OrderedDict()
+        self._pins: dict[str, int] = {}
+        self.used_bytes = 0
+
+    def get(self, array_id: str) -> ArrayRef | None:
+        return self._arrays.get(array_id)
+
+    def adopt(self, array_id: str, ref: ArrayRef) -> None:
+        """Take ownership of an image a worker wrote (a kept output)."""
+        self._make_room(ref.header_bytes + ref.nbytes)
+        self._arrays[array_id] = ref
+        self.used_bytes += ref.header_bytes + ref.nbytes
+
+    def pin(self, array_ids: list[str]) -> None:
+        for array_id in array_ids:
+            self._pins[array_id] = self._pins.get(array_id, 0) + 1
+
+    def unpin(self, array_ids: list[str]) -> None:
+        for array_id in array_ids:
+            left = self._pins.get(array_id, 0) - 1
+            if left > 0:
+                self._pins[array_id] = left
+            else:
+                self._pins.pop(array_id, None)
+
+    def remove(self, array_id: str) -> None:
+        ref = self._arrays.pop(array_id, None)
+        if ref is not None:
+            self.used_bytes -= ref.header_bytes + ref.nbytes
+            shm.unlink(ref.name)
+
+    def clear(self) -> None:
+        for array_id in list(self._arrays):
+            self.remove(array_id)
+
+    async def upload(self, body: AsyncIterator[bytes], max_bytes: int) -> tuple[str, ArrayRef]:
+        """Stream a request body (.npy) straight into shared memory."""
+        chunks = _Chunks(body)
+        head = await chunks.read_head()
+        try:
+            shape, dtype, header_bytes = shm.parse_header(head)
+        except BadArray as exc:
+            raise RequestError(str(exc), "send the bytes numpy.save() writes") from None
+        nbytes = _data_bytes(shape, dtype)
+        if header_bytes + nbytes > max_bytes:
+            raise RequestError(
+                f"array of {nbytes} bytes is larger than the upload limit of {max_bytes} bytes",
+                "split the input, or raise the limit",
+            )
+        self._make_room(header_bytes + nbytes)
+        name, mapped = shm.create(header_bytes + nbytes, os.getpid())
+        try:
+            written = await chunks.copy_into(mapped)
+        except BaseException:
+            mapped.close()
+            shm.unlink(name)
+            raise
+        mapped.close()
+        if written != header_bytes + nbytes:
+            shm.unlink(name)
+            raise RequestError(
+                f"the .npy body has {written} bytes, its header says {header_bytes + nbytes}",
+                "the upload was truncated or padded; send the file numpy.save() wrote",
+            )
+        ref = ArrayRef(name, shape, dtype, header_bytes, nbytes)
+        array_id = "a" + secrets.token_hex(8)
+        self._arrays[array_id] = ref
+        self.used_bytes += header_bytes + nbytes
+        return array_id, ref
+
+    def read(self, ref: ArrayRef) -> Iterator[bytes]:
+        """The whole .npy image, in chunks, for a download."""
+        mapped = shm.open_map(ref)
+        try:
+            total = ref.header_bytes + ref.nbytes
+            for start in range(0, total, CHUNK_BYTES):
+                yield mapped[start : min(start + CHUNK_BYTES, total)]
+        finally:
+            mapped.close()
+
+    def _make_room(self, needed: int) -> None:
+        for array_id in [a for a in self._arrays if a not in self._pins]:
+            if self.used_bytes + needed <= self.budget_bytes:
+                return
+            self.remove(array_id)
+        if self.used_bytes + needed > self.budget_bytes:
+            raise ArrayStoreFull(
+                f"no room for {needed} bytes: {self.used_bytes} of {self.budget_bytes} bytes "
+                "are held by arrays that queued or running jobs use",
+                "wait for running jobs to finish, or send smaller arrays",
+            )
+
+
+def _data_bytes(shape: tuple[int, ...], dtype: str) -> int:
+    import numpy as np
+
+    count = 1
+    for n in shape:
+        count *= n
+    return count * np.dtype(dtype).itemsize
+
+
+class _Chunks:
+    """Reads a body as it arrives: the head first (for the header), then the rest."""
+
+    def __init__(self, body: AsyncIterator[bytes]) -> None:
+        self._body = body
+        self._pending = b""
+
+    async def read_head(self) -> bytes:
+        async for chunk in self._body:
+            self._pending += chunk
+            if len(self._pending) >= 4096:
+                break
+        return self._pending
+
+    async def copy_into(self, mapped: memoryview | object) -> int:
+        target = memoryview(mapped)  # type: ignore[arg-type]
+        written = self._put(target, 0, self._pending)
+        async for chunk in self._body:
+            written = self._put(target, written, chunk)
+        target.release()
+        return written
+
+    @staticmethod
+    def _put(target: memoryview, offset: int, chunk: bytes) -> int:
+        end = offset + len(chunk)
+        if end <= len(target):
+            target[offset:end] = chunk
+        return end

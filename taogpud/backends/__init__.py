@@ -1,0 +1,30 @@
+"""Backends behind one interface; each is imported only by the worker that runs it.
+
+The daemon imports this package, so numpy and cupy are imported inside
+`create_backend`, never at module level.
+"""
+
+from __future__ import annotations
+
+from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
+from taogpud.errors import BackendUnavailable
+
+__all__ = ["BACKENDS", "Backend", "DeviceInfo", "WorkerSpec", "create_backend"]
+
+BACKENDS = ("cpu", "cuda")
+
+
+def create_backend(spec: WorkerSpec) -> Backend:
+    """The backend `spec.backend` names, built (not yet warm) for `spec.index`."""
+    if spec.backend == "cpu":
+        from taogpud.backends.cpu import CpuBackend
+
+        return CpuBackend(spec)
+    if spec.backend == "cuda":
+        from taogpud.backends.cuda import CudaBackend
+
+        return CudaBackend(spec)
+    raise BackendUnavailable(
+        f"no backend named {spec.backend!r}; taogpud has {' and '.join(BACKENDS)}",
+        hint='set gpu.backend to "cuda" or runtime.device_type to "cpu"',
+    )

@@ -1,0 +1,239 @@
+"""The CUDA side: `probe_cuda` (can this host run cuda workers?) and `CudaBackend`.
+
+`probe_cuda` runs in the daemon before any worker is spawned. It initialises the
+CUDA driver API (cuInit) but creates no context, so it holds no device memory and
+is harmless in the daemon: workers are spawned, never forked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
+from taogpud.errors import BackendUnavailable
+
+INSTALL_HINT = (
+    "pip install 'taogpud[cuda12]' (CUDA 12 driver) or 'taogpud[cuda13]' (CUDA 13 driver)"
+)
+
+# cudaError_t values probe_cuda explains; the rest get the runtime's own words.
+_INSUFFICIENT_DRIVER = 35
+_STUB_LIBRARY = 34
+_NO_DEVICE = 100
+
+
+def probe_cuda(device_ids: Sequence[int]) -> str | None:
+    """None when CuPy imports, a driver answers and every id in `device_ids` exists;
+    otherwise one sentence saying what is wrong and how to fix it."""
+    try:
+        import cupy
+    except ModuleNotFoundError:
+        return f"CuPy is not installed, so the cuda backend cannot start: {INSTALL_HINT}."
+    except (ImportError, OSError, RuntimeError) as exc:  # a broken or doubled CuPy install
+        return (
+            f"CuPy is installed but failed to import ({type(exc).__name__}: {exc}): "
+            f"keep exactly one CuPy wheel, the one that matches the driver: {INSTALL_HINT}."
+        )
+    runtime = cupy.cuda.runtime
+    try:
+        count = runtime.getDeviceCount()
+    except runtime.CUDARuntimeError as exc:
+        return _runtime_problem(runtime, exc)
+    except (ImportError, OSError, RuntimeError) as exc:  # e.g. the CUDA runtime library is missing
+        return f"CUDA failed to start ({type(exc).__name__}: {exc}): {INSTALL_HINT}."
+    return _device_problem(count, device_ids)
+
+
+def cuda_device_count() -> int:
+    """How many CUDA devices the driver shows; call only after probe_cuda returned None."""
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceCount())
+
+
+def _runtime_problem(runtime: Any, exc: Any) -> str:
+    name = str(exc).split(":")[0]
+    status = getattr(exc, "status", None)
+    if status == _INSUFFICIENT_DRIVER:
+        return _driver_problem(runtime, name)
+    if status == _STUB_LIBRARY:
+        return (
+            f"The CUDA driver found is the toolkit's stub library ({name}): remove the "
+            "toolkit's stubs directory from LD_LIBRARY_PATH so the real libcuda.so loads."
+        )
+    if status == _NO_DEVICE:
+        return f"CUDA sees no GPU ({name}){_visible_note()}: check that `nvidia-smi` lists one."
+    return (
+        f"CUDA failed to start ({exc}): check that `nvidia-smi` works and that the driver "
+        f"supports CUDA {_cuda_version(runtime.runtimeGetVersion())}."
+    )
+
+
+def _driver_problem(runtime: Any, name: str) -> str:
+    driver = runtime.driverGetVersion()
+    needed = _cuda_version(runtime.runtimeGetVersion())
+    if driver == 0:
+        return (
+            f"No NVIDIA driver is loaded on this host ({name}): install the NVIDIA driver "
+            "and check that `nvidia-smi` lists the GPU (in a container, pass the GPU in)."
+        )
+    return (
+        f"The NVIDIA driver supports CUDA {_cuda_version(driver)} but this CuPy needs "
+        f"CUDA {needed} ({name}): upgrade the driver (`nvidia-smi` shows it) or install "
+        f"the CuPy wheel for the older CUDA: {INSTALL_HINT}."
+    )
+
+
+def _device_problem(count: int, device_ids: Sequence[int]) -> str | None:
+    if count == 0:
+        return f"CUDA sees no GPU{_visible_note()}: check that `nvidia-smi` lists one."
+    missing = [index for index in device_ids if not 0 <= index < count]
+    if not missing:
+        return None
+    return (
+        f"CUDA device {', '.join(map(str, missing))} was requested but this host has "
+        f"{count} CUDA device{'s' if count > 1 else ''} (0..{count - 1}){_visible_note()}: "
+        "set backend.cuda.device_id to one of them (`nvidia-smi -L` lists them)."
+    )
+
+
+def _visible_note() -> str:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "" if visible is None else f" with CUDA_VISIBLE_DEVICES={visible!r}"
+
+
+def _cuda_version(encoded: int) -> str:
+    """12090 → '12.9', the way CUDA encodes versions."""
+    return f"{encoded // 1000}.{encoded % 1000 // 10}"
+
+
+class CudaBackend(Backend):
+    """CuPy on one GPU, one non-blocking stream per slot.
+
+    UNTESTED ON A GPU: written against CuPy's documented API on a host without
+    a driver. Run `pytest -m gpu` on a GPU host before relying on it.
+    """
+
+    name = "cuda"
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        super().__init__(spec)
+        # NVML and CUDA must number devices alike, or jobs report the wrong GPU.
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        import cupy
+
+        self.xp = cupy
+        self._device = cupy.cuda.Device(spec.index)
+        self._streams: dict[int, Any] = {}
+        self._streams_lock = threading.Lock()
+        self._local = threading.local()  # this thread's stream, and whether it set the limit
+        self._cap_bytes = 0
+
+    def warm(self) -> DeviceInfo:
+        from taogpud.tasks.builtin import format_gpu_uuid, warm_up
+
+        started = time.perf_counter()
+        with self._device:
+            props = self.xp.cuda.runtime.getDeviceProperties(self.spec.index)
+            self._check_arch(props)
+            total = int(self.xp.cuda.runtime.memGetInfo()[1])
+            self._cap_bytes = self._pool_cap(total)
+        info = self._device_info(props, total, format_gpu_uuid(props.get("uuid")))
+        for slot_index in range(self.spec.stream_count):
+            with self.slot(slot_index):
+                self._preallocate()
+        with self.slot(0):
+            warm_up(self.xp, self.name, info.device, info.as_dict())
+            self.synchronize()
+        warmup_ms = (time.perf_counter() - started) * 1000
+        return dataclasses.replace(info, warmup_ms=warmup_ms)
+
+    @contextlib.contextmanager
+    def slot(self, slot_index: int) -> Iterator[None]:
+        with self._device:
+            self._ensure_pool_limit()
+            stream = self._stream(slot_index)
+            with stream:
+                self._local.stream = stream
+                yield
+
+    def to_host(self, array: Any) -> Any:
+        stream = getattr(self._local, "stream", None)
+        host = self.xp.asnumpy(array, stream=stream)
+        if stream is not None:
+            stream.synchronize()
+        return host
+
+    def synchronize(self) -> None:
+        stream = getattr(self._local, "stream", None)
+        if stream is not None:
+            stream.synchronize()
+        else:
+            self._device.synchronize()
+
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        # cupy.cuda.memory.OutOfMemoryError subclasses MemoryError, as host OOM does.
+        return isinstance(exc, (self.xp.cuda.memory.OutOfMemoryError, MemoryError))
+
+    def release_memory(self) -> None:
+        with self._device:
+            self.xp.get_default_memory_pool().free_all_blocks()
+            self.xp.get_default_pinned_memory_pool().free_all_blocks()
+
+    # ------------------------------------------------------------------------ helpers
+
+    def _pool_cap(self, total: int) -> int:
+        """memoryFraction × total; with auto_grow off, the pre-allocated pool is the cap."""
+        fraction_cap = int(total * self.spec.memory_fraction)
+        if self.spec.auto_grow:
+            return fraction_cap
+        return min(fraction_cap, self.spec.pool_size_mb * 2**20)
+
+    def _ensure_pool_limit(self) -> None:
+        # A limit set in one thread can read 0 in another (cupy#4866): set it per thread.
+        if not getattr(self._local, "limit_set", False):
+            self.xp.get_default_memory_pool().set_limit(size=self._cap_bytes)
+            self._local.limit_set = True
+
+    def _stream(self, slot_index: int) -> Any:
+        with self._streams_lock:
+            if slot_index not in self._streams:
+                self._streams[slot_index] = self.xp.cuda.Stream(non_blocking=True)
+            return self._streams[slot_index]
+
+    def _preallocate(self) -> None:
+        """Blocks are cached per stream: give each slot its share of pool_size_mb."""
+        share = self.spec.pool_size_mb * 2**20 // max(self.spec.stream_count, 1)
+        if share:
+            block = self.xp.empty(share, dtype=self.xp.uint8)
+            del block  # back to the pool, cached for this stream
+
+    def _check_arch(self, props: dict[str, Any]) -> None:
+        actual = f"sm_{props['major']}{props['minor']}"
+        wanted = self.spec.cuda_arch
+        if wanted not in ("auto", actual):
+            raise BackendUnavailable(
+                f"backend.cuda.cuda_arch is {wanted!r} but GPU {self.spec.index} is {actual}",
+                hint=f'set cuda_arch = "{actual}" (or "auto") in config.toml',
+            )
+
+    def _device_info(self, props: dict[str, Any], total: int, uuid: str | None) -> DeviceInfo:
+        name = props.get("name", b"")
+        extra = {"fallback_reason": self.spec.fallback_reason} if self.spec.fallback_reason else {}
+        return DeviceInfo(
+            backend=self.name,
+            device=f"gpu:{self.spec.index}",
+            index=self.spec.index,
+            name=name.decode(errors="replace") if isinstance(name, bytes) else str(name),
+            uuid=uuid,
+            compute_capability=f"{props['major']}.{props['minor']}",
+            memory_total_bytes=total,
+            memory_cap_bytes=self._cap_bytes,
+            extra={"pci_bus_id": self.xp.cuda.runtime.deviceGetPCIBusId(self.spec.index), **extra},
+        )

@@ -1,0 +1,691 @@
+"""taogpuctl: the command line of taogpud (typer + rich over `taogpud.client`).
+
+Exit codes (DESIGN §11; scripts rely on them):
+
+    0  ok
+    1  the job or check failed: a waited job did not succeed, or the daemon could not do a
+       well-formed request right now (queue full, draining, its own error: HTTP 429 / 5xx)
+    2  usage or config error: bad flags or files, an invalid config, and every request the
+       daemon rejected as wrong (HTTP 4xx: unknown task, bad params, unknown job, too large)
+    3  the daemon cannot be reached (DaemonUnreachable)
+
+Errors are one line on stderr, `taogpuctl: <message> (hint: ...)`, never a traceback
+(TAOGPUCTL_DEBUG=1 shows the traceback of a bug in taogpuctl itself). Every command takes
+`--json` and then prints exactly one JSON document on stdout. Progress and warnings go to
+stderr, so stdout holds only the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import orjson
+import typer
+from rich import box
+from rich.console import Console
+from rich.status import Status
+from rich.table import Table
+
+from taogpud.client import NPY_MAGIC, ApiError, Client, DaemonUnreachable, Job, is_finished
+from taogpud.errors import ConfigError, Problem
+
+if TYPE_CHECKING:
+    from taogpud.config import ConfigSnapshot
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the job or check failed
+EXIT_USAGE = 2  # usage or config error
+EXIT_UNREACHABLE = 3  # the daemon cannot be reached
+
+stdout = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
+
+app = typer.Typer(
+    name="taogpuctl",
+    help="Run and inspect GPU compute jobs on this host's taogpud.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="The daemon's config: show, validate, status.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
+SettingsFlag = Annotated[Path | None, typer.Option("--settings", help="The settings.json to use.")]
+ConfigFlag = Annotated[Path | None, typer.Option("--config", help="The config.toml to use.")]
+
+
+class CliError(Exception):
+    """A failure this command explains in one line, with its exit code."""
+
+    def __init__(self, message: str, hint: str = "", exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class Globals:
+    socket_path: Path | None  # None: taogpud.paths.default_socket()
+
+
+@app.callback()
+def global_options(
+    ctx: typer.Context,
+    socket_path: Annotated[
+        Path | None,
+        typer.Option("--socket", envvar="TAOGPUD_SOCKET", help="The daemon's control socket."),
+    ] = None,
+) -> None:
+    """Run and inspect GPU compute jobs on this host's taogpud."""
+    ctx.obj = Globals(socket_path)
+
+
+@contextmanager
+def connect(ctx: typer.Context) -> Iterator[Client]:
+    globals_ = ctx.find_object(Globals)
+    with Client(globals_.socket_path if globals_ else None) as client:
+        yield client
+
+
+# --- output ------------------------------------------------------------------------------
+
+
+def emit_json(document: Any) -> None:
+    sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def emit_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A rich table on a terminal, plain aligned columns otherwise."""
+    cells = [[format_cell(value) for value in row] for row in rows]
+    if stdout.is_terminal:
+        table = Table(*columns, box=box.SIMPLE_HEAD)
+        for row in cells:
+            table.add_row(*row)
+        stdout.print(table)
+        return
+    widths = [max(len(text) for text in column) for column in zip(columns, *cells, strict=True)]
+    for row in [list(columns), *cells]:
+        padded = (text.ljust(width) for text, width in zip(row, widths, strict=True))
+        print("  ".join(padded).rstrip())
+
+
+def emit_mapping(mapping: dict[str, Any], indent: str = "") -> None:
+    """`key: value` lines; nested values as compact JSON; empty values left out."""
+    for key, value in mapping.items():
+        if value in (None, {}, []):
+            continue
+        shown = value if isinstance(value, str) else orjson.dumps(value).decode()
+        stdout.print(f"{indent}{key}: {shown}")
+
+
+def format_cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def warn(text: str) -> None:
+    stderr.print(f"WARNING: {text}", style="bold yellow")
+
+
+def error_line(message: str, hint: str = "") -> str:
+    line = f"taogpuctl: {one_line(message)}"
+    return f"{line} (hint: {one_line(hint)})" if hint else line
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def milliseconds(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.2f}ms"
+
+
+# --- jobs: shared pieces -----------------------------------------------------------------
+
+
+def parse_param(item: str) -> tuple[str, Any]:
+    """`KEY=VALUE`; the value as JSON when it parses (`ms=50` → 50), else the text."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise CliError(f"--param {item!r} is not KEY=VALUE", "e.g. --param ms=50")
+    try:
+        return key.strip(), orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return key.strip(), raw
+
+
+def build_params(size: int | None, seed: int | None, items: Sequence[str]) -> dict[str, Any]:
+    params = dict(parse_param(item) for item in items)
+    for name, value in (("size", size), ("seed", seed)):
+        if value is None:
+            continue
+        if name in params:
+            raise CliError(f"{name} given twice", f"use either --{name} or --param {name}=")
+        params[name] = value
+    return params
+
+
+def read_npy(name_and_file: str) -> tuple[str, bytes]:
+    """`NAME=FILE.npy` → the name and the file's bytes, checked to be a .npy file."""
+    name, sep, file_name = name_and_file.partition("=")
+    if not sep or not name or not file_name:
+        raise CliError(f"--input {name_and_file!r} is not NAME=FILE.npy", "e.g. --input a=a.npy")
+    try:
+        data = Path(file_name).read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read {file_name}: {exc.strerror or exc}") from exc
+    if not data.startswith(NPY_MAGIC):
+        raise CliError(f"{file_name} is not a .npy file", "write it with numpy.save")
+    return name, data
+
+
+def upload_inputs(client: Client, items: Sequence[str]) -> dict[str, str]:
+    files = [read_npy(item) for item in items]  # every file read before any upload
+    return {name: client.upload_array(data)["id"] for name, data in files}
+
+
+def summary_line(job: Job) -> str:
+    """The line the setup guide's check prints: where it ran and how long it took."""
+    return (
+        f"job {job['id']} {job['status']} task={job['task']} "
+        f"device={job.get('device') or '-'} backend={job.get('backend') or '-'} "
+        f"fallback={str(bool(job.get('fallback'))).lower()} "
+        f"queue={milliseconds(job.get('queue_ms'))} run={milliseconds(job.get('run_ms'))}"
+    )
+
+
+def warn_if_fallback(job: Job) -> None:
+    if job.get("fallback"):
+        reason = job.get("fallback_reason") or "no reason recorded"
+        warn(f"job {job['id']} ran on the CPU fallback ({job.get('device')}), not a GPU: {reason}")
+
+
+def report_job(job: Job, json_out: bool, extra: dict[str, Any] | None = None) -> int:
+    """Print a finished (or given-up-on) job; its exit code: 0 only if it succeeded."""
+    if json_out:
+        emit_json({**job, **(extra or {})})
+    else:
+        stdout.print(summary_line(job))
+        emit_mapping(job.get("result") or {}, indent="  ")
+    warn_if_fallback(job)
+    if job["status"] == "succeeded":
+        return EXIT_OK
+    stderr.print(error_line(*job_problem(job)))
+    return EXIT_FAILED
+
+
+def job_problem(job: Job) -> tuple[str, str]:
+    """Why a job did not succeed, as (message, hint)."""
+    if not is_finished(job):
+        hint = f"wait longer: taogpuctl wait {job['id']} --timeout S"
+        return f"job {job['id']} is still {job['status']}", hint
+    error = job.get("error") or {}
+    detail = f"{error.get('code', job['status'])}: {error.get('message', '')}".rstrip(": ")
+    return f"job {job['id']} {job['status']}: {detail}", str(error.get("hint") or "")
+
+
+class Progress:
+    """Where a waited job is: a live line on a terminal, plain lines on stderr otherwise."""
+
+    def __init__(self, quiet: bool) -> None:
+        self._quiet = quiet
+        self._started = time.monotonic()
+        self._last_status: str | None = None
+        self._live = Status("submitting…", console=stderr) if stderr.is_terminal else None
+
+    def __enter__(self) -> Progress:
+        if self._live is not None:
+            self._live.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+    def update(self, job: Job) -> None:
+        text = self.describe(job)
+        if self._live is not None:
+            self._live.update(text)
+        elif not self._quiet and job["status"] != self._last_status:
+            stderr.print(text)
+        self._last_status = job["status"]
+
+    def describe(self, job: Job) -> str:
+        where = f" on {job['device']}" if job.get("device") else ""
+        state = "done" if is_finished(job) else job["status"]
+        return f"job {job['id']} {state}{where} ({time.monotonic() - self._started:.1f}s)"
+
+
+def save_outputs(client: Client, job: Job, directory: Path) -> dict[str, str]:
+    """Download every output of a finished job to DIR/NAME.npy; name → path written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    saved: dict[str, str] = {}
+    for output in job.get("outputs") or []:
+        name = safe_file_stem(output["name"])
+        target = directory / f"{name}.npy"
+        target.write_bytes(client.download_output(job["id"], output["name"]))
+        saved[output["name"]] = str(target)
+    return saved
+
+
+def safe_file_stem(name: str) -> str:
+    if not name or name in {".", ".."} or Path(name).name != name:
+        raise CliError(f"the daemon named an output {name!r}, not a plain file name", exit_code=1)
+    return name
+
+
+# --- jobs: commands ----------------------------------------------------------------------
+
+
+@app.command("submit")
+def submit_command(
+    ctx: typer.Context,
+    task: Annotated[str, typer.Argument(help="A task name (see `taogpuctl tasks`).")],
+    *,
+    size: Annotated[int | None, typer.Option(help="Shortcut for --param size=N.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Shortcut for --param seed=N.")] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option("--param", "-p", help="KEY=VALUE; VALUE as JSON if it parses."),
+    ] = None,
+    input_: Annotated[
+        list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy, uploaded first.")
+    ] = None,
+    device: Annotated[int | None, typer.Option(min=0, help="Pin to this device index.")] = None,
+    affinity: Annotated[str | None, typer.Option(help="Jobs of one key stay on one GPU.")] = None,
+    priority: Annotated[int, typer.Option(help="Higher runs first (-1000..1000).")] = 0,
+    timeout: Annotated[float | None, typer.Option(min=0.0, help="Job timeout, seconds.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until it finished.")] = False,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Keep outputs; save them as DIR/NAME.npy.")
+    ] = None,
+    json_out: JsonFlag = False,
+) -> int:
+    """Submit a job; with --wait, show its progress and where it ran."""
+    params = build_params(size, seed, param or [])
+    with connect(ctx) as client:
+        request: dict[str, Any] = {
+            "inputs": upload_inputs(client, input_ or []),
+            "device": device,
+            "affinity": affinity,
+            "priority": priority,
+            "timeout_s": timeout,
+            "keep_outputs": output is not None,
+        }
+        if not wait and output is None:
+            job = client.submit(task, params, **request)
+            if json_out:
+                emit_json(job)
+            else:
+                stdout.print(job["id"])
+            return EXIT_OK
+        with Progress(quiet=json_out) as progress:
+            job = client.run(task, params, **request, on_update=progress.update)
+        return finish_waited(client, job, json_out, output)
+
+
+def finish_waited(client: Client, job: Job, json_out: bool, output: Path | None) -> int:
+    """Report a waited job; with --output, save its outputs first."""
+    if output is None or job["status"] != "succeeded":
+        return report_job(job, json_out)
+    saved = save_outputs(client, job, output)
+    exit_code = report_job(job, json_out, {"saved_outputs": saved})
+    if not json_out:
+        for name, target in saved.items():
+            stdout.print(f"saved {name} → {target}")
+    return exit_code
+
+
+@app.command("wait")
+def wait_command(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
+    timeout: Annotated[
+        float | None, typer.Option(min=0.0, help="Give up after S seconds (exit 1).")
+    ] = None,
+    json_out: JsonFlag = False,
+) -> int:
+    """Wait for a job to finish; exit 1 unless it succeeded."""
+    with connect(ctx) as client, Progress(quiet=json_out) as progress:
+        job = client.wait(job_id, timeout_s=timeout, on_update=progress.update)
+    return report_job(job, json_out)
+
+
+@app.command("show")
+def show_command(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
+    json_out: JsonFlag = False,
+) -> None:
+    """Everything the daemon knows about one job."""
+    with connect(ctx) as client:
+        job = client.get(job_id)
+    if json_out:
+        emit_json(job)
+        return
+    emit_mapping(job)
+    warn_if_fallback(job)
+
+
+@app.command("list")
+def list_command(
+    ctx: typer.Context,
+    status: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most N jobs, newest first.")] = 100,
+    json_out: JsonFlag = False,
+) -> None:
+    """Recent jobs, newest first."""
+    with connect(ctx) as client:
+        jobs = client.list_jobs(status=status, limit=limit)
+    if json_out:
+        emit_json(jobs)
+        return
+    columns = ("id", "task", "status", "backend", "device", "fallback", "queue_ms", "run_ms")
+    emit_table(columns, [[job.get(column) for column in columns] for job in jobs])
+
+
+@app.command("cancel")
+def cancel_command(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
+    json_out: JsonFlag = False,
+) -> None:
+    """Cancel a queued or running job."""
+    with connect(ctx) as client:
+        job = client.cancel(job_id)
+    if json_out:
+        emit_json(job)
+    else:
+        stdout.print(f"job {job['id']} {job['status']}")
+
+
+@app.command("result")
+def result_command(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
+    output_file: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Save one output .npy here.")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Which output (when there are several).")] = None,
+    json_out: JsonFlag = False,
+) -> int:
+    """A job's result summary, or (-o FILE) one of its outputs as .npy."""
+    with connect(ctx) as client:
+        job = client.get(job_id)
+        if job["status"] != "succeeded":
+            raise CliError(*job_problem(job), exit_code=EXIT_FAILED)
+        if output_file is None:
+            return report_job(job, json_out)
+        chosen = pick_output(job, name)
+        output_file.write_bytes(client.download_output(job["id"], chosen))
+    saved = {"id": job["id"], "name": chosen, "path": str(output_file)}
+    if json_out:
+        emit_json(saved)
+    else:
+        stdout.print(f"saved {chosen} → {output_file}")
+    return EXIT_OK
+
+
+def pick_output(job: Job, name: str | None) -> str:
+    names = [output["name"] for output in job.get("outputs") or []]
+    if name is not None:
+        return name
+    if len(names) == 1:
+        return str(names[0])
+    if not names:
+        hint = "submit with --output DIR (keep_outputs) to keep them"
+        raise CliError(f"job {job['id']} kept no outputs", hint)
+    raise CliError(f"job {job['id']} has outputs {', '.join(names)}", "choose one with --name")
+
+
+# --- the daemon --------------------------------------------------------------------------
+
+
+@app.command("status")
+def status_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
+    """Backend, fallback, load against the caps, config generation, one row per worker."""
+    with connect(ctx) as client:
+        view = client.status()
+    if json_out:
+        emit_json(view)
+        return
+    stdout.print(
+        f"state {view['state']}  backend {view['backend']}  "
+        f"fallback {format_cell(view['fallback'])}  config generation {view['config_generation']}"
+    )
+    stdout.print(
+        f"running {view['running']}/{view['max_concurrent_tasks']} (max_concurrent_tasks)  "
+        f"queued {view['queued']}/{view.get('queue_limit', '-')}  "
+        f"strategy {view.get('strategy', '-')}  jobs total {view.get('jobs_total', '-')}"
+    )
+    columns = ("device", "index", "pid", "state", "running", "slots", "jobs_done", "restarts")
+    emit_table(columns, [[worker.get(c) for c in columns] for worker in view["workers"]])
+    if view["fallback"]:
+        warn(f"running on CPU fallback workers, not a GPU: {view.get('fallback_reason')}")
+
+
+@app.command("tasks")
+def tasks_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
+    """The tasks the daemon can run, with their params."""
+    with connect(ctx) as client:
+        catalog = client.tasks()
+    if json_out:
+        emit_json(catalog)
+        return
+    rows = [[task["name"], task.get("description"), describe_params(task)] for task in catalog]
+    emit_table(("name", "description", "params"), rows)
+
+
+def describe_params(task: dict[str, Any]) -> str:
+    """`size:integer=1000000 seed:integer=0` from the params' JSON schema."""
+    schema = task.get("params") or {}
+    required = set(schema.get("required") or [])
+    parts = []
+    for name, field in (schema.get("properties") or {}).items():
+        kinds = [field.get("type")] if "type" in field else field.get("anyOf", [])
+        kind = "|".join(str(k.get("type") if isinstance(k, dict) else k) for k in kinds)
+        default = " (required)" if name in required else f"={field.get('default')}"
+        parts.append(f"{name}:{kind}{default}")
+    return " ".join(parts)
+
+
+@app.command("devices")
+def devices_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
+    """The devices the workers hold, with what the driver says about them."""
+    with connect(ctx) as client:
+        devices = client.devices()
+    if json_out:
+        emit_json(devices)
+        return
+    columns = ("device", "backend", "name", "uuid", "compute_capability", "memory_cap_bytes")
+    emit_table(columns, [[device.get(c) for c in columns] for device in devices])
+
+
+# --- config ------------------------------------------------------------------------------
+
+
+def load_config_problems(
+    settings: Path | None, config: Path | None
+) -> tuple[ConfigSnapshot | None, list[Problem]]:
+    """Load the pair offline: (the snapshot or None, every problem found, errors first)."""
+    from taogpud import config as config_loader
+
+    try:
+        snapshot = config_loader.load(settings, config)
+    except ConfigError as exc:
+        return None, sorted(exc.problems, key=lambda problem: problem.severity != "error")
+    return snapshot, list(snapshot.warnings)
+
+
+@config_app.command("validate")
+def config_validate_command(
+    settings: SettingsFlag = None, config: ConfigFlag = None, json_out: JsonFlag = False
+) -> int:
+    """Check the two config files offline; exit 2 on errors."""
+    _, problems = load_config_problems(settings, config)
+    errors = [problem for problem in problems if problem.severity == "error"]
+    warnings = [problem for problem in problems if problem.severity != "error"]
+    if json_out:
+        emit_json(
+            {
+                "ok": not errors,
+                "errors": [problem.as_dict() for problem in errors],
+                "warnings": [problem.as_dict() for problem in warnings],
+            }
+        )
+    else:
+        for problem in problems:
+            stdout.print(problem_line(problem.as_dict()))
+        stdout.print(f"config {'invalid' if errors else 'ok'}: {count(errors, warnings)}")
+    return EXIT_USAGE if errors else EXIT_OK
+
+
+def problem_line(problem: dict[str, str]) -> str:
+    """`file: key: message (fix: ...)`; a warning says so after the key."""
+    severity = "warning: " if problem.get("severity") == "warning" else ""
+    return (
+        f"{problem.get('file', '?')}: {problem.get('key', '?')}: {severity}"
+        f"{problem.get('message', '')} (fix: {problem.get('fix', '')})"
+    )
+
+
+def count(errors: Sequence[object], warnings: Sequence[object]) -> str:
+    def plural(n: int, word: str) -> str:
+        return f"{n} {word}{'' if n == 1 else 's'}"
+
+    return f"{plural(len(errors), 'error')}, {plural(len(warnings), 'warning')}"
+
+
+@config_app.command("show")
+def config_show_command(
+    ctx: typer.Context,
+    settings: SettingsFlag = None,
+    config: ConfigFlag = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Load the files here.")] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """The effective config, redacted: the daemon's, or (with files or --offline) loaded here."""
+    if settings or config or offline:
+        document = load_config_offline(settings, config)
+    else:
+        with connect(ctx) as client:
+            document = client.config()
+    if json_out:
+        emit_json(document)
+        return
+    for key, value in flatten(document):
+        stdout.print(f"{key} = {orjson.dumps(value).decode()}")
+
+
+def load_config_offline(settings: Path | None, config: Path | None) -> dict[str, Any]:
+    snapshot, problems = load_config_problems(settings, config)
+    if snapshot is None:
+        raise ConfigError(problems)
+    return snapshot.redacted()
+
+
+def flatten(document: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in document.items():
+        if isinstance(value, dict) and value:
+            yield from flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+@config_app.command("status")
+def config_status_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
+    """The config generation in use and how the last reload went."""
+    with connect(ctx) as client:
+        view = client.config_status()
+    if json_out:
+        emit_json(view)
+        return
+    last = view.get("last_reload") or {}
+    stdout.print(f"generation {view['generation']}  digest {view.get('digest', '-')}")
+    stdout.print(f"last reload: {'ok' if last.get('ok') else 'FAILED (the old config stays)'}")
+    for problem in [*last.get("errors", []), *last.get("warnings", [])]:
+        stdout.print(f"  {problem_line(problem)}")
+
+
+# --- reserved --------------------------------------------------------------------------------
+# `config reload`, `api ping`, `doctor` and `trace` land here, one handler each, reusing
+# connect(), emit_json() and report-style exit codes (doctor: exit 1 when a check fails).
+
+
+# --- entry point ---------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    sys.exit(run(argv))
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run one command; every failure becomes one stderr line and an exit code."""
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="taogpuctl", standalone_mode=False)
+    except Exception as exc:
+        message, hint, exit_code = explain(exc)
+        stderr.print(error_line(message, hint))
+        return exit_code
+    return result if isinstance(result, int) else EXIT_OK
+
+
+def explain(exc: Exception) -> tuple[str, str, int]:
+    """(message, hint, exit code) for any failure; re-raises a bug under TAOGPUCTL_DEBUG."""
+    if isinstance(exc, CliError):
+        return exc.message, exc.hint, exc.exit_code
+    if isinstance(exc, DaemonUnreachable):
+        return exc.message, exc.hint, EXIT_UNREACHABLE
+    if isinstance(exc, ApiError):
+        return f"{exc.message} [{exc.code}]", exc.hint, api_exit_code(exc)
+    if isinstance(exc, ConfigError):
+        return exc.message, exc.hint, EXIT_USAGE
+    if isinstance(exc, typer.TyperException | typer.Abort):
+        return explain_usage(exc)
+    if os.environ.get("TAOGPUCTL_DEBUG"):
+        raise exc
+    hint = "a bug in taogpuctl; rerun with TAOGPUCTL_DEBUG=1 and report the traceback"
+    return f"internal error: {type(exc).__name__}: {exc}", hint, EXIT_FAILED
+
+
+def explain_usage(exc: typer.TyperException | typer.Abort) -> tuple[str, str, int]:
+    """Typer's (vendored click's) parse errors: all usage errors."""
+    if isinstance(exc, typer.Abort):
+        return "aborted", "", EXIT_FAILED
+    ctx = getattr(exc, "ctx", None)
+    command_path = ctx.command_path if ctx is not None else "taogpuctl"
+    # A missing sub-command has already printed the help, leaving the message empty.
+    message = one_line(exc.format_message()) or f"{command_path} needs a command"
+    return message, f"see `{command_path} --help`", EXIT_USAGE
+
+
+def api_exit_code(exc: ApiError) -> int:
+    """4xx: the request was wrong (usage, 2); 429 / 5xx: it could not be done now (1)."""
+    if 400 <= exc.http_status < 500 and exc.http_status != 429:
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    main()

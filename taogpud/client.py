@@ -1,0 +1,434 @@
+"""The Python client of the control API: HTTP/1.1 over the daemon's Unix socket.
+
+Used by `taogpuctl`, the tests and the benchmarks. Two exceptions, one line each:
+
+    DaemonUnreachable   the socket is missing, refuses, is not ours to open, hangs up or is silent
+    ApiError            the daemon answered with an error ({code, message, hint}, or anything else)
+
+A `Client` holds one keep-alive connection and is not thread-safe by design: use one Client per
+thread (or per process). Nothing here imports numpy unless an array object is uploaded.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
+
+import orjson
+
+from taogpud import paths
+
+# Why stdlib http.client and not httpx: measured on this kind of host, httpx spends ~416 µs of
+# CPU per request against ~120 µs for http.client over the same socket, and the control socket's
+# hot path (submit → result of a tiny job) must stay well under 1 ms per job.
+# (notes/library-facts.md, "HTTP/1.1 over a Unix socket".)
+
+WAIT_CHUNK_S = 1.0  # the longest single long-poll: progress is reported at least this often
+# Mirrors taogpud.jobs.JobState.finished without importing pydantic (tests keep the two equal).
+FINISHED_STATES = frozenset({"succeeded", "failed", "cancelled", "timed_out", "interrupted"})
+JSON_TYPE = "application/json"
+NPY_TYPE = "application/octet-stream"
+NPY_MAGIC = b"\x93NUMPY"
+
+Job = dict[str, Any]  # a JobRecord as JSON (see taogpud.jobs.JobRecord)
+OnUpdate = Callable[[Job], None]
+T = TypeVar("T")
+
+
+class DaemonUnreachable(Exception):
+    """The daemon's socket cannot be used; says which socket and what to do about it."""
+
+    def __init__(self, socket_path: str, message: str, hint: str) -> None:
+        super().__init__(f"{message} (hint: {hint})")
+        self.socket_path = socket_path
+        self.message = message
+        self.hint = hint
+
+
+class ApiError(Exception):
+    """The daemon answered with an error: its {code, message, hint} and the HTTP status."""
+
+    def __init__(self, code: str, message: str, hint: str = "", http_status: int = 0) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.hint = hint
+        self.http_status = http_status
+
+
+def is_finished(job: Job) -> bool:
+    return job.get("status") in FINISHED_STATES
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """An HTTP/1.1 connection whose transport is an AF_UNIX stream socket."""
+
+    def __init__(self, socket_path: str, timeout_s: float) -> None:
+        super().__init__("localhost", timeout=timeout_s)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.socket_path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class Client:
+    """One keep-alive connection to the daemon. Not thread-safe: one Client per thread."""
+
+    def __init__(self, socket_path: str | Path | None = None, timeout_s: float = 60.0) -> None:
+        self.socket_path = str(paths.default_socket() if socket_path is None else socket_path)
+        self.timeout_s = timeout_s
+        self._conn = _UnixHTTPConnection(self.socket_path, timeout_s)
+
+    # --- daemon and catalog ---------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return self._dict("GET", "/v1/health")
+
+    def info(self) -> dict[str, Any]:
+        return self._dict("GET", "/v1/info")
+
+    def status(self) -> dict[str, Any]:
+        return self._dict("GET", "/v1/status")
+
+    def devices(self) -> list[dict[str, Any]]:
+        return self._list("GET", "/v1/devices")
+
+    def tasks(self) -> list[dict[str, Any]]:
+        return self._list("GET", "/v1/tasks")
+
+    def config(self) -> dict[str, Any]:
+        """The daemon's effective config, redacted."""
+        return self._dict("GET", "/v1/config")
+
+    def config_status(self) -> dict[str, Any]:
+        return self._dict("GET", "/v1/config/status")
+
+    # --- jobs -----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        task: str,
+        params: dict[str, Any] | None = None,
+        *,
+        inputs: dict[str, str] | None = None,
+        device: int | None = None,
+        affinity: str | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        keep_outputs: bool = False,
+        wait_s: float | None = None,
+    ) -> Job:
+        """Queue a job; with `wait_s`, the daemon answers when it finished or after wait_s."""
+        request = {
+            "task": task,
+            "params": params or {},
+            "inputs": inputs or {},
+            "device": device,
+            "affinity": affinity,
+            "priority": priority,
+            "timeout_s": timeout_s,
+            "keep_outputs": keep_outputs,
+        }
+        path = "/v1/jobs" if wait_s is None else f"/v1/jobs?wait_s={_seconds(wait_s)}"
+        return self._dict("POST", path, request, wait_s=wait_s or 0.0)
+
+    def run(
+        self,
+        task: str,
+        params: dict[str, Any] | None = None,
+        *,
+        inputs: dict[str, str] | None = None,
+        device: int | None = None,
+        affinity: str | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+        keep_outputs: bool = False,
+        wait_s: float | None = None,
+        on_update: OnUpdate | None = None,
+    ) -> Job:
+        """Submit and wait until the job finished; `wait_s` bounds the whole wait (None: no bound).
+
+        A tiny job costs one round trip: the submit itself waits up to one chunk.
+        """
+        deadline = _deadline(wait_s)
+        job = self.submit(
+            task,
+            params,
+            inputs=inputs,
+            device=device,
+            affinity=affinity,
+            priority=priority,
+            timeout_s=timeout_s,
+            keep_outputs=keep_outputs,
+            wait_s=_chunk_s(deadline),
+        )
+        if on_update is not None:
+            on_update(job)
+        if is_finished(job) or _left_s(deadline) <= 0:
+            return job
+        return self.wait(job["id"], timeout_s=_left_s(deadline), on_update=on_update)
+
+    def get(self, job_id: str) -> Job:
+        return self._dict("GET", f"/v1/jobs/{_segment(job_id)}")
+
+    def list_jobs(self, status: str | None = None, limit: int = 100) -> list[Job]:
+        """Newest first."""
+        query: dict[str, str | int] = {"limit": limit}
+        if status is not None:
+            query["status"] = status
+        return self._list("GET", f"/v1/jobs?{urlencode(query)}")
+
+    def cancel(self, job_id: str) -> Job:
+        return self._dict("POST", f"/v1/jobs/{_segment(job_id)}/cancel")
+
+    def wait(
+        self, job_id: str, timeout_s: float | None = None, on_update: OnUpdate | None = None
+    ) -> Job:
+        """Long-poll until the job finished or timeout_s passed; the latest record either way."""
+        deadline = _deadline(timeout_s)
+        while True:
+            chunk_s = _chunk_s(deadline)
+            path = f"/v1/jobs/{_segment(job_id)}/wait?timeout_s={_seconds(chunk_s)}"
+            job = self._dict("GET", path, wait_s=chunk_s)
+            if on_update is not None:
+                on_update(job)
+            if is_finished(job) or _left_s(deadline) <= 0:
+                return job
+
+    # --- arrays ---------------------------------------------------------------------------
+
+    def upload_array(self, array_or_npy_bytes: Any) -> dict[str, Any]:
+        """Store an array (a numpy array, or the bytes of a .npy file) as a job input."""
+        body = _npy_bytes(array_or_npy_bytes)
+        status, data = self._request("POST", "/v1/arrays", body, NPY_TYPE)
+        decoded = _decode_json(status, data)
+        return _expect(decoded, dict, "/v1/arrays")
+
+    def download_output(self, job_id: str, name: str) -> bytes:
+        """The bytes of a .npy file: one output the job kept (submit with keep_outputs)."""
+        path = f"/v1/jobs/{_segment(job_id)}/outputs/{_segment(name)}"
+        status, data = self._request("GET", path)
+        if status >= 400:
+            raise _api_error(status, data)
+        return data
+
+    # --- connection -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _dict(
+        self, method: str, path: str, payload: Any = None, *, wait_s: float = 0.0
+    ) -> dict[str, Any]:
+        return _expect(self._json(method, path, payload, wait_s), dict, path)
+
+    def _list(self, method: str, path: str) -> list[dict[str, Any]]:
+        return _expect(self._json(method, path, None, 0.0), list, path)
+
+    def _json(self, method: str, path: str, payload: Any, wait_s: float) -> Any:
+        body = None if payload is None else orjson.dumps(payload)
+        status, data = self._request(method, path, body, JSON_TYPE, wait_s)
+        return _decode_json(status, data)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        content_type: str = JSON_TYPE,
+        wait_s: float = 0.0,
+    ) -> tuple[int, bytes]:
+        """One exchange; a kept-alive connection the daemon closed is reopened once.
+
+        The retry covers the idle-close race only: on a fresh connection a refused or missing
+        socket is final. A request the daemon read and then dropped without answering means the
+        daemon itself went away, and the reconnect then fails as DaemonUnreachable.
+        """
+        kept_alive = self._conn.sock is not None
+        for attempt in (1, 2):
+            try:
+                return self._exchange(method, path, body, content_type, wait_s)
+            except ConnectionError as exc:
+                self._conn.close()
+                if not kept_alive or attempt == 2:
+                    raise _unreachable(self.socket_path, exc, self.timeout_s) from exc
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _exchange(
+        self, method: str, path: str, body: bytes | None, content_type: str, wait_s: float
+    ) -> tuple[int, bytes]:
+        read_timeout_s = self.timeout_s + wait_s  # a long-poll answers only after wait_s
+        self._conn.timeout = read_timeout_s
+        if self._conn.sock is not None:
+            self._conn.sock.settimeout(read_timeout_s)
+        headers = {"Content-Type": content_type} if body is not None else {}
+        try:
+            self._conn.request(method, path, body=body, headers=headers)
+            response = self._conn.getresponse()
+            return response.status, response.read()
+        except ConnectionError:
+            raise  # _request decides: reopen a kept-alive connection once, else unreachable
+        except http.client.HTTPException as exc:
+            self._conn.close()
+            raise _malformed_response(self.socket_path, exc) from exc
+        except OSError as exc:
+            self._conn.close()
+            raise _unreachable(self.socket_path, exc, read_timeout_s) from exc
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _deadline(timeout_s: float | None) -> float | None:
+    return None if timeout_s is None else time.monotonic() + timeout_s
+
+
+def _left_s(deadline: float | None) -> float:
+    return float("inf") if deadline is None else deadline - time.monotonic()
+
+
+def _chunk_s(deadline: float | None) -> float:
+    return max(0.0, min(WAIT_CHUNK_S, _left_s(deadline)))
+
+
+def _seconds(value_s: float) -> str:
+    return f"{value_s:.3f}"
+
+
+def _segment(value: str) -> str:
+    """One path segment, quoted so that an id or name cannot reach another route."""
+    return quote(value, safe="")
+
+
+def _npy_bytes(array_or_npy_bytes: Any) -> bytes:
+    if isinstance(array_or_npy_bytes, bytes | bytearray | memoryview):
+        return bytes(array_or_npy_bytes)
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(array_or_npy_bytes), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _expect(value: object, kind: type[T], path: str) -> T:
+    if not isinstance(value, kind):
+        raise ApiError(
+            "bad_response",
+            f"{path} answered a JSON {type(value).__name__}, expected a {kind.__name__}",
+            "is the daemon the same version as this client? `taogpuctl status`",
+        )
+    return value
+
+
+def _decode_json(status: int, data: bytes) -> Any:
+    if status >= 400:
+        raise _api_error(status, data)
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise ApiError(
+            "bad_response",
+            f"the daemon answered HTTP {status} with a body that is not JSON: {_snippet(data)}",
+            "is that socket really taogpud's? check --socket / TAOGPUD_SOCKET",
+            status,
+        ) from None
+
+
+def _api_error(http_status: int, body: bytes) -> ApiError:
+    """An ApiError from an error response, whatever its body holds."""
+    fields = _error_fields(body)
+    if fields is not None:
+        code, message, hint = fields
+        return ApiError(code, message, hint, http_status)
+    return ApiError(
+        f"http_{http_status}",
+        f"HTTP {http_status}: {_snippet(body) or 'empty body'}",
+        "the daemon answered outside its {code, message, hint} shape; see `journalctl -u taogpud`",
+        http_status,
+    )
+
+
+def _error_fields(body: bytes) -> tuple[str, str, str] | None:
+    """{code, message, hint}, also when a framework wrapped it as {"detail": {...}}."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(parsed, dict) and isinstance(parsed.get("detail"), dict):
+        parsed = parsed["detail"]
+    if isinstance(parsed, dict) and isinstance(parsed.get("code"), str):
+        return parsed["code"], str(parsed.get("message") or ""), str(parsed.get("hint") or "")
+    if isinstance(parsed, dict) and isinstance(parsed.get("detail"), list):
+        return "invalid_request", _describe_validation(parsed["detail"]), ""
+    return None
+
+
+def _describe_validation(details: list[Any]) -> str:
+    """A framework's validation list [{loc, msg}, ...] as one line."""
+    parts = []
+    for detail in details:
+        if isinstance(detail, dict):
+            where = ".".join(str(part) for part in detail.get("loc", ()))
+            parts.append(f"{where}: {detail.get('msg', '')}")
+    return "; ".join(parts) or "the request is invalid"
+
+
+def _snippet(data: bytes, limit: int = 200) -> str:
+    text = data.decode("utf-8", "replace").strip().replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _malformed_response(socket_path: str, exc: http.client.HTTPException) -> ApiError:
+    return ApiError(
+        "bad_response",
+        f"{socket_path} answered something that is not HTTP/1.1 ({type(exc).__name__})",
+        "is that socket really taogpud's? check --socket / TAOGPUD_SOCKET",
+    )
+
+
+def _unreachable(socket_path: str, exc: OSError, timeout_s: float) -> DaemonUnreachable:
+    """Which socket, what went wrong, what to do."""
+    start = "is taogpud running? `sudo systemctl start taogpud` (or run `taogpud` yourself)"
+    if isinstance(exc, FileNotFoundError):
+        message, hint = f"no daemon socket at {socket_path}", start
+    elif isinstance(exc, ConnectionRefusedError):
+        message = f"nothing is listening on {socket_path}"
+        hint = f"{start}; `journalctl -u taogpud` says why it stopped"
+    elif isinstance(exc, PermissionError):
+        message = f"permission denied on {socket_path}"
+        hint = "are you in group taogpu? `sudo usermod -aG taogpu $USER`, then log in again"
+    elif isinstance(exc, TimeoutError):
+        message = f"the daemon at {socket_path} did not answer within {timeout_s:g} s"
+        hint = "is it stuck or overloaded? `systemctl status taogpud`, `journalctl -u taogpud`"
+    elif isinstance(exc, ConnectionError):
+        message = f"the daemon at {socket_path} closed the connection"
+        hint = "it may have stopped or restarted: `systemctl status taogpud`"
+    else:
+        message = f"cannot use {socket_path}: {exc.strerror or exc}"
+        hint = "check the socket path (--socket or TAOGPUD_SOCKET)"
+    return DaemonUnreachable(socket_path, message, hint)

@@ -1,0 +1,473 @@
+"""Both config files → one frozen, validated ConfigSnapshot.
+
+settings.json (the AI-tool side, camelCase keys) and config.toml (the scheduler side, snake_case
+keys) are read as the setup guide writes them. Each is built from three layers, lowest first:
+
+    embedded defaults (the seed)  →  the file  →  env overrides
+                                                  TAOGPUD_SETTINGS__GPU__MEMORY_FRACTION=0.5
+                                                  TAOGPUD_CONFIG__SCHEDULING__MAX_CONCURRENT_TASKS=3
+
+This module holds the models (the keys and their limits), the snapshot, load() and diff().
+config_loading.py turns one file into one model; config_rules.py holds the rules that span
+both files and where the API key comes from. load() collects every problem before it raises one
+ConfigError; warnings ride on the snapshot. The API key never appears in a Problem, a repr,
+redacted() or diff().
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl, urlsplit
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
+from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from taogpud.config_loading import FileKind, default_config_dir, expand, pick_path, read_layer
+from taogpud.config_rules import REDACTED, check_pair, key_problems, resolve_api_key, scrub
+from taogpud.errors import ConfigError, Problem
+from taogpud.paths import user_mode
+
+KeySource = Literal["credential", "env", "file", "none"]
+
+DEFAULT_URL = "https://taotoken.net/api"
+DEFAULT_API_KEY_REF = "${TAOTOKEN_API_KEY}"
+
+# Changing one of these needs new workers (the daemon rolls them one device at a time); every
+# other key applies live. Spelled as in its file, like the keys diff() reports.
+RESTART_KEYS: frozenset[str] = frozenset(
+    {
+        "backend.cuda.device_id",
+        "gpu.backend",
+        "runtime.device_type",
+        "backend.cuda.enabled",
+        "backend.cuda.stream_count",
+        "backend.cuda.cuda_arch",
+        "memory.pool_size_mb",
+        "memory.auto_grow",
+        "runtime.thread_num",
+        "runtime.cpu_devices",
+        "gpu.deviceId",
+        # beyond the brief: a worker sets its pool cap once, in the thread that allocates, and
+        # an OpenCL worker binds its platform at start; neither can change under a live worker
+        "gpu.memoryFraction",
+        "backend.opencl.enabled",
+        "backend.opencl.platform_index",
+    }
+)
+
+
+# ---- value types --------------------------------------------------------------------------
+
+
+def _allowed(text: str) -> JsonDict:
+    """Field metadata for error messages ("expected …") where the constraints cannot say it."""
+    return {"allowed": text}
+
+
+def _not_bool(value: object) -> object:
+    # pydantic's lax mode reads `true` as 1; in a config file that is a slip, not a number
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a number")
+    return value
+
+
+def _normalise_level(value: object) -> object:
+    if isinstance(value, str):
+        level = value.strip().lower()
+        return "warning" if level == "warn" else level
+    return value
+
+
+def _check_api_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+        scheme, host, query = parts.scheme, parts.hostname, parse_qsl(parts.query)
+    except ValueError:  # e.g. an unclosed "[" of an IPv6 host
+        scheme, host, query = "", None, []
+    if scheme not in ("http", "https") or not host:
+        fix = {"fix": f"use an http(s) URL like {DEFAULT_URL}"}
+        raise PydanticCustomError("api_url", "is not an http(s) URL with a host", fix)
+    tracking = ", ".join(sorted({name for name, _ in query if name.lower().startswith("utm_")}))
+    if tracking:
+        message = "carries {params}; API calls must not carry utm_* tracking parameters"
+        raise PydanticCustomError(
+            "utm_params", message, {"params": tracking, "fix": f"remove {tracking} from it"}
+        )
+    return url
+
+
+def _distinct(ids: tuple[int, ...]) -> tuple[int, ...]:
+    if len(set(ids)) != len(ids):
+        fix = {"fix": "list each device index once"}
+        raise PydanticCustomError("duplicate_device", "lists a device more than once", fix)
+    return ids
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Number = Annotated[float, BeforeValidator(_not_bool)]
+Name = Annotated[str, Field(min_length=1)]
+ApiUrl = Annotated[
+    str, AfterValidator(_check_api_url), Field(json_schema_extra=_allowed("an http(s) URL"))
+]
+LogLevel = Annotated[
+    Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(_normalise_level)
+]
+DeviceIndex = Annotated[int, BeforeValidator(_not_bool), Field(ge=0)]
+DeviceSet = (
+    DeviceIndex
+    | Annotated[tuple[DeviceIndex, ...], Field(min_length=1), AfterValidator(_distinct)]
+    | Literal["all"]
+)
+
+# Sections forbid unknown keys (load() reports them first, with a did-you-mean; this is the
+# backstop for models built directly), are immutable, and keep inputs out of error strings.
+_SECTION = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, hide_input_in_errors=True)
+
+
+# ---- settings.json ------------------------------------------------------------------------
+
+
+class ProviderSection(BaseModel):
+    model_config = _SECTION
+    name: Name = "taotoken"
+    base_url: ApiUrl = DEFAULT_URL
+    # holds the value after ${VAR} expansion; SecretStr keeps it out of reprs and dumps
+    api_key: SecretStr = Field(
+        SecretStr(DEFAULT_API_KEY_REF), json_schema_extra=_allowed("a string")
+    )
+    timeout_ms: Int = Field(60000, ge=1)
+    max_retries: Int = Field(3, ge=0, le=20)
+
+
+class ModelsSection(BaseModel):
+    model_config = _SECTION
+    default: Name = "claude-sonnet"
+    coding: Name = "claude-sonnet"
+    reasoning: Name = "claude-opus"
+
+
+class GpuSection(BaseModel):
+    model_config = _SECTION
+    backend: Literal["cuda", "cpu", "opencl"] = "cuda"
+    device_id: DeviceIndex = 0
+    memory_fraction: Number = Field(0.85, gt=0, le=1)
+    allow_fallback_to_cpu: bool = False
+
+
+class LoggingSection(BaseModel):
+    model_config = _SECTION
+    level: LogLevel = "info"  # any case, and "warn", are accepted
+    request_trace: bool = True
+
+
+class _LayeredSettings(BaseSettings):
+    """What both files share: env overrides as PREFIX__SECTION__KEY, strict, immutable."""
+
+    model_config = SettingsConfigDict(
+        env_nested_delimiter="__",
+        case_sensitive=False,
+        extra="forbid",
+        frozen=True,
+        allow_inf_nan=False,
+        hide_input_in_errors=True,
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # load() runs pydantic-settings' env source itself, over the environ it is given, so
+        # that each error can name its variable, and passes the merged layers in. A bare
+        # SettingsFile() is therefore the embedded defaults, whatever the process env holds.
+        return (init_settings,)
+
+
+class SettingsFile(_LayeredSettings):
+    """settings.json. Fields are snake_case; load() maps the file's camelCase onto them."""
+
+    model_config = SettingsConfigDict(env_prefix="TAOGPUD_SETTINGS__")
+    provider: ProviderSection = ProviderSection()
+    models: ModelsSection = ModelsSection()
+    gpu: GpuSection = GpuSection()
+    logging: LoggingSection = LoggingSection()
+
+
+# ---- config.toml --------------------------------------------------------------------------
+
+
+class RuntimeSection(BaseModel):
+    model_config = _SECTION
+    device_type: Literal["gpu", "cpu"] = "gpu"
+    thread_num: Int = Field(4, ge=1)
+    enable_profiling: bool = True
+    cpu_devices: Int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "taogpud extension: how many devices the CPU backend presents (cpu:0 … cpu:N-1), "
+            "so that placement, affinity and per-device caps can be exercised without GPUs"
+        ),
+    )
+
+
+class CudaSection(BaseModel):
+    model_config = _SECTION
+    enabled: bool = True
+    device_id: DeviceSet = Field(
+        0, json_schema_extra=_allowed('an index (0 or more), a list of distinct indices, or "all"')
+    )
+    stream_count: Int = Field(2, ge=1, le=64)
+    cuda_arch: str = Field(
+        "sm_89",
+        pattern=r"^(auto|sm_\d{2,3}[a-z]?)$",
+        json_schema_extra=_allowed('"auto" or an architecture like "sm_89"'),
+    )
+
+
+class OpenclSection(BaseModel):
+    model_config = _SECTION
+    enabled: bool = False
+    platform_index: Int = Field(0, ge=0)
+
+
+class BackendSection(BaseModel):
+    model_config = _SECTION
+    cuda: CudaSection = CudaSection()
+    opencl: OpenclSection = OpenclSection()
+
+
+class MemorySection(BaseModel):
+    model_config = _SECTION
+    pool_size_mb: Int = Field(4096, ge=0)
+    auto_grow: bool = True
+
+
+class ApiSection(BaseModel):
+    model_config = _SECTION
+    base_url: ApiUrl = DEFAULT_URL
+    api_key_env: str = Field(
+        "TAOTOKEN_API_KEY",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        json_schema_extra=_allowed("an environment variable name like TAOTOKEN_API_KEY"),
+    )
+    request_timeout_s: Number = Field(60, gt=0)
+
+
+class SchedulingSection(BaseModel):
+    model_config = _SECTION
+    strategy: Literal["round_robin", "least_loaded"] = "round_robin"
+    max_concurrent_tasks: Int = Field(8, ge=1)
+    gpu_affinity: bool = True
+    queue_limit: Int = Field(1000, ge=1)  # queued jobs beyond this are refused (queue_full)
+    drain_timeout_s: Number = Field(30, ge=0)  # how long a stop waits for running jobs
+    job_timeout_s: Number | None = Field(
+        None,
+        gt=0,
+        description="default timeout for jobs that give none; absent = no timeout",
+        json_schema_extra=_allowed("a number above 0 (or leave it out: no timeout)"),
+    )
+
+
+class ConfigFile(_LayeredSettings):
+    """config.toml, snake_case as in the file."""
+
+    model_config = SettingsConfigDict(env_prefix="TAOGPUD_CONFIG__")
+    runtime: RuntimeSection = RuntimeSection()
+    backend: BackendSection = BackendSection()
+    memory: MemorySection = MemorySection()
+    api: ApiSection = ApiSection()
+    scheduling: SchedulingSection = SchedulingSection()
+
+
+# ---- the snapshot -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigSnapshot:
+    """One validated pair of files, passed everywhere; a reload builds a new one."""
+
+    settings: SettingsFile
+    config: ConfigFile
+    settings_path: Path | None  # None = embedded defaults
+    config_path: Path | None
+    api_key: SecretStr | None
+    key_source: KeySource
+    warnings: tuple[Problem, ...]
+    digest: str  # first 16 hex of sha256 over the redacted settings and config
+
+    @property
+    def backend(self) -> str:
+        return self.settings.gpu.backend
+
+    def cuda_device_ids(self) -> list[int] | Literal["all"]:
+        ids = self.config.backend.cuda.device_id
+        if ids == "all":
+            return "all"
+        return [ids] if isinstance(ids, int) else list(ids)
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective config as the user's files spell it, with the API key hidden."""
+        paths = {"settings": self.settings_path, "config": self.config_path}
+        return {
+            "settings": redacted_settings(self.settings),
+            "config": self.config.model_dump(mode="json"),
+            "paths": {name: None if path is None else str(path) for name, path in paths.items()},
+            "key_source": self.key_source,
+        }
+
+
+def redacted_settings(settings: SettingsFile) -> dict[str, Any]:
+    view: dict[str, Any] = _camel_keys(settings.model_dump(mode="json"))
+    view["provider"]["apiKey"] = REDACTED if settings.provider.api_key.get_secret_value() else ""
+    return view
+
+
+def _camel_keys(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {to_camel(key): _camel_keys(value) for key, value in tree.items()}
+    return tree
+
+
+def config_digest(settings: SettingsFile, config: ConfigFile) -> str:
+    # content only: the same files at another path, or a rotated key, keep their digest
+    view = {"settings": redacted_settings(settings), "config": config.model_dump(mode="json")}
+    encoded = json.dumps(view, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()[:16]
+
+
+# ---- paths and load -----------------------------------------------------------------------
+
+
+def _prepare_settings(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """${VAR} expansion in every string. An absent apiKey is the seed's reference, expanded
+    too, so that no file and the seed file give the same snapshot."""
+    expanded: dict[str, Any] = expand(data, environ)
+    provider = expanded.setdefault("provider", {})
+    if isinstance(provider, dict):
+        provider.setdefault("api_key", expand(DEFAULT_API_KEY_REF, environ))
+    return expanded
+
+
+SETTINGS_KIND = FileKind(
+    "settings.json",
+    SettingsFile,
+    "json",
+    to_camel,
+    "--settings or TAOGPUD_SETTINGS",
+    _prepare_settings,
+)
+CONFIG_KIND = FileKind(
+    "config.toml", ConfigFile, "toml", str, "--config, TAOGPUD_CONFIG or OPENCLAW_CONFIG"
+)
+
+
+def resolve_paths(
+    settings: Path | None,
+    config: Path | None,
+    *,
+    environ: Mapping[str, str],
+    system: bool | None = None,
+) -> tuple[Path | None, Path | None, bool, bool]:
+    """(settings_path, config_path, settings_explicit, config_explicit).
+
+    Explicit argument, else env (TAOGPUD_SETTINGS; TAOGPUD_CONFIG, then OPENCLAW_CONFIG), else
+    the default directory (default_config_dir). A default file that does not exist resolves
+    to None (embedded defaults); explicit paths come back as given, for load() to report if
+    unusable. `system` (root: /etc/taogpud) follows the euid unless the caller says.
+    """
+    system_mode = not user_mode() if system is None else system
+    directory = default_config_dir(environ, system=system_mode)
+    settings_at = pick_path(settings, environ, ("TAOGPUD_SETTINGS",), directory / "settings.json")
+    config_names = ("TAOGPUD_CONFIG", "OPENCLAW_CONFIG")
+    config_at = pick_path(config, environ, config_names, directory / "config.toml")
+    return settings_at[0], config_at[0], settings_at[1], config_at[1]
+
+
+def load(
+    settings_path: Path | None = None,
+    config_path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> ConfigSnapshot:
+    """Read, validate and cross-check both files; raise ConfigError listing every error."""
+    env = os.environ if environ is None else environ
+    settings_at, config_at, _, _ = resolve_paths(settings_path, config_path, environ=env)
+    problems: list[Problem] = []
+    settings_layer = read_layer(SETTINGS_KIND, settings_at, env, problems)
+    config_layer = read_layer(CONFIG_KIND, config_at, env, problems)
+    settings, config = settings_layer.model, config_layer.model
+    key: tuple[SecretStr | None, KeySource] = (None, "none")
+    if settings is not None and config is not None:
+        problems += check_pair(settings, config) + key_problems(settings_layer)
+        key = resolve_api_key(settings, settings_layer, config, environ=env, problems=problems)
+    key_env = config.api.api_key_env if config else ApiSection().api_key_env
+    problems = scrub(problems, [env.get(key_env, ""), key[0]], settings_layer)
+    errors = [problem for problem in problems if problem.severity == "error"]
+    if errors or settings is None or config is None:
+        raise ConfigError(errors)
+    warnings = tuple(problem for problem in problems if problem.severity != "error")
+    digest = config_digest(settings, config)
+    return ConfigSnapshot(settings, config, settings_at, config_at, *key, warnings, digest)
+
+
+# ---- reload -------------------------------------------------------------------------------
+
+
+def diff(old: ConfigSnapshot, new: ConfigSnapshot) -> list[tuple[str, Any, Any]]:
+    """("config.toml: scheduling.max_concurrent_tasks", 8, 3) per changed key, secrets hidden.
+
+    A changed apiKey shows as ("settings.json: provider.apiKey", "<redacted>", "<redacted>");
+    beyond the files' keys, ("key_source", old, new) and ("api_key", …) for the resolved key.
+    """
+    changes: list[tuple[str, Any, Any]] = []
+    for part, label in (("settings", "settings.json"), ("config", "config.toml")):
+        before, after = _flatten(old.redacted()[part]), _flatten(new.redacted()[part])
+        for key in sorted(before.keys() | after.keys()):
+            if before.get(key) != after.get(key):
+                changes.append((f"{label}: {key}", before.get(key), after.get(key)))
+    return changes + _secret_changes(old, new, {key for key, _, _ in changes})
+
+
+def _secret_changes(
+    old: ConfigSnapshot, new: ConfigSnapshot, reported: set[str]
+) -> list[tuple[str, Any, Any]]:
+    # "<redacted>" → "<redacted>" hides the value but still tells the operator it changed
+    changes: list[tuple[str, Any, Any]] = []
+    file_key = "settings.json: provider.apiKey"
+    if old.settings.provider.api_key != new.settings.provider.api_key and file_key not in reported:
+        changes.append((file_key, REDACTED, REDACTED))
+    if old.key_source != new.key_source:
+        changes.append(("key_source", old.key_source, new.key_source))
+    if old.api_key != new.api_key:
+        changes.append(("api_key", old.api_key and REDACTED, new.api_key and REDACTED))
+    return changes
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
+def needs_restart(changes: list[tuple[str, Any, Any]]) -> bool:
+    """Whether any change touches a key in RESTART_KEYS (the workers must be rolled)."""
+    return any(key.split(": ", 1)[-1] in RESTART_KEYS for key, _, _ in changes)

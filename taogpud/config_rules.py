@@ -1,0 +1,223 @@
+"""The rules that span both files (DESIGN §1), and where the API key comes from.
+
+The two files must describe one channel and one device:
+
+    provider.baseUrl == api.base_url            (a trailing slash aside)        error
+    gpu.deviceId ∈ backend.cuda.device_id       (when the backend is cuda)      error
+    gpu.backend, runtime.device_type, backend.cuda.enabled, backend.opencl.enabled
+                                                 agree on one backend           error
+    provider.timeoutMs / 1000 == api.request_timeout_s                          warning
+
+API key, first found wins: the systemd credential, the env var named by api.api_key_env, the
+file's apiKey (after ${VAR} expansion). Only the source is ever reported, never the value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import SecretStr
+
+from taogpud.config_loading import Layer, has_reference
+from taogpud.errors import Problem
+
+if TYPE_CHECKING:
+    from taogpud.config import ConfigFile, KeySource, SettingsFile
+
+SETTINGS = "settings.json"
+CONFIG = "config.toml"
+CREDENTIAL_NAME = "taotoken_api_key"
+REDACTED = "<redacted>"
+
+# per backend, the config.toml values that agree with it (device_type is free for OpenCL:
+# a PoCL device is a CPU, a vendor one a GPU)
+_AGREEING: dict[str, dict[str, Any]] = {
+    "cuda": {
+        "runtime.device_type": "gpu",
+        "backend.cuda.enabled": True,
+        "backend.opencl.enabled": False,
+    },
+    "cpu": {
+        "runtime.device_type": "cpu",
+        "backend.cuda.enabled": False,
+        "backend.opencl.enabled": False,
+    },
+    "opencl": {"backend.cuda.enabled": False, "backend.opencl.enabled": True},
+}
+
+
+def check_pair(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
+    """Every cross-file problem (errors and warnings) of one pair."""
+    checks = (_one_channel, _device_in_set, _one_backend, _timeouts_agree)
+    return [problem for check in checks for problem in check(settings, config)]
+
+
+def _one_channel(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
+    ours, theirs = settings.provider.base_url, config.api.base_url
+    if ours.rstrip("/") == theirs.rstrip("/"):
+        return []
+    message = f"{_show(ours)} differs from {CONFIG} api.base_url {_show(theirs)}"
+    fix = f"give provider.baseUrl ({SETTINGS}) and api.base_url ({CONFIG}) the same URL"
+    return [Problem(SETTINGS, "provider.baseUrl", message, fix)]
+
+
+def _device_in_set(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
+    device, allowed = settings.gpu.device_id, config.backend.cuda.device_id
+    if settings.gpu.backend != "cuda" or allowed == "all":
+        return []
+    devices = [allowed] if isinstance(allowed, int) else list(allowed)
+    if device in devices:
+        return []
+    message = f"device {device} is not in {CONFIG} backend.cuda.device_id {_show(devices)}"
+    choices = " or ".join(str(index) for index in devices)
+    fix = f"set gpu.deviceId to {choices}, or add {device} to backend.cuda.device_id"
+    return [Problem(SETTINGS, "gpu.deviceId", message, fix)]
+
+
+def _one_backend(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
+    backend = settings.gpu.backend
+    actual = _backend_keys(config)
+    disagree = [key for key, want in _AGREEING[backend].items() if actual[key] != want]
+    if not disagree:
+        return []
+    found = ", ".join(f"{key} = {_show(actual[key])}" for key in disagree)
+    message = f'"{backend}" disagrees with {CONFIG} {found}'
+    shown = ["cpu", "cuda"] + (["opencl"] if backend == "opencl" else [])
+    fix = "; ".join(_agreeing_text(name) for name in shown)
+    return [Problem(SETTINGS, "gpu.backend", message, fix)]
+
+
+def _backend_keys(config: ConfigFile) -> dict[str, Any]:
+    return {
+        "runtime.device_type": config.runtime.device_type,
+        "backend.cuda.enabled": config.backend.cuda.enabled,
+        "backend.opencl.enabled": config.backend.opencl.enabled,
+    }
+
+
+def _agreeing_text(backend: str) -> str:
+    values = ", ".join(f"{key} = {_show(want)}" for key, want in _AGREEING[backend].items())
+    return f'for {backend}: gpu.backend = "{backend}", {values}'
+
+
+def _timeouts_agree(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
+    ours_s, theirs_s = settings.provider.timeout_ms / 1000, config.api.request_timeout_s
+    if math.isclose(ours_s, theirs_s):
+        return []
+    message = (
+        f"{settings.provider.timeout_ms} ms differs from {CONFIG} "
+        f"api.request_timeout_s = {theirs_s:g} s; each side would give up at a different time"
+    )
+    fix = f"set provider.timeoutMs to {theirs_s * 1000:g} or api.request_timeout_s to {ours_s:g}"
+    return [Problem(SETTINGS, "provider.timeoutMs", message, fix, severity="warning")]
+
+
+def _show(value: Any) -> str:
+    return json.dumps(value)  # true/false and "quoted" strings, as both files write them
+
+
+# ---- the API key ----------------------------------------------------------------------
+
+_KEY_PATH = ("provider", "api_key")
+
+
+def resolve_api_key(
+    settings: SettingsFile,
+    layer: Layer[SettingsFile],
+    config: ConfigFile,
+    *,
+    environ: Mapping[str, str],
+    problems: list[Problem],
+) -> tuple[SecretStr | None, KeySource]:
+    """(key, source), first found wins: credential, the env var named by api.api_key_env, the
+    file's apiKey ("env" when it came from a ${VAR} reference or an override, else "file")."""
+    credential = read_credential(environ, problems)
+    if credential:
+        return SecretStr(credential), "credential"
+    named = environ.get(config.api.api_key_env, "")
+    if named:
+        return SecretStr(named), "env"
+    if settings.provider.api_key.get_secret_value():
+        return settings.provider.api_key, "file" if _literal_key(layer) else "env"
+    return None, "none"
+
+
+def read_credential(environ: Mapping[str, str], problems: list[Problem]) -> str:
+    """The systemd credential (LoadCredential=taotoken_api_key), or "" if there is none."""
+    directory = environ.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        return ""
+    path = Path(directory) / CREDENTIAL_NAME
+    try:
+        return path.read_text(encoding="utf-8").rstrip("\r\n")
+    except FileNotFoundError:
+        return ""
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+        fix = "check LoadCredential=taotoken_api_key in the unit and the file it names"
+        problems.append(Problem(str(path), CREDENTIAL_NAME, f"cannot be read: {reason}", fix))
+        return ""
+
+
+def _literal_key(layer: Layer[SettingsFile]) -> bool:
+    """Whether settings.json itself holds the key: a non-empty apiKey with no ${VAR} in it
+    (and no env override replacing it)."""
+    provider = layer.document.get("provider")
+    raw = provider.get("api_key") if isinstance(provider, dict) else None
+    overridden = layer.override_var(_KEY_PATH) is not None
+    return isinstance(raw, str) and bool(raw) and not has_reference(raw) and not overridden
+
+
+def key_problems(layer: Layer[SettingsFile]) -> list[Problem]:
+    """A literal apiKey is readable by anyone who can read the file: warn, never show it."""
+    if not _literal_key(layer):
+        return []
+    message = "holds a literal API key in plain text (value not shown)"
+    fix = (
+        "move the key to the systemd credential taotoken_api_key (LoadCredential=) or to the env "
+        'var named by api.api_key_env, and write "apiKey": "${TAOTOKEN_API_KEY}"'
+    )
+    return [Problem(SETTINGS, "provider.apiKey", message, fix, severity="warning")]
+
+
+# Scrubbing is the second line of defence (no message shows the apiKey field at all). Values
+# this short are no real key, and replacing them would garble ordinary words.
+_MIN_SCRUBBED = 8
+
+
+def scrub(
+    problems: list[Problem], keys: list[str | SecretStr | None], layer: Layer[SettingsFile]
+) -> list[Problem]:
+    """The problems with every value that is or may be the key replaced by <redacted>: the
+    resolved key, the key env var, and the apiKey as expanded (even where validation failed)."""
+    candidates = [*keys, _dig_str(layer.merged, _KEY_PATH)]
+    secrets = [_plain(value) for value in candidates]
+    secrets = [value for value in secrets if len(value) >= _MIN_SCRUBBED]
+
+    def clean(text: str) -> str:
+        for secret in secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
+    return [
+        replace(p, file=clean(p.file), key=clean(p.key), message=clean(p.message), fix=clean(p.fix))
+        for p in problems
+    ]
+
+
+def _plain(value: str | SecretStr | None) -> str:
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    return value or ""
+
+
+def _dig_str(tree: dict[str, Any], path: tuple[str, ...]) -> str:
+    value: Any = tree
+    for name in path:
+        value = value.get(name) if isinstance(value, dict) else None
+    return value if isinstance(value, str) else ""

@@ -1,0 +1,214 @@
+"""The daemon's lifecycle: startup → serve → drain → shutdown.
+
+Signal handlers only record what was asked; `run` is the one place that acts on
+it. SIGTERM or SIGINT stops taking jobs, lets running ones finish within
+scheduling.drain_timeout_s, then exits; a second one skips the wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import uvicorn
+
+from taogpud import config, systemd
+from taogpud import logging as tlog
+from taogpud.api.app import create_app
+from taogpud.api.peer import PeerCredProtocol
+from taogpud.arrays import ArrayStore
+from taogpud.errors import BackendUnavailable, ConfigError
+from taogpud.jobs import JobStore
+from taogpud.paths import default_socket, default_state_dir
+from taogpud.pool import shm
+from taogpud.pool.supervisor import WorkerPool
+from taogpud.scheduler import Policy, Scheduler
+from taogpud.api.listen import bind_unix_socket
+from taogpud.state import DaemonState
+from taogpud.pool.plan import plan_workers
+
+WARM_TIMEOUT_S = 300.0  # CUDA kernel compilation on a cold cache can take minutes
+WORKER_STOP_TIMEOUT_S = 10.0
+
+log = tlog.get_logger("taogpud.daemon")
+
+
+class _Server(uvicorn.Server):  # type: ignore[misc]
+    """uvicorn without its own signal handling: the daemon owns SIGTERM and SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Daemon:
+    def __init__(self, snapshot: config.ConfigSnapshot, socket_path: Path, state_dir: Path) -> None:
+        self.snapshot = snapshot
+        self.socket_path = socket_path
+        self.state_dir = state_dir
+        self.notifier = systemd.Notifier()
+        self._stop_requested = asyncio.Event()
+        self._signals_seen = 0
+
+    async def run(self) -> int:
+        state = self._build_state()
+        self._install_signal_handlers()
+        try:
+            await state.pool.start(WARM_TIMEOUT_S)
+        except BaseException:
+            state.pool.kill_all()
+            raise
+        server, serving = await self._serve(state)
+        state.phase = "ready"
+        log.info("daemon.ready", socket=str(self.socket_path), **_summary(state))
+        self.notifier.ready(status_line(state))
+        await self._stop_requested.wait()
+        await self._shutdown(state, server, serving)
+        return 0
+
+    def _build_state(self) -> DaemonState:
+        shm.sweep_orphans()
+        plan = plan_workers(self.snapshot)
+        store = JobStore()
+        arrays = ArrayStore(_array_budget_bytes())
+        scheduler = Scheduler(policy_of(self.snapshot), store, arrays)
+        pool = WorkerPool(plan.specs, scheduler)
+        scheduler.pool = pool
+        return DaemonState(
+            self.snapshot, scheduler, store, arrays, pool, plan.backend, plan.fallback_reason,
+            max_upload_bytes=arrays.budget_bytes,
+        )
+
+    async def _serve(self, state: DaemonState) -> tuple[_Server, asyncio.Task[None]]:
+        sock = systemd.listen_socket() or bind_unix_socket(self.socket_path)
+        server_config = uvicorn.Config(
+            create_app(state),
+            http=PeerCredProtocol,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )
+        server = _Server(server_config)
+        serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.005)
+        if serving.done():
+            serving.result()  # raises what stopped the server
+        return server, serving
+
+    async def _shutdown(self, state: DaemonState, server: _Server, serving: asyncio.Task[None]) -> None:
+        state.phase = "draining"
+        drain_s = 0.0 if self._signals_seen > 1 else self.snapshot.config.scheduling.drain_timeout_s
+        self.notifier.stopping(f"draining {state.scheduler.running_total} running jobs")
+        log.info("daemon.draining", running=state.scheduler.running_total, drain_timeout_s=drain_s)
+        left = await state.scheduler.drain(drain_s)
+        if left:
+            state.scheduler.interrupt_running()
+        server.should_exit = True
+        await serving
+        await state.pool.stop(WORKER_STOP_TIMEOUT_S)
+        state.arrays.clear()
+        self.socket_path.unlink(missing_ok=True)
+        log.info("daemon.stopped", interrupted=left, jobs_total=state.scheduler.jobs_total)
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_stop_signal, signum)
+        loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+
+    def _on_stop_signal(self, signum: int) -> None:
+        self._signals_seen += 1
+        log.info("daemon.signal", signal=signal.Signals(signum).name, count=self._signals_seen)
+        self._stop_requested.set()
+
+    def _on_hup(self) -> None:
+        # Hot reload has its own module and issue; until it lands SIGHUP must not kill us.
+        log.warning("daemon.reload_unsupported", hint="restart taogpud to apply config changes")
+
+
+def policy_of(snapshot: config.ConfigSnapshot) -> Policy:
+    scheduling = snapshot.config.scheduling
+    return Policy(
+        max_concurrent_tasks=scheduling.max_concurrent_tasks,
+        strategy=scheduling.strategy,
+        gpu_affinity=scheduling.gpu_affinity,
+        queue_limit=scheduling.queue_limit,
+        job_timeout_s=scheduling.job_timeout_s,
+        enable_profiling=snapshot.config.runtime.enable_profiling,
+    )
+
+
+def status_line(state: DaemonState) -> str:
+    warm = len(state.pool.healthy)
+    fallback = " FALLBACK-TO-CPU" if state.fallback else ""
+    return (
+        f"{state.backend}{fallback}: workers {warm}/{len(state.pool.workers)} warm, "
+        f"running {state.scheduler.running_total}, queued {state.scheduler.queued}, "
+        f"config generation {state.generation}"
+    )
+
+
+def _summary(state: DaemonState) -> dict[str, object]:
+    return {
+        "backend": state.backend,
+        "fallback": state.fallback,
+        "fallback_reason": state.fallback_reason,
+        "devices": [w.label for w in state.pool.workers],
+        "config_digest": state.snapshot.digest,
+        "key_source": state.snapshot.key_source,
+    }
+
+
+def _array_budget_bytes() -> int:
+    """Half of /dev/shm, at most 8 GiB: uploads and kept outputs live there."""
+    stat = os.statvfs(shm.SHM_DIR)
+    return min(stat.f_blocks * stat.f_frsize // 2, 8 << 30)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="taogpud", description="Run GPU compute jobs for everyone on this host.")
+    parser.add_argument("--settings", type=Path, help="settings.json (AI-tool side)")
+    parser.add_argument("--config", type=Path, help="config.toml (scheduler side)")
+    parser.add_argument("--socket", type=Path, help="the Unix socket to serve on")
+    parser.add_argument("--state-dir", type=Path, help="where jobs and outputs are kept")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        snapshot = config.load(args.settings, args.config)
+    except ConfigError as exc:
+        print(f"taogpud: config error: {exc}", file=sys.stderr)
+        return 2
+    tlog.configure(snapshot.settings.logging.level, snapshot.settings.logging.request_trace)
+    tlog.set_secrets(snapshot.api_key.get_secret_value() if snapshot.api_key else None)
+    for problem in snapshot.warnings:
+        log.warning("config.warning", **problem.as_dict())
+    daemon = Daemon(snapshot, args.socket or default_socket(), args.state_dir or default_state_dir())
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(daemon.run())
+    except BackendUnavailable as exc:
+        log.error("daemon.backend_unavailable", error=exc.message, hint=exc.hint)
+        print(f"taogpud: {exc.message} (fix: {exc.hint})" if exc.hint else f"taogpud: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"taogpud: {exc}", file=sys.stderr)
+        return 1
+
+
+def _loop_factory() -> type[asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.Loop  # type: ignore[no-any-return]

@@ -1,0 +1,146 @@
+"""The exception tree, drawn once, and the one place that maps it to API error codes.
+
+    TaogpudError                   code           HTTP   meaning
+    ├── ConfigError                config_invalid  400   a config file or key is wrong (carries problems)
+    ├── BackendUnavailable         backend_unavailable 503  the configured backend cannot start
+    ├── RequestError               invalid_request 400   a request is malformed
+    │   ├── UnknownTask            unknown_task    404   no task of that name is registered
+    │   ├── InvalidParams          invalid_params  422   params do not match the task's model
+    │   └── MissingInput           missing_input   404   an input array id is not known
+    ├── JobNotFound                job_not_found   404   no job with that id
+    ├── OutputNotFound             output_not_found 404  the job kept no output of that name
+    ├── NotPermitted               forbidden       403   the caller may not touch this job
+    ├── Rejected                   too_large       413   the job can never fit a device (admission)
+    ├── QueueFull                  queue_full      429   the bounded queue is full; retry later
+    ├── Draining                   draining        503   the daemon is stopping; no new jobs
+    └── JobConflict                job_conflict    409   the job is not in a state that allows this
+
+Job failures are not exceptions of the daemon: they are `JobError` values
+recorded on the job (`out_of_device_memory`, `task_failed`, `worker_crashed`,
+`timed_out`, `cancelled`, `interrupted`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ErrorBody:
+    """The one JSON error shape of the API and of job failures: {code, message, hint}."""
+
+    code: str
+    message: str
+    hint: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message, "hint": self.hint}
+
+
+class TaogpudError(Exception):
+    code = "internal_error"
+    http_status = 500
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def body(self) -> ErrorBody:
+        return ErrorBody(self.code, self.message, self.hint)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding about the config: which file and key, what is wrong, and the fix."""
+
+    file: str  # "settings.json", "config.toml", or a path as the user gave it
+    key: str  # dotted, spelled as in that file: "gpu.memoryFraction", "scheduling.strategy"
+    message: str
+    fix: str
+    severity: str = "error"  # "error" | "warning"
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.key}: {self.message} (fix: {self.fix})"
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "file": self.file,
+            "key": self.key,
+            "message": self.message,
+            "fix": self.fix,
+            "severity": self.severity,
+        }
+
+
+class ConfigError(TaogpudError):
+    """Raised with every error found in a pair of files, not only the first."""
+
+    code = "config_invalid"
+    http_status = 400
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        first = str(problems[0]) if problems else "invalid configuration"
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(first + more, hint="run `taogpuctl config validate` to see every problem")
+
+
+class BackendUnavailable(TaogpudError):
+    code = "backend_unavailable"
+    http_status = 503
+
+
+class RequestError(TaogpudError):
+    code = "invalid_request"
+    http_status = 400
+
+
+class UnknownTask(RequestError):
+    code = "unknown_task"
+    http_status = 404
+
+
+class InvalidParams(RequestError):
+    code = "invalid_params"
+    http_status = 422
+
+
+class MissingInput(RequestError):
+    code = "missing_input"
+    http_status = 404
+
+
+class JobNotFound(TaogpudError):
+    code = "job_not_found"
+    http_status = 404
+
+
+class OutputNotFound(TaogpudError):
+    code = "output_not_found"
+    http_status = 404
+
+
+class NotPermitted(TaogpudError):
+    code = "forbidden"
+    http_status = 403
+
+
+class Rejected(TaogpudError):
+    code = "too_large"
+    http_status = 413
+
+
+class QueueFull(TaogpudError):
+    code = "queue_full"
+    http_status = 429
+
+
+class Draining(TaogpudError):
+    code = "draining"
+    http_status = 503
+
+
+class JobConflict(TaogpudError):
+    code = "job_conflict"
+    http_status = 409

@@ -1,0 +1,102 @@
+"""structlog, configured in exactly one place: JSON lines on stdout, level and
+redaction that a reload can change.
+
+With `cache_logger_on_first_use=True` a later `configure()` does not change the
+level of loggers already used, so the level is a processor reading `_state`
+rather than structlog's filtering logger.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+import orjson
+import structlog
+
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "critical": 50}
+REDACTED = "<redacted>"
+SECRET_KEY_NAMES = frozenset({"api_key", "apikey", "apiKey", "authorization", "key"})
+
+
+class _State:
+    level = LEVELS["info"]
+    request_trace = True
+    secrets: tuple[str, ...] = ()
+
+
+_state = _State()
+
+
+def set_level(level: str) -> None:
+    _state.level = LEVELS.get(level.lower(), LEVELS["info"])
+
+
+def set_request_trace(enabled: bool) -> None:
+    _state.request_trace = enabled
+
+
+def request_trace_enabled() -> bool:
+    return _state.request_trace
+
+
+def set_secrets(*values: str | None) -> None:
+    """Values that must never be written, wherever they turn up in an event."""
+    _state.secrets = tuple(v for v in values if v and len(v) >= 4)
+
+
+def filter_level(_: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
+    if LEVELS.get(method_name, 20) < _state.level:
+        raise structlog.DropEvent
+    return event_dict
+
+
+def redact(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """Drop secret-named fields and scrub secret values from every string, nested too."""
+    return {key: _scrub(key, value) for key, value in event_dict.items()}
+
+
+def _scrub(key: str, value: Any) -> Any:
+    if key in SECRET_KEY_NAMES and value:
+        return REDACTED
+    if isinstance(value, str):
+        for secret in _state.secrets:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, Mapping):
+        return {k: _scrub(str(k), v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub("", v) for v in value]
+    return value
+
+
+def _orjson_dumps(event: Any, **_: Any) -> bytes:
+    return orjson.dumps(event, default=str)
+
+
+def configure(level: str = "info", request_trace: bool = True) -> None:
+    set_level(level)
+    set_request_trace(request_trace)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            filter_level,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            redact,
+            structlog.processors.JSONRenderer(serializer=_orjson_dumps),
+        ],
+        logger_factory=structlog.BytesLoggerFactory(sys.stdout.buffer),
+        cache_logger_on_first_use=True,
+    )
+    # Libraries that log through the standard library (uvicorn, asyncio) go to
+    # stderr at WARNING: their messages are rare and journald keeps both streams.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s: %(message)s")
+
+
+def get_logger(name: str = "taogpud") -> Any:
+    return structlog.get_logger(name)

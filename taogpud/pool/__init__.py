@@ -1,0 +1,1 @@
+"""Worker processes: one spawned process per device, warm before the daemon is ready."""

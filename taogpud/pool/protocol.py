@@ -1,0 +1,74 @@
+"""The messages on a worker's pipe, both directions. Plain dataclasses, pickled.
+
+    daemon → worker: RunJob, CancelJob, Ping, Stop
+    worker → daemon: Warm, WarmFailed, JobStarted, JobFinished, Pong
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from taogpud.backends.base import DeviceInfo
+from taogpud.pool.shm import ArrayRef
+
+
+@dataclass(frozen=True)
+class RunJob:
+    job_id: str
+    task: str
+    params: dict[str, Any]
+    inputs: dict[str, ArrayRef]
+    keep_outputs: bool
+
+
+@dataclass(frozen=True)
+class CancelJob:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Ping:
+    token: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True)
+class Warm:
+    info: DeviceInfo
+    pid: int
+
+
+@dataclass(frozen=True)
+class WarmFailed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class JobStarted:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class JobFinished:
+    job_id: str
+    status: str  # a JobState value: succeeded | failed | cancelled
+    run_ms: float
+    result: dict[str, Any] | None = None
+    outputs: dict[str, ArrayRef] = field(default_factory=dict)
+    error: tuple[str, str, str] | None = None  # (code, message, hint)
+    timings: dict[str, float] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Pong:
+    token: int
+
+
+ToWorker = RunJob | CancelJob | Ping | Stop
+FromWorker = Warm | WarmFailed | JobStarted | JobFinished | Pong

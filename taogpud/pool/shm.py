@@ -1,0 +1,128 @@
+"""Arrays between the daemon and its workers: .npy images in POSIX shared memory.
+
+Each array is one file under /dev/shm holding a complete .npy image (header then
+data), so the same bytes are what a client uploads, what a worker maps without a
+copy, and what a download streams back. Only names cross the worker pipes.
+
+Files, not `multiprocessing.shared_memory`: on Python 3.11 its resource tracker
+unlinks segments a worker created when that worker exits, and warns about the
+ones the daemon adopted. Names carry the daemon's pid so a restarted daemon can
+sweep what a killed one left behind.
+"""
+
+from __future__ import annotations
+
+import ast
+import mmap
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SHM_DIR = Path("/dev/shm")
+PREFIX = "taogpud."
+NPY_MAGIC = b"\x93NUMPY"
+
+
+class BadArray(ValueError):
+    """An uploaded body is not a .npy image this daemon can use."""
+
+
+@dataclass(frozen=True)
+class ArrayRef:
+    """A shared .npy image: picklable, a few dozen bytes on the pipe."""
+
+    name: str  # file name under SHM_DIR
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype string, e.g. "<f4"
+    header_bytes: int  # data starts here
+    nbytes: int  # data bytes (the file is header_bytes + nbytes)
+
+    @property
+    def path(self) -> Path:
+        return SHM_DIR / self.name
+
+    def view(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype": self.dtype, "nbytes": self.nbytes}
+
+
+def new_name(owner_pid: int) -> str:
+    return f"{PREFIX}{owner_pid}.{secrets.token_hex(8)}.npy"
+
+
+def parse_header(head: bytes) -> tuple[tuple[int, ...], str, int]:
+    """(shape, dtype, header length) of a .npy v1/v2/v3 image; no object arrays, C order."""
+    if len(head) < 10 or not head.startswith(NPY_MAGIC):
+        raise BadArray("the body is not a .npy file (it must start with \\x93NUMPY)")
+    major = head[6]
+    size_bytes = 2 if major == 1 else 4
+    if major not in (1, 2, 3):
+        raise BadArray(f".npy format version {major} is not supported")
+    start = 8 + size_bytes
+    length = int.from_bytes(head[8:start], "little")
+    if len(head) < start + length:
+        raise BadArray(".npy header is truncated")
+    return _header_fields(head[start : start + length]) + (start + length,)
+
+
+def _header_fields(text: bytes) -> tuple[tuple[int, ...], str]:
+    try:
+        fields = ast.literal_eval(text.decode("latin1"))
+        shape = tuple(int(n) for n in fields["shape"])
+        dtype = str(fields["descr"])
+        fortran = bool(fields["fortran_order"])
+    except (ValueError, SyntaxError, KeyError, TypeError) as exc:
+        raise BadArray(f".npy header cannot be read: {exc}") from exc
+    if fortran:
+        raise BadArray("Fortran-ordered arrays are not supported; save with np.ascontiguousarray")
+    if not isinstance(fields["descr"], str) or dtype.startswith("|O"):
+        raise BadArray("only plain numeric dtypes are supported (no object or structured arrays)")
+    if any(n < 0 for n in shape):
+        raise BadArray("negative dimension in .npy header")
+    return shape, dtype
+
+
+def npy_header(shape: tuple[int, ...], dtype_str: str) -> bytes:
+    """A .npy v1 header padded to 64 bytes, as numpy writes it."""
+    shape_text = f"({shape[0]},)" if len(shape) == 1 else f"{tuple(shape)}"
+    text = f"{{'descr': {dtype_str!r}, 'fortran_order': False, 'shape': {shape_text}, }}"
+    pad = 64 - (10 + len(text) + 1) % 64
+    body = (text + " " * pad + "\n").encode("latin1")
+    return NPY_MAGIC + b"\x01\x00" + len(body).to_bytes(2, "little") + body
+
+
+def create(total_bytes: int, owner_pid: int) -> tuple[str, mmap.mmap]:
+    """A new shared file of total_bytes, mapped writable. The caller fills it."""
+    name = new_name(owner_pid)
+    fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, max(total_bytes, 1))
+        return name, mmap.mmap(fd, max(total_bytes, 1))
+    finally:
+        os.close(fd)
+
+
+def open_map(ref: ArrayRef, writable: bool = False) -> mmap.mmap:
+    flags = os.O_RDWR if writable else os.O_RDONLY
+    fd = os.open(ref.path, flags)
+    try:
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        return mmap.mmap(fd, max(ref.header_bytes + ref.nbytes, 1), access=access)
+    finally:
+        os.close(fd)
+
+
+def unlink(name: str) -> None:
+    (SHM_DIR / name).unlink(missing_ok=True)
+
+
+def sweep_orphans() -> int:
+    """Remove arrays whose owning process is gone (a daemon or worker killed with -9)."""
+    removed = 0
+    for path in SHM_DIR.glob(f"{PREFIX}*.npy"):
+        owner = path.name.split(".")[1]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed

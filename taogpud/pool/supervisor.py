@@ -1,0 +1,106 @@
+"""The pool: start every worker, wait until all are warm, replace the ones that die.
+
+A worker that dies is replaced after a backoff that doubles with each crash in a
+row (1 s … 60 s), so a crash-looping device is not restarted in a tight loop;
+the other workers carry on meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from taogpud.backends.base import WorkerSpec
+from taogpud.errors import BackendUnavailable
+from taogpud.logging import get_logger
+from taogpud.pool import protocol as msg
+from taogpud.pool.worker import WorkerHandle, WorkerState
+
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 60.0
+
+log = get_logger("taogpud.pool")
+
+
+class PoolSink(Protocol):
+    """What the pool tells the scheduler."""
+
+    def on_job_finished(self, worker: WorkerHandle, finished: msg.JobFinished) -> None: ...
+    def on_worker_lost(self, worker: WorkerHandle) -> None: ...
+    def on_worker_warm(self, worker: WorkerHandle) -> None: ...
+
+
+class WorkerPool:
+    def __init__(self, specs: list[WorkerSpec], sink: PoolSink) -> None:
+        self.workers = [WorkerHandle(s, self._on_message, self._on_exit) for s in specs]
+        self._sink = sink
+        self._stopping = False
+        self._respawns: set[asyncio.Task[None]] = set()
+
+    async def start(self, warm_timeout_s: float) -> None:
+        """Spawn all workers and return once every one is warm; raise if any is not."""
+        for worker in self.workers:
+            worker.start()
+        try:
+            await asyncio.gather(*(w.wait_settled(warm_timeout_s) for w in self.workers))
+        except TimeoutError:
+            raise BackendUnavailable(
+                f"workers were not warm after {warm_timeout_s:.0f} s",
+                "check the daemon log for the worker that hangs during warm-up",
+            ) from None
+        failed = [w for w in self.workers if w.state is not WorkerState.warm]
+        if failed:
+            reasons = "; ".join(f"{w.label}: {w.warm_failure or w.exit_description()}" for w in failed)
+            raise BackendUnavailable(f"a worker failed to warm up: {reasons}")
+
+    async def stop(self, timeout_s: float) -> None:
+        self._stopping = True
+        for task in self._respawns:
+            task.cancel()
+        await asyncio.gather(*(w.stop(timeout_s) for w in self.workers))
+
+    def kill_all(self) -> None:
+        for worker in self.workers:
+            worker.kill()
+
+    @property
+    def healthy(self) -> list[WorkerHandle]:
+        return [w for w in self.workers if w.state is WorkerState.warm]
+
+    def _on_message(self, worker: WorkerHandle, message: msg.FromWorker) -> None:
+        if isinstance(message, msg.JobFinished):
+            self._sink.on_job_finished(worker, message)
+        elif isinstance(message, msg.Warm):
+            log.info("worker.warm", device=worker.label, pid=message.pid, **_warm_fields(worker))
+            if worker.restarts:
+                self._sink.on_worker_warm(worker)
+
+    def _on_exit(self, worker: WorkerHandle) -> None:
+        if self._stopping:
+            return
+        log.error(
+            "worker.lost",
+            device=worker.label,
+            pid=worker.pid,
+            exit=worker.exit_description(),
+            jobs_lost=len(worker.running),
+        )
+        self._sink.on_worker_lost(worker)
+        task = asyncio.get_running_loop().create_task(self._respawn(worker))
+        self._respawns.add(task)
+        task.add_done_callback(self._respawns.discard)
+
+    async def _respawn(self, worker: WorkerHandle) -> None:
+        delay = min(BACKOFF_FIRST_S * 2**worker.restarts, BACKOFF_MAX_S)
+        worker.restarts += 1
+        log.warning("worker.respawn", device=worker.label, in_s=delay, restarts=worker.restarts)
+        await asyncio.sleep(delay)
+        if not self._stopping:
+            worker.start()
+
+
+def _warm_fields(worker: WorkerHandle) -> dict[str, object]:
+    info = worker.info
+    if info is None:
+        return {}
+    return {"backend": info.backend, "warmup_ms": round(info.warmup_ms, 1), "name": info.name}

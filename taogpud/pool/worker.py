@@ -1,0 +1,138 @@
+"""The daemon's side of one worker process: spawn, a pipe, warm-up, stop, kill.
+
+The pipe is read from the event loop (add_reader), not from a thread: a result
+reaches the scheduler without a thread hop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from collections.abc import Callable
+from enum import StrEnum
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from taogpud.backends.base import DeviceInfo, WorkerSpec
+from taogpud.pool import protocol as msg
+from taogpud.pool.child import worker_main
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+class WorkerState(StrEnum):
+    starting = "starting"  # spawned, warming up
+    warm = "warm"  # takes jobs
+    stopping = "stopping"  # told to stop; finishes what it has
+    dead = "dead"  # exited or failed to warm; the pool may replace it
+
+
+class WorkerHandle:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        on_message: Callable[[WorkerHandle, msg.FromWorker], None],
+        on_exit: Callable[[WorkerHandle], None],
+    ) -> None:
+        self.spec = spec
+        self.state = WorkerState.dead
+        self.info: DeviceInfo | None = None
+        self.pid: int | None = None
+        self.running: set[str] = set()  # job ids on this worker now
+        self.reserved_bytes = 0  # memory estimates of those jobs (admission)
+        self.jobs_done = 0
+        self.restarts = 0
+        self.warm_failure: str | None = None
+        self._on_message = on_message
+        self._on_exit = on_exit
+        self._process: BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._settled = asyncio.Event()  # set once warm or dead
+
+    @property
+    def label(self) -> str:
+        return self.info.device if self.info else f"{self.spec.backend}:{self.spec.index}"
+
+    @property
+    def free_slots(self) -> int:
+        if self.state is not WorkerState.warm:
+            return 0
+        return self.spec.stream_count - len(self.running)
+
+    def start(self) -> None:
+        parent_conn, child_conn = SPAWN.Pipe(duplex=True)
+        process = SPAWN.Process(
+            target=worker_main,
+            args=(self.spec, child_conn),
+            name=f"taogpud-worker-{self.spec.backend}{self.spec.index}",
+            daemon=True,
+        )
+        process.start()
+        child_conn.close()  # so our end sees EOF when the child dies
+        self._process, self._conn, self.pid = process, parent_conn, process.pid
+        self.state, self.info, self.warm_failure = WorkerState.starting, None, None
+        self._settled.clear()
+        asyncio.get_running_loop().add_reader(parent_conn.fileno(), self._on_readable)
+
+    async def wait_settled(self, timeout_s: float) -> None:
+        async with asyncio.timeout(timeout_s):
+            await self._settled.wait()
+
+    def send(self, order: msg.ToWorker) -> None:
+        if self._conn is None:
+            raise BrokenPipeError(f"worker {self.label} is not running")
+        self._conn.send(order)
+
+    def kill(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+
+    async def stop(self, timeout_s: float) -> None:
+        """Ask the worker to finish its jobs and exit; kill it if it does not in time."""
+        if self._process is None:
+            return
+        self.state = WorkerState.stopping
+        try:
+            self.send(msg.Stop())
+        except OSError:
+            pass  # already gone
+        process = self._process
+        await asyncio.to_thread(process.join, timeout_s)
+        if process.is_alive():
+            process.kill()
+            await asyncio.to_thread(process.join, 5)
+
+    def _on_readable(self) -> None:
+        conn = self._conn
+        try:
+            while conn is not None and conn.poll():
+                self._deliver(conn.recv())
+        except (EOFError, OSError):
+            self._lost()
+
+    def _deliver(self, message: msg.FromWorker) -> None:
+        if isinstance(message, msg.Warm):
+            self.info, self.pid, self.state = message.info, message.pid, WorkerState.warm
+            self._settled.set()
+        elif isinstance(message, msg.WarmFailed):
+            self.warm_failure = message.reason
+        self._on_message(self, message)
+
+    def _lost(self) -> None:
+        if self._conn is not None:
+            asyncio.get_running_loop().remove_reader(self._conn.fileno())
+            self._conn.close()
+            self._conn = None
+        self.state = WorkerState.dead
+        self._settled.set()
+        if self._process is not None:
+            self._process.join(timeout=1.0)  # reap; EOF means it is exiting now
+        self._on_exit(self)
+
+    def exit_description(self) -> str:
+        code = self._process.exitcode if self._process is not None else None
+        if code is None:
+            return "still running"
+        if code < 0:
+            return f"killed by signal {-code}"
+        return f"exit status {code}"

@@ -1,0 +1,397 @@
+"""The queue, admission and placement; the only place job states change.
+
+Admission at submit: the task exists, its params validate, its inputs exist, its
+memory estimate fits some device's cap (else `too_large` with the numbers), and
+the bounded queue has room (else `queue_full`). Placement when a slot frees: the
+global max_concurrent_tasks cap, at most stream_count per device, memory already
+reserved on the device, a pinned device, the affinity key's device, then the
+strategy (round_robin or least_loaded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from taogpud import tasks, trace
+from taogpud.api.models import JobRequest
+from taogpud.arrays import ArrayStore
+from taogpud.errors import (
+    Draining,
+    JobNotFound,
+    MissingInput,
+    NotPermitted,
+    QueueFull,
+    Rejected,
+    RequestError,
+)
+from taogpud.jobs import JobErrorView, JobRecord, JobState, JobStore, OutputView, Peer, new_job_id
+from taogpud.pool import protocol as msg
+from taogpud.pool.supervisor import WorkerPool
+from taogpud.pool.worker import WorkerHandle, WorkerState
+
+CANCEL_GRACE_S = 5.0  # a running job told to stop gets this long before its worker is killed
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The scheduling keys of config.toml; a reload swaps the whole value."""
+
+    max_concurrent_tasks: int = 8
+    strategy: str = "round_robin"
+    gpu_affinity: bool = True
+    queue_limit: int = 1000
+    job_timeout_s: float | None = None
+    enable_profiling: bool = True
+
+
+class Scheduler:
+    def __init__(self, policy: Policy, store: JobStore, arrays: ArrayStore) -> None:
+        self.policy = policy
+        self.store = store
+        self.arrays = arrays
+        self.pool: WorkerPool | None = None
+        self.accepting = True
+        self.running_total = 0
+        self.most_running = 0  # high-water mark, for status and the soak check
+        self.jobs_total = 0  # accepted since start
+        self.finished_counts: Counter[tuple[str, str, str]] = Counter()  # (task, backend, status)
+        self._queue: list[tuple[tuple[int, int], JobRecord]] = []  # ((-priority, seq), job)
+        self._seq = 0
+        self._rr_next = 0
+        self._affinity: dict[str, int] = {}  # affinity key → worker position
+        self._stop_reason: dict[str, JobState] = {}  # running job → cancelled | timed_out
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    # -- submit ---------------------------------------------------------------------------
+
+    def submit(self, request: JobRequest, peer: Peer) -> JobRecord:
+        if not self.accepting:
+            raise Draining("taogpud is stopping and takes no new jobs", "submit again once it is back")
+        task = tasks.get(request.task)
+        validated = tasks.validate_params(task, request.params)
+        self._check_inputs(task, request.inputs)
+        estimate = task.estimate_bytes(validated) + self._input_bytes(request.inputs)
+        self._admit(request, estimate)
+        job = JobRecord(
+            id=new_job_id(),
+            task=task.name,
+            params=validated.model_dump(mode="json"),
+            inputs=request.inputs,
+            priority=request.priority,
+            timeout_s=request.timeout_s or self.policy.job_timeout_s,
+            affinity=request.affinity,
+            requested_device=request.device,
+            keep_outputs=request.keep_outputs,
+            peer=peer,
+            estimate_bytes=estimate,
+        )
+        self.store.add(job)
+        self.jobs_total += 1
+        self.arrays.pin(list(job.inputs.values()))
+        self._enqueue(job)
+        trace.job_event(job)
+        self.dispatch()
+        return job
+
+    def _check_inputs(self, task: tasks.Task, inputs: dict[str, str]) -> None:
+        for name, array_id in inputs.items():
+            if name not in task.inputs:
+                accepted = ", ".join(task.inputs) or "none"
+                raise RequestError(
+                    f"task {task.name} has no input named {name!r}",
+                    f"inputs it accepts: {accepted}",
+                )
+            if self.arrays.get(array_id) is None:
+                raise MissingInput(
+                    f"input {name!r}: no array with id {array_id!r}",
+                    "upload it first (POST /v1/arrays, or taogpuctl submit --input NAME=FILE.npy)",
+                )
+
+    def _input_bytes(self, inputs: dict[str, str]) -> int:
+        refs = (self.arrays.get(array_id) for array_id in inputs.values())
+        return sum(ref.nbytes for ref in refs if ref is not None)
+
+    def _admit(self, request: JobRequest, estimate: int) -> None:
+        workers = self._pool().workers
+        if request.device is not None and request.device not in [w.spec.index for w in workers]:
+            known = ", ".join(str(w.spec.index) for w in workers)
+            raise RequestError(f"there is no device {request.device}", f"devices: {known}")
+        eligible = [w for w in workers if request.device in (None, w.spec.index)]
+        caps = [cap for cap in map(_cap, eligible) if cap is not None]
+        if caps and estimate > max(caps):
+            raise Rejected(
+                f"{request.task} needs about {_gib(estimate)} of device memory; the largest "
+                f"device cap is {_gib(max(caps))} (gpu.memoryFraction × total)",
+                "use a smaller size, or raise gpu.memoryFraction in settings.json",
+            )
+        if len(self._queue) >= self.policy.queue_limit:
+            raise QueueFull(
+                f"the queue is full ({self.policy.queue_limit} jobs waiting)",
+                "retry later, or raise scheduling.queue_limit in config.toml",
+            )
+
+    def _enqueue(self, job: JobRecord) -> None:
+        self._seq += 1
+        bisect.insort(self._queue, ((-job.priority, self._seq), job), key=lambda e: e[0])
+
+    # -- placement ------------------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        """Start every queued job that can run now, in priority order."""
+        index = 0
+        while index < len(self._queue) and self._has_capacity():
+            job = self._queue[index][1]
+            worker = self._place(job)
+            if worker is None:
+                index += 1
+                continue
+            del self._queue[index]
+            self._start(job, worker)
+
+    def _has_capacity(self) -> bool:
+        if self.running_total >= self.policy.max_concurrent_tasks:
+            return False
+        return any(w.free_slots > 0 for w in self._pool().workers)
+
+    def _place(self, job: JobRecord) -> WorkerHandle | None:
+        workers = self._pool().workers
+        pinned = self._affinity.get(job.affinity or "") if self.policy.gpu_affinity else None
+        if pinned is not None and workers[pinned].state is WorkerState.warm:
+            return workers[pinned] if _fits(workers[pinned], job) else None
+        candidates = [
+            position
+            for position, w in enumerate(workers)
+            if _fits(w, job) and job.requested_device in (None, w.spec.index)
+        ]
+        if not candidates:
+            return None
+        position = self._choose(candidates)
+        if self.policy.gpu_affinity and job.affinity:
+            self._affinity[job.affinity] = position
+        return workers[position]
+
+    def _choose(self, candidates: list[int]) -> int:
+        workers = self._pool().workers
+        if self.policy.strategy == "least_loaded":
+            return min(candidates, key=lambda p: len(workers[p].running) / workers[p].spec.stream_count)
+        after = [p for p in candidates if p >= self._rr_next]
+        position = after[0] if after else candidates[0]
+        self._rr_next = (position + 1) % len(workers)
+        return position
+
+    def _start(self, job: JobRecord, worker: WorkerHandle) -> None:
+        info = worker.info
+        assert info is not None  # only warm workers have free slots
+        now = time.time()
+        job.status, job.started_at = JobState.running, now
+        job.queue_ms = (now - job.created_at) * 1e3
+        job.backend, job.device, job.device_index = info.backend, info.device, info.index
+        job.device_uuid, job.compute_capability = info.uuid, info.compute_capability
+        job.fallback_reason = worker.spec.fallback_reason
+        job.fallback = job.fallback_reason is not None
+        job.worker_pid = worker.pid
+        worker.running.add(job.id)
+        worker.reserved_bytes += job.estimate_bytes
+        self.running_total += 1
+        self.most_running = max(self.most_running, self.running_total)
+        self._idle.clear()
+        inputs = {name: self.arrays.get(aid) for name, aid in job.inputs.items()}
+        worker.send(msg.RunJob(job.id, job.task, job.params, _present(inputs), job.keep_outputs))
+        if job.timeout_s:
+            handle = asyncio.get_running_loop().call_later(job.timeout_s, self._stop, job.id, JobState.timed_out)
+            self._timers[job.id] = handle
+        trace.job_event(job)
+
+    # -- cancel and timeouts --------------------------------------------------------------
+
+    def cancel(self, job_id: str, peer: Peer) -> JobRecord:
+        job = self.get(job_id)
+        _check_owner(job, peer)
+        if job.status is JobState.queued:
+            self._queue = [e for e in self._queue if e[1].id != job_id]
+            self._finish(job, JobState.cancelled, _error("cancelled", "cancelled while queued"))
+        elif job.status is JobState.running:
+            self._stop(job_id, JobState.cancelled)
+        return job
+
+    def get(self, job_id: str) -> JobRecord:
+        job = self.store.get(job_id)
+        if job is None:
+            raise JobNotFound(f"no job with id {job_id!r}", "list jobs with `taogpuctl list`")
+        return job
+
+    def _stop(self, job_id: str, reason: JobState) -> None:
+        worker = self._worker_running(job_id)
+        if worker is None or job_id in self._stop_reason:
+            return
+        self._stop_reason[job_id] = reason
+        worker.send(msg.CancelJob(job_id))
+        asyncio.get_running_loop().call_later(CANCEL_GRACE_S, self._kill_if_stuck, job_id, worker)
+
+    def _kill_if_stuck(self, job_id: str, worker: WorkerHandle) -> None:
+        if job_id in worker.running:
+            trace.log.error("job.stuck", job_id=job_id, device=worker.label, grace_s=CANCEL_GRACE_S)
+            worker.kill()  # its loss ends the stuck job and fails the others on it
+
+    def _worker_running(self, job_id: str) -> WorkerHandle | None:
+        return next((w for w in self._pool().workers if job_id in w.running), None)
+
+    # -- results from the pool ------------------------------------------------------------
+
+    def on_job_finished(self, worker: WorkerHandle, finished: msg.JobFinished) -> None:
+        job = self.store.get(finished.job_id)
+        self._release(worker, finished.job_id)
+        if job is None:
+            return
+        job.run_ms = finished.run_ms
+        job.evidence = finished.evidence
+        if self.policy.enable_profiling:
+            job.timings = finished.timings
+        state = self._stop_reason.pop(job.id, None) or JobState(finished.status)
+        if state is JobState.succeeded:
+            job.result = finished.result
+            self._keep_outputs(job, finished.outputs)
+            self._finish(job, state, None)
+        else:
+            _discard(finished.outputs)
+            self._finish(job, state, _finished_error(state, finished, job))
+        worker.jobs_done += 1
+        self.dispatch()
+
+    def on_worker_lost(self, worker: WorkerHandle) -> None:
+        for job_id in list(worker.running):
+            job = self.store.get(job_id)
+            self._release(worker, job_id)
+            if job is None:
+                continue
+            state = self._stop_reason.pop(job_id, None) or JobState.failed
+            error = _error(
+                "worker_crashed" if state is JobState.failed else state.value,
+                f"the worker for {worker.label} died ({worker.exit_description()}) while running it",
+                "the job was not retried; submit it again",
+            )
+            self._finish(job, state, error)
+        self.dispatch()
+
+    def on_worker_warm(self, worker: WorkerHandle) -> None:
+        self.dispatch()
+
+    def _release(self, worker: WorkerHandle, job_id: str) -> None:
+        job = self.store.get(job_id)
+        if job_id in worker.running:
+            worker.running.discard(job_id)
+            worker.reserved_bytes -= job.estimate_bytes if job else 0
+            self.running_total -= 1
+        timer = self._timers.pop(job_id, None)
+        if timer is not None:
+            timer.cancel()
+        if self.running_total == 0:
+            self._idle.set()
+
+    def _keep_outputs(self, job: JobRecord, outputs: dict[str, Any]) -> None:
+        for name, ref in outputs.items():
+            self.arrays.adopt(output_id(job.id, name), ref)
+            job.outputs.append(OutputView(name=name, shape=list(ref.shape), dtype=ref.dtype, nbytes=ref.nbytes))
+
+    def _finish(self, job: JobRecord, state: JobState, error: JobErrorView | None) -> None:
+        job.status, job.error = state, error
+        job.finished_at = time.time()
+        if job.started_at is None:
+            job.queue_ms = (job.finished_at - job.created_at) * 1e3
+        self.arrays.unpin(list(job.inputs.values()))
+        self.store.mark_finished(job)
+        self.finished_counts[(job.task, job.backend or "none", state.value)] += 1
+        trace.job_event(job)
+
+    # -- stopping -------------------------------------------------------------------------
+
+    async def drain(self, timeout_s: float) -> int:
+        """Take no new jobs, let running ones finish within timeout_s; return how many did not."""
+        self.accepting = False
+        for _, job in self._queue:
+            self._finish(job, JobState.interrupted, _error("interrupted", "taogpud stopped before the job ran"))
+        self._queue.clear()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            pass
+        return self.running_total
+
+    def interrupt_running(self) -> None:
+        for worker in self._pool().workers:
+            for job_id in list(worker.running):
+                job = self.store.get(job_id)
+                self._release(worker, job_id)
+                if job is not None:
+                    message = "taogpud stopped while the job ran (drain timeout)"
+                    self._finish(job, JobState.interrupted, _error("interrupted", message))
+
+    def _pool(self) -> WorkerPool:
+        assert self.pool is not None, "the scheduler is used before its pool is attached"
+        return self.pool
+
+
+def output_id(job_id: str, name: str) -> str:
+    return f"out:{job_id}:{name}"
+
+
+def _fits(worker: WorkerHandle, job: JobRecord) -> bool:
+    if worker.free_slots <= 0:
+        return False
+    cap = _cap(worker)
+    return cap is None or worker.reserved_bytes + job.estimate_bytes <= cap
+
+
+def _cap(worker: WorkerHandle) -> int | None:
+    if worker.info is None or worker.info.memory_cap_bytes <= 0:
+        return None
+    return worker.info.memory_cap_bytes
+
+
+def _present(refs: dict[str, Any]) -> dict[str, Any]:
+    return {name: ref for name, ref in refs.items() if ref is not None}
+
+
+def _check_owner(job: JobRecord, peer: Peer) -> None:
+    if peer.uid in (None, 0) or job.peer.uid in (None, peer.uid):
+        return
+    raise NotPermitted(
+        f"job {job.id} belongs to uid {job.peer.uid}; you are uid {peer.uid}",
+        "only the job's owner or root may cancel it",
+    )
+
+
+def _error(code: str, message: str, hint: str = "") -> JobErrorView:
+    return JobErrorView(code=code, message=message, hint=hint)
+
+
+def _finished_error(state: JobState, finished: msg.JobFinished, job: JobRecord) -> JobErrorView:
+    if state is JobState.timed_out:
+        return _error("timed_out", f"the job ran past its timeout of {job.timeout_s} s", "raise --timeout")
+    if state is JobState.cancelled:
+        return _error("cancelled", "cancelled while running")
+    code, message, hint = finished.error or ("task_failed", "the task failed", "")
+    return _error(code, message, hint)
+
+
+def _discard(outputs: dict[str, Any]) -> None:
+    from taogpud.pool import shm
+
+    for ref in outputs.values():
+        shm.unlink(ref.name)
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:,.2f} GiB"

@@ -1,0 +1,53 @@
+"""One trace line per job state change: the proof of where each job ran.
+
+A job that ran on the CPU because CUDA could not start is logged at WARNING with
+its fallback reason, every time: a fallback is never silent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from taogpud.jobs import JobRecord, JobState
+from taogpud.logging import get_logger
+
+log = get_logger("taogpud.jobs")
+
+
+def job_fields(job: JobRecord) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "job_id": job.id,
+        "task": job.task,
+        "status": job.status.value,
+        "backend": job.backend,
+        "device": job.device,
+        "device_uuid": job.device_uuid,
+        "fallback": job.fallback,
+        "queue_ms": _round(job.queue_ms),
+        "run_ms": _round(job.run_ms),
+        "uid": job.peer.uid,
+        "gid": job.peer.gid,
+    }
+    if job.fallback:
+        fields["fallback_reason"] = job.fallback_reason
+    if job.timings:
+        fields.update({k: _round(v) for k, v in job.timings.items()})
+    if job.error is not None:
+        fields["error_code"] = job.error.code
+        fields["error"] = job.error.message
+    if job.worker_pid is not None:
+        fields["worker_pid"] = job.worker_pid
+    return fields
+
+
+def job_event(job: JobRecord) -> None:
+    event = f"job.{job.status.value}"
+    fields = job_fields(job)
+    if job.fallback or job.status in (JobState.failed, JobState.timed_out):
+        log.warning(event, **fields)
+    else:
+        log.info(event, **fields)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

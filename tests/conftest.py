@@ -1,0 +1,173 @@
+"""Real daemons for tests: a `taogpud` process per test, reached through its real socket.
+
+Socket paths live in a short directory under /tmp because sun_path holds 108
+bytes and pytest's tmp_path is often longer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from taogpud.client import Client
+
+READY_TIMEOUT_S = 60.0
+
+# The setup guide's files switched to the CPU, with two CPU devices so placement can be seen.
+CPU_SETTINGS: dict[str, Any] = {"gpu": {"backend": "cpu"}, "logging": {"level": "info"}}
+CPU_CONFIG: dict[str, Any] = {
+    "runtime": {"device_type": "cpu", "thread_num": 1, "cpu_devices": 2},
+    "backend": {"cuda": {"enabled": False, "stream_count": 2}},
+}
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def to_toml(data: dict[str, Any], prefix: str = "") -> str:
+    """Enough TOML for test configs: scalars, lists and nested tables."""
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    lines = [f"[{prefix}]"] if prefix and scalars else []
+    lines += [f"{key} = {json.dumps(value)}" for key, value in scalars.items()]
+    for key, table in tables.items():
+        lines.append(to_toml(table, f"{prefix}.{key}" if prefix else key))
+    return "\n".join(lines) + "\n"
+
+
+class RunningDaemon:
+    def __init__(self, proc: subprocess.Popen[bytes], home: Path) -> None:
+        self.proc = proc
+        self.home = home
+        self.socket_path = home / "taogpud.sock"
+        self.log_path = home / "stdout.log"
+        self.err_path = home / "stderr.log"
+        self.settings_path = home / "settings.json"
+        self.config_path = home / "config.toml"
+
+    def client(self, timeout_s: float = 60.0) -> Client:
+        return Client(self.socket_path, timeout_s=timeout_s)
+
+    def events(self, event: str | None = None) -> list[dict[str, Any]]:
+        """Every JSON line the daemon (and its workers) wrote to stdout, parsed."""
+        parsed = []
+        for line in self.log_path.read_text().splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                if event is None or record.get("event") == event:
+                    parsed.append(record)
+        return parsed
+
+    def wait_for_event(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for record in self.events():
+                if predicate(record):
+                    return record
+            time.sleep(0.05)
+        raise AssertionError(f"no matching event within {timeout_s} s; log:\n{self.log_path.read_text()[-4000:]}")
+
+    def stop(self, signum: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signum)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def stderr(self) -> str:
+        return self.err_path.read_text()
+
+
+def start_daemon(
+    home: Path,
+    settings: dict[str, Any] | None,
+    config: dict[str, Any] | None,
+    env: dict[str, str] | None = None,
+    wait_ready: bool = True,
+) -> RunningDaemon:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "settings.json").write_text(json.dumps(deep_merge(CPU_SETTINGS, settings or {})))
+    (home / "config.toml").write_text(to_toml(deep_merge(CPU_CONFIG, config or {})))
+    command = [
+        sys.executable, "-m", "taogpud",
+        "--settings", str(home / "settings.json"),
+        "--config", str(home / "config.toml"),
+        "--socket", str(home / "taogpud.sock"),
+        "--state-dir", str(home / "state"),
+    ]  # fmt: skip
+    child_env = {**os.environ, **(env or {})}
+    with (home / "stdout.log").open("wb") as out, (home / "stderr.log").open("wb") as err:
+        proc = subprocess.Popen(command, stdout=out, stderr=err, env=child_env, cwd=home)
+    daemon = RunningDaemon(proc, home)
+    if wait_ready:
+        _wait_ready(daemon)
+    return daemon
+
+
+def _wait_ready(daemon: RunningDaemon) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if daemon.proc.poll() is not None:
+            raise AssertionError(f"taogpud exited {daemon.proc.returncode}: {daemon.stderr()}")
+        if daemon.socket_path.exists():
+            with daemon.client(timeout_s=5) as client:
+                if client.health().get("ok"):
+                    return
+        time.sleep(0.05)
+    daemon.stop(signal.SIGKILL)
+    raise AssertionError(f"taogpud was not ready within {READY_TIMEOUT_S} s: {daemon.stderr()}")
+
+
+@pytest.fixture
+def daemon_home() -> Iterator[Path]:
+    home = Path(tempfile.mkdtemp(prefix="tgd-", dir="/tmp"))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon_factory(daemon_home: Path) -> Iterator[Callable[..., RunningDaemon]]:
+    """Start daemons with setting/config overrides merged over the CPU pair; stops them all."""
+    started: list[RunningDaemon] = []
+
+    def factory(
+        settings: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        wait_ready: bool = True,
+    ) -> RunningDaemon:
+        home = daemon_home / f"d{len(started)}"
+        daemon = start_daemon(home, settings, config, env, wait_ready)
+        started.append(daemon)
+        return daemon
+
+    yield factory
+    for daemon in started:
+        daemon.stop(signal.SIGTERM, timeout_s=15)
+
+
+@pytest.fixture
+def daemon(daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
+    """A ready daemon on the CPU backend: 2 devices, 2 slots each, the seed's caps."""
+    return daemon_factory()
