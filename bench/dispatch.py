@@ -79,7 +79,9 @@ def echo_server(path: str, ready: Any) -> None:
 def bench_echo(count: int) -> dict[str, Any]:
     path = tempfile.mktemp(prefix="tgd-echo-", dir="/tmp")
     ready = multiprocessing.get_context("spawn").Event()
-    server = multiprocessing.get_context("spawn").Process(target=echo_server, args=(path, ready), daemon=True)
+    server = multiprocessing.get_context("spawn").Process(
+        target=echo_server, args=(path, ready), daemon=True
+    )
     server.start()
     ready.wait(10)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -135,7 +137,9 @@ def bench_concurrent(daemon: RunningDaemon, count: int, clients: int) -> dict[st
 
 
 def where_time_goes(daemon: RunningDaemon) -> dict[str, float]:
-    requests = [e["duration_ms"] for e in daemon.events("api.request") if e.get("path") == "/v1/jobs"]
+    requests = [
+        e["duration_ms"] for e in daemon.events("api.request") if e.get("path") == "/v1/jobs"
+    ]
     done = daemon.events("job.succeeded")
     return {
         "server_request_p50_ms": statistics.median(requests) if requests else float("nan"),

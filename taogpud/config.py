@@ -279,7 +279,7 @@ class SchedulingSection(BaseModel):
         None,
         gt=0,
         description="default timeout for jobs that give none; absent = no timeout",
-        json_schema_extra=_allowed("a number above 0 (or leave it out: no timeout)"),
+        json_schema_extra=_allowed("a number above 0, or no key at all for no timeout"),
     )
 
 

@@ -9,7 +9,6 @@ Nothing here knows the keys of either file: config.py describes each file as a F
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -18,21 +17,26 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar, get_args, get_origin
+from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, SecretStr, ValidationError
-from pydantic.fields import FieldInfo
-from pydantic_core import ErrorDetails, PydanticUndefined
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsError
 
+from taogpud.config_messages import (
+    MISSING,
+    KeyPath,
+    did_you_mean,
+    dig,
+    section_type,
+    translate,
+    unknown_key,
+)
 from taogpud.errors import Problem
 
 M = TypeVar("M", bound=BaseSettings)
-KeyPath = tuple[str, ...]  # a key path in field names: ("backend", "cuda", "device_id")
 
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOML_POSITION = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$")
-_SHOWN_CHARS = 80
 
 
 def _unchanged(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
@@ -75,7 +79,7 @@ class Layer(Generic[M]):
 
     def override_var(self, path: KeyPath) -> str | None:
         """The env var that supplied the value at `path`, if one did."""
-        if _dig(self.env_data, path) is _MISSING:
+        if dig(self.env_data, path) is MISSING:
             return None
         setting = [(len(p), var) for p, var in self.overrides.items() if path[: len(p)] == p]
         return max(setting)[1] if setting else None
@@ -270,7 +274,7 @@ def _checked_keys(
     for key, value in document.items():
         name = by_spelling.get(key)
         if name is None:
-            problems.append(_unknown_key(kind, path, key, list(by_spelling)))
+            problems.append(unknown_key(kind, path, key, list(by_spelling)))
             continue
         section = section_type(model.model_fields[name])
         if section is not None and isinstance(value, dict):
@@ -278,33 +282,6 @@ def _checked_keys(
         else:
             checked[name] = value  # a section that is no dict is left for pydantic to report
     return checked
-
-
-def _unknown_key(kind: FileKind[M], path: KeyPath, key: str, valid: list[str]) -> Problem:
-    match = did_you_mean(key, valid)
-    fix = f'did you mean "{match}"?' if match else "remove it; valid here: " + ", ".join(valid)
-    return Problem(kind.label, kind.key(path, key), "unknown key", fix)
-
-
-def did_you_mean(key: str, valid: Sequence[str]) -> str | None:
-    """The valid key closest to `key`, ignoring case and separators (memory_fraction ≈
-    memoryFraction), if one is close enough."""
-    folded = {_fold(name): name for name in valid}
-    if _fold(key) in folded:
-        return folded[_fold(key)]
-    close = difflib.get_close_matches(_fold(key), list(folded), n=1, cutoff=0.6)
-    return folded[close[0]] if close else None
-
-
-def _fold(key: str) -> str:
-    return key.lower().replace("_", "").replace("-", "")
-
-
-def section_type(info: FieldInfo) -> type[BaseModel] | None:
-    annotation = info.annotation
-    return (
-        annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-    )
 
 
 # ---- ${VAR} -------------------------------------------------------------------------------
@@ -391,11 +368,11 @@ def _check_override(kind: FileKind[M], var: str, path: KeyPath, value: str) -> P
     for depth, segment in enumerate(path):
         fields = model.model_fields
         if segment not in fields:
-            return _unknown_override(kind, var, path[:depth], segment, list(fields))
+            return _unknown_override(kind, var, path, depth, list(fields))
         section = section_type(fields[segment])
         is_last = depth == len(path) - 1
         if section is None:
-            return None if is_last else _unknown_override(kind, var, path[: depth + 1], "", [])
+            return None if is_last else _unknown_override(kind, var, path, depth + 1, [])
         if is_last:
             return _check_section_json(kind, var, path, value)
         model = section
@@ -403,16 +380,19 @@ def _check_override(kind: FileKind[M], var: str, path: KeyPath, value: str) -> P
 
 
 def _unknown_override(
-    kind: FileKind[M], var: str, known: KeyPath, segment: str, valid: list[str]
+    kind: FileKind[M], var: str, path: KeyPath, depth: int, valid: list[str]
 ) -> Problem:
-    match = did_you_mean(segment, valid) if segment else None
+    """`path[depth]` is not a key at that level (`valid` empty: the path goes on below a
+    single value). The fix names the variable as it should have been spelt."""
+    known, rest = path[:depth], path[depth:]
+    match = did_you_mean(rest[0], valid) if valid else None
     if match:
-        fix = f"did you mean {kind.env_var((*known, match))}?"
-    elif segment:
+        fix = f"did you mean {kind.env_var((*known, match, *rest[1:]))}?"
+    elif valid:
         fix = f"unset {var}; the keys there are " + ", ".join(valid)
     else:
-        fix = f"unset {var}; {kind.key(known)} is a single value: use {kind.env_var(known)}"
-    key = kind.key(known, segment or None) if known or segment else kind.label
+        fix = f"unset {var}; {kind.key(known)} is a single value, set as {kind.env_var(known)}"
+    key = kind.key(known, kind.spell(rest[0]) if valid else None) or kind.label
     return Problem(kind.label, key, f"{var} overrides no such key", fix)
 
 
@@ -436,154 +416,3 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
         both_dicts = isinstance(below, dict) and isinstance(value, dict)
         merged[key] = deep_merge(below, value) if both_dicts else value  # type: ignore[arg-type]
     return merged
-
-
-# ---- validation errors → Problems ---------------------------------------------------------
-
-
-def translate(kind: FileKind[M], errors: list[ErrorDetails], layer: Layer[M]) -> list[Problem]:
-    """One Problem per key: a union (device_id) fails once per member, the user sees one."""
-    grouped: dict[KeyPath, list[ErrorDetails]] = {}
-    problems: list[Problem] = []
-    for error in errors:
-        path = _field_path(kind.model, error["loc"])
-        if error["type"] == "extra_forbidden":  # only from a JSON override: files are checked
-            problems.append(_extra_key(kind, path, error["loc"], layer))
-        else:
-            grouped.setdefault(path, []).append(error)
-    for path, group in grouped.items():
-        problems.append(_problem_for(kind, path, _most_specific(group), layer))
-    return problems
-
-
-def _field_path(model: type[BaseModel], loc: tuple[int | str, ...]) -> KeyPath:
-    """The leading field names of `loc`, without union tags ('constrained-int') or indices."""
-    path: list[str] = []
-    current: type[BaseModel] | None = model
-    for part in loc:
-        if current is None or not isinstance(part, str) or part not in current.model_fields:
-            break
-        path.append(part)
-        current = section_type(current.model_fields[part])
-    return tuple(path)
-
-
-def _field_info(model: type[BaseModel], path: KeyPath) -> FieldInfo | None:
-    info: FieldInfo | None = None
-    current: type[BaseModel] | None = model
-    for name in path:
-        if current is None:
-            return None
-        info = current.model_fields[name]
-        current = section_type(info)
-    return info
-
-
-def _model_at(model: type[BaseModel], path: KeyPath) -> type[BaseModel] | None:
-    if not path:
-        return model
-    info = _field_info(model, path)
-    return section_type(info) if info is not None else None
-
-
-def _most_specific(group: list[ErrorDetails]) -> ErrorDetails:
-    # our own checks (utm_*, duplicate devices) say more than "not an int" from a union member
-    ours = [error for error in group if "fix" in error.get("ctx", {})]
-    return (ours or group)[0]
-
-
-def _extra_key(
-    kind: FileKind[M], path: KeyPath, loc: tuple[int | str, ...], layer: Layer[M]
-) -> Problem:
-    name = str(loc[len(path)]) if len(loc) > len(path) else "?"
-    section = _model_at(kind.model, path)
-    valid = list(section.model_fields) if section is not None else []
-    match = did_you_mean(name, valid)
-    var = layer.override_var(path) or kind.env_prefix + "*"
-    fix = f'did you mean "{match}"?' if match else "valid here: " + ", ".join(valid)
-    return Problem(kind.label, kind.key(path, name), f"unknown key (set by {var})", fix)
-
-
-def _problem_for(kind: FileKind[M], path: KeyPath, error: ErrorDetails, layer: Layer[M]) -> Problem:
-    info = _field_info(kind.model, path)
-    key = kind.key(path) if path else kind.label
-    var = layer.override_var(path)
-    secret = info is not None and info.annotation is SecretStr
-    given = "" if secret else _show(_dig(layer.merged, path))
-    origin = f"{var} gives {given}" if var else f"got {given}"
-    if secret:  # the API key: never echoed, not even when it is the wrong type
-        origin = f"{var} is invalid" if var else "the value (not shown) is invalid"
-    ctx = error.get("ctx", {})
-    if "fix" in ctx:
-        fix = str(ctx["fix"]) + (f" (in {var})" if var else "")
-        return Problem(kind.label, key, f"{origin}: {error['msg']}", fix)
-    allowed = _allowed_text(kind, info)
-    fix = f"correct or unset {var}" if var else f"set {key} to {allowed}{_default_note(info)}"
-    return Problem(kind.label, key, f"{origin}, expected {allowed}", fix)
-
-
-def _allowed_text(kind: FileKind[M], info: FieldInfo | None) -> str:
-    """What a valid value looks like: the field's own words, else read off its type."""
-    if info is None:
-        return "a valid value"
-    extra = info.json_schema_extra
-    if isinstance(extra, dict) and "allowed" in extra:
-        return str(extra["allowed"])
-    section = section_type(info)
-    if section is not None:
-        return "a section of keys " + ", ".join(kind.spell(name) for name in section.model_fields)
-    return _describe(info.annotation, info.metadata)
-
-
-def _describe(annotation: Any, metadata: list[Any]) -> str:
-    if annotation is bool:
-        return "true or false"
-    if get_origin(annotation) is Literal:
-        choices = [json.dumps(choice) for choice in get_args(annotation)]
-        return " or ".join(choices) if len(choices) == 2 else "one of " + ", ".join(choices)
-    bounds = {name: getattr(m, name) for m in metadata for name in _BOUNDS if hasattr(m, name)}
-    if annotation is str:
-        return "a non-empty string" if bounds.get("min_length") else "a string"
-    noun = "an integer" if annotation is int else "a number"
-    low = f"above {bounds['gt']}" if "gt" in bounds else bounds.get("ge")
-    if low is not None and "le" in bounds:
-        return (
-            f"{noun} {low} and at most {bounds['le']}"
-            if "gt" in bounds
-            else f"{noun} from {low} to {bounds['le']}"
-        )
-    if low is not None:
-        return f"{noun} {low}" if "gt" in bounds else f"{noun} of {low} or more"
-    return noun
-
-
-_BOUNDS = ("gt", "ge", "le", "min_length")
-
-
-def _default_note(info: FieldInfo | None) -> str:
-    default = info.default if info is not None else PydanticUndefined
-    if isinstance(default, bool | int | float | str):
-        return f" (default {json.dumps(default)})"
-    return ""
-
-
-_MISSING: Any = object()
-
-
-def _dig(tree: Any, path: KeyPath) -> Any:
-    for name in path:
-        if not isinstance(tree, dict) or name not in tree:
-            return _MISSING
-        tree = tree[name]
-    return tree
-
-
-def _show(value: Any) -> str:
-    """A value as JSON/TOML would write it, cut short: what the user gave, recognisably."""
-    if value is _MISSING:
-        return "nothing"
-    try:
-        text = json.dumps(value, ensure_ascii=False, default=str)
-    except (ValueError, TypeError, RecursionError):
-        text = type(value).__name__
-    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 1] + "…"

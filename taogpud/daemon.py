@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,17 +22,17 @@ import uvicorn
 from taogpud import config, systemd
 from taogpud import logging as tlog
 from taogpud.api.app import create_app
+from taogpud.api.listen import bind_unix_socket
 from taogpud.api.peer import PeerCredProtocol
 from taogpud.arrays import ArrayStore
 from taogpud.errors import BackendUnavailable, ConfigError
 from taogpud.jobs import JobStore
 from taogpud.paths import default_socket, default_state_dir
 from taogpud.pool import shm
+from taogpud.pool.plan import plan_workers
 from taogpud.pool.supervisor import WorkerPool
 from taogpud.scheduler import Policy, Scheduler
-from taogpud.api.listen import bind_unix_socket
 from taogpud.state import DaemonState
-from taogpud.pool.plan import plan_workers
 
 WARM_TIMEOUT_S = 300.0  # CUDA kernel compilation on a cold cache can take minutes
 WORKER_STOP_TIMEOUT_S = 10.0
@@ -39,7 +40,7 @@ WORKER_STOP_TIMEOUT_S = 10.0
 log = tlog.get_logger("taogpud.daemon")
 
 
-class _Server(uvicorn.Server):  # type: ignore[misc]
+class _Server(uvicorn.Server):
     """uvicorn without its own signal handling: the daemon owns SIGTERM and SIGINT."""
 
     @contextlib.contextmanager
@@ -55,16 +56,27 @@ class Daemon:
         self.notifier = systemd.Notifier()
         self._stop_requested = asyncio.Event()
         self._signals_seen = 0
+        self._owns_socket_file = True
 
     async def run(self) -> int:
-        state = self._build_state()
+        # Bind first: a second daemon on a live socket fails before it spawns anything.
+        # Clients that connect while workers warm wait in the backlog.
+        inherited = systemd.listen_socket()
+        self._owns_socket_file = inherited is None  # systemd's socket unit owns its file
+        sock = inherited or bind_unix_socket(self.socket_path)
+        try:
+            state = self._build_state()
+        except BaseException:
+            self._remove_socket_file()
+            raise
         self._install_signal_handlers()
         try:
             await state.pool.start(WARM_TIMEOUT_S)
+            server, serving = await self._serve(state, sock)
         except BaseException:
             state.pool.kill_all()
+            self._remove_socket_file()
             raise
-        server, serving = await self._serve(state)
         state.phase = "ready"
         log.info("daemon.ready", socket=str(self.socket_path), **_summary(state))
         self.notifier.ready(status_line(state))
@@ -81,12 +93,19 @@ class Daemon:
         pool = WorkerPool(plan.specs, scheduler)
         scheduler.pool = pool
         return DaemonState(
-            self.snapshot, scheduler, store, arrays, pool, plan.backend, plan.fallback_reason,
+            self.snapshot,
+            scheduler,
+            store,
+            arrays,
+            pool,
+            plan.backend,
+            plan.fallback_reason,
             max_upload_bytes=arrays.budget_bytes,
         )
 
-    async def _serve(self, state: DaemonState) -> tuple[_Server, asyncio.Task[None]]:
-        sock = systemd.listen_socket() or bind_unix_socket(self.socket_path)
+    async def _serve(
+        self, state: DaemonState, sock: socket.socket
+    ) -> tuple[_Server, asyncio.Task[None]]:
         server_config = uvicorn.Config(
             create_app(state),
             http=PeerCredProtocol,
@@ -103,7 +122,9 @@ class Daemon:
             serving.result()  # raises what stopped the server
         return server, serving
 
-    async def _shutdown(self, state: DaemonState, server: _Server, serving: asyncio.Task[None]) -> None:
+    async def _shutdown(
+        self, state: DaemonState, server: _Server, serving: asyncio.Task[None]
+    ) -> None:
         state.phase = "draining"
         drain_s = 0.0 if self._signals_seen > 1 else self.snapshot.config.scheduling.drain_timeout_s
         self.notifier.stopping(f"draining {state.scheduler.running_total} running jobs")
@@ -115,8 +136,12 @@ class Daemon:
         await serving
         await state.pool.stop(WORKER_STOP_TIMEOUT_S)
         state.arrays.clear()
-        self.socket_path.unlink(missing_ok=True)
+        self._remove_socket_file()
         log.info("daemon.stopped", interrupted=left, jobs_total=state.scheduler.jobs_total)
+
+    def _remove_socket_file(self) -> None:
+        if self._owns_socket_file:
+            self.socket_path.unlink(missing_ok=True)
 
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -174,7 +199,9 @@ def _array_budget_bytes() -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="taogpud", description="Run GPU compute jobs for everyone on this host.")
+    parser = argparse.ArgumentParser(
+        prog="taogpud", description="Run GPU compute jobs for everyone on this host."
+    )
     parser.add_argument("--settings", type=Path, help="settings.json (AI-tool side)")
     parser.add_argument("--config", type=Path, help="config.toml (scheduler side)")
     parser.add_argument("--socket", type=Path, help="the Unix socket to serve on")
@@ -193,13 +220,18 @@ def main(argv: list[str] | None = None) -> int:
     tlog.set_secrets(snapshot.api_key.get_secret_value() if snapshot.api_key else None)
     for problem in snapshot.warnings:
         log.warning("config.warning", **problem.as_dict())
-    daemon = Daemon(snapshot, args.socket or default_socket(), args.state_dir or default_state_dir())
+    daemon = Daemon(
+        snapshot, args.socket or default_socket(), args.state_dir or default_state_dir()
+    )
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(daemon.run())
     except BackendUnavailable as exc:
         log.error("daemon.backend_unavailable", error=exc.message, hint=exc.hint)
-        print(f"taogpud: {exc.message} (fix: {exc.hint})" if exc.hint else f"taogpud: {exc.message}", file=sys.stderr)
+        print(
+            f"taogpud: {exc.message} (fix: {exc.hint})" if exc.hint else f"taogpud: {exc.message}",
+            file=sys.stderr,
+        )
         return 1
     except OSError as exc:
         print(f"taogpud: {exc}", file=sys.stderr)
@@ -211,4 +243,4 @@ def _loop_factory() -> type[asyncio.AbstractEventLoop] | None:
         import uvloop
     except ImportError:
         return None
-    return uvloop.Loop  # type: ignore[no-any-return]
+    return uvloop.Loop

@@ -1,8 +1,9 @@
 """The exception tree, drawn once, and the one place that maps it to API error codes.
 
     TaogpudError                   code           HTTP   meaning
-    ├── ConfigError                config_invalid  400   a config file or key is wrong (carries problems)
-    ├── BackendUnavailable         backend_unavailable 503  the configured backend cannot start
+    ├── ConfigError                config_invalid  400   a config file or key is wrong
+    ├── BackendUnavailable         backend_unavailable 503  the backend cannot start
+    ├── ArrayStoreFull             array_store_full 507  no room for another array (arrays.py)
     ├── RequestError               invalid_request 400   a request is malformed
     │   ├── UnknownTask            unknown_task    404   no task of that name is registered
     │   ├── InvalidParams          invalid_params  422   params do not match the task's model

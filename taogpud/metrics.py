@@ -21,15 +21,21 @@ class DaemonCollector:
         scheduler = self.daemon.scheduler
         yield _gauge("taogpud_jobs_running", "jobs running now", scheduler.running_total)
         yield _gauge("taogpud_jobs_queued", "jobs waiting for a slot", scheduler.queued)
-        yield _gauge("taogpud_max_concurrent_tasks", "the global cap", scheduler.policy.max_concurrent_tasks)
-        yield _gauge("taogpud_config_generation", "config generation in force", self.daemon.generation)
+        yield _gauge(
+            "taogpud_max_concurrent_tasks", "the global cap", scheduler.policy.max_concurrent_tasks
+        )
+        yield _gauge(
+            "taogpud_config_generation", "config generation in force", self.daemon.generation
+        )
         finished = CounterMetricFamily(
             "taogpud_jobs_finished", "finished jobs", labels=["task", "backend", "status"]
         )
         for (task, backend, status), count in scheduler.finished_counts.items():
             finished.add_metric([task, backend, status], count)
         yield finished
-        workers = GaugeMetricFamily("taogpud_worker_up", "1 if the worker is warm", labels=["device"])
+        workers = GaugeMetricFamily(
+            "taogpud_worker_up", "1 if the worker is warm", labels=["device"]
+        )
         for worker in self.daemon.pool.workers:
             workers.add_metric([worker.label], 1.0 if worker.state.value == "warm" else 0.0)
         yield workers

@@ -77,7 +77,9 @@ class Scheduler:
 
     def submit(self, request: JobRequest, peer: Peer) -> JobRecord:
         if not self.accepting:
-            raise Draining("taogpud is stopping and takes no new jobs", "submit again once it is back")
+            raise Draining(
+                "taogpud is stopping and takes no new jobs", "submit again once it is back"
+            )
         task = tasks.get(request.task)
         validated = tasks.validate_params(task, request.params)
         self._check_inputs(task, request.inputs)
@@ -184,7 +186,9 @@ class Scheduler:
     def _choose(self, candidates: list[int]) -> int:
         workers = self._pool().workers
         if self.policy.strategy == "least_loaded":
-            return min(candidates, key=lambda p: len(workers[p].running) / workers[p].spec.stream_count)
+            return min(
+                candidates, key=lambda p: len(workers[p].running) / workers[p].spec.stream_count
+            )
         after = [p for p in candidates if p >= self._rr_next]
         position = after[0] if after else candidates[0]
         self._rr_next = (position + 1) % len(workers)
@@ -209,7 +213,9 @@ class Scheduler:
         inputs = {name: self.arrays.get(aid) for name, aid in job.inputs.items()}
         worker.send(msg.RunJob(job.id, job.task, job.params, _present(inputs), job.keep_outputs))
         if job.timeout_s:
-            handle = asyncio.get_running_loop().call_later(job.timeout_s, self._stop, job.id, JobState.timed_out)
+            handle = asyncio.get_running_loop().call_later(
+                job.timeout_s, self._stop, job.id, JobState.timed_out
+            )
             self._timers[job.id] = handle
         trace.job_event(job)
 
@@ -278,7 +284,7 @@ class Scheduler:
             state = self._stop_reason.pop(job_id, None) or JobState.failed
             error = _error(
                 "worker_crashed" if state is JobState.failed else state.value,
-                f"the worker for {worker.label} died ({worker.exit_description()}) while running it",
+                f"the worker for {worker.label} died ({worker.exit_description()}) while it ran",
                 "the job was not retried; submit it again",
             )
             self._finish(job, state, error)
@@ -302,7 +308,9 @@ class Scheduler:
     def _keep_outputs(self, job: JobRecord, outputs: dict[str, Any]) -> None:
         for name, ref in outputs.items():
             self.arrays.adopt(output_id(job.id, name), ref)
-            job.outputs.append(OutputView(name=name, shape=list(ref.shape), dtype=ref.dtype, nbytes=ref.nbytes))
+            job.outputs.append(
+                OutputView(name=name, shape=list(ref.shape), dtype=ref.dtype, nbytes=ref.nbytes)
+            )
 
     def _finish(self, job: JobRecord, state: JobState, error: JobErrorView | None) -> None:
         job.status, job.error = state, error
@@ -320,7 +328,11 @@ class Scheduler:
         """Take no new jobs, let running ones finish within timeout_s; return how many did not."""
         self.accepting = False
         for _, job in self._queue:
-            self._finish(job, JobState.interrupted, _error("interrupted", "taogpud stopped before the job ran"))
+            self._finish(
+                job,
+                JobState.interrupted,
+                _error("interrupted", "taogpud stopped before the job ran"),
+            )
         self._queue.clear()
         try:
             async with asyncio.timeout(timeout_s):
@@ -379,7 +391,9 @@ def _error(code: str, message: str, hint: str = "") -> JobErrorView:
 
 def _finished_error(state: JobState, finished: msg.JobFinished, job: JobRecord) -> JobErrorView:
     if state is JobState.timed_out:
-        return _error("timed_out", f"the job ran past its timeout of {job.timeout_s} s", "raise --timeout")
+        return _error(
+            "timed_out", f"the job ran past its timeout of {job.timeout_s} s", "raise --timeout"
+        )
     if state is JobState.cancelled:
         return _error("cancelled", "cancelled while running")
     code, message, hint = finished.error or ("task_failed", "the task failed", "")

@@ -76,14 +76,18 @@ class RunningDaemon:
                     parsed.append(record)
         return parsed
 
-    def wait_for_event(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0) -> dict[str, Any]:
+    def wait_for_event(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for record in self.events():
                 if predicate(record):
                     return record
             time.sleep(0.05)
-        raise AssertionError(f"no matching event within {timeout_s} s; log:\n{self.log_path.read_text()[-4000:]}")
+        raise AssertionError(
+            f"no matching event within {timeout_s} s; log:\n{self.log_path.read_text()[-4000:]}"
+        )
 
     def stop(self, signum: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
         if self.proc.poll() is None:
@@ -105,10 +109,16 @@ def start_daemon(
     config: dict[str, Any] | None,
     env: dict[str, str] | None = None,
     wait_ready: bool = True,
+    files: tuple[Path, Path] | None = None,
 ) -> RunningDaemon:
+    """Write the pair (overrides merged over the CPU pair), or copy `files` as they are."""
     home.mkdir(parents=True, exist_ok=True)
-    (home / "settings.json").write_text(json.dumps(deep_merge(CPU_SETTINGS, settings or {})))
-    (home / "config.toml").write_text(to_toml(deep_merge(CPU_CONFIG, config or {})))
+    if files is not None:
+        shutil.copy(files[0], home / "settings.json")
+        shutil.copy(files[1], home / "config.toml")
+    else:
+        (home / "settings.json").write_text(json.dumps(deep_merge(CPU_SETTINGS, settings or {})))
+        (home / "config.toml").write_text(to_toml(deep_merge(CPU_CONFIG, config or {})))
     command = [
         sys.executable, "-m", "taogpud",
         "--settings", str(home / "settings.json"),
@@ -156,9 +166,10 @@ def daemon_factory(daemon_home: Path) -> Iterator[Callable[..., RunningDaemon]]:
         config: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
         wait_ready: bool = True,
+        files: tuple[Path, Path] | None = None,
     ) -> RunningDaemon:
         home = daemon_home / f"d{len(started)}"
-        daemon = start_daemon(home, settings, config, env, wait_ready)
+        daemon = start_daemon(home, settings, config, env, wait_ready, files)
         started.append(daemon)
         return daemon
 

@@ -74,12 +74,18 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     code = HTTP_CODES.get(exc.status_code, "http_error")
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    return error_response(exc.status_code, ErrorBody(code, message, "the routes are in GET /v1/openapi.json"))
+    return error_response(
+        exc.status_code, ErrorBody(code, message, "the routes are in GET /v1/openapi.json")
+    )
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     log.exception("api.unexpected_error", path=request.url.path)
-    body = ErrorBody("internal_error", f"{type(exc).__name__}: {exc}", "this is a bug in taogpud; the log has the traceback")
+    body = ErrorBody(
+        "internal_error",
+        f"{type(exc).__name__}: {exc}",
+        "this is a bug in taogpud; the log has the traceback",
+    )
     return error_response(500, body)
 
 
@@ -94,7 +100,11 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.state.max_upload_bytes if scope["path"] == "/v1/arrays" else self.state.max_json_bytes
+        limit = (
+            self.state.max_upload_bytes
+            if scope["path"] == "/v1/arrays"
+            else self.state.max_json_bytes
+        )
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             body = ErrorBody(

@@ -14,7 +14,14 @@ router = APIRouter(prefix="/v1/arrays", tags=["arrays"])
     "",
     response_model=ArrayView,
     status_code=201,
-    openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}, "required": True}},
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+            "required": True,
+        }
+    },
 )
 async def upload(request: Request, daemon: Daemon) -> ArrayView:
     array_id, ref = await daemon.arrays.upload(request.stream(), daemon.max_upload_bytes)

@@ -71,7 +71,9 @@ async def cancel_job(job_id: str, request: Request, daemon: Daemon) -> Response:
     return _job_response(job)
 
 
-@router.get("/{job_id}/outputs/{name}", responses={200: {"content": {"application/octet-stream": {}}}})
+@router.get(
+    "/{job_id}/outputs/{name}", responses={200: {"content": {"application/octet-stream": {}}}}
+)
 async def download_output(job_id: str, name: str, daemon: Daemon) -> StreamingResponse:
     job = daemon.scheduler.get(job_id)
     ref = daemon.arrays.get(output_id(job.id, name))
@@ -82,4 +84,6 @@ async def download_output(job_id: str, name: str, daemon: Daemon) -> StreamingRe
             "submit with keep_outputs (taogpuctl submit --output DIR) to keep outputs",
         )
     headers = {"content-length": str(ref.header_bytes + ref.nbytes)}
-    return StreamingResponse(daemon.arrays.read(ref), media_type="application/octet-stream", headers=headers)
+    return StreamingResponse(
+        daemon.arrays.read(ref), media_type="application/octet-stream", headers=headers
+    )

@@ -15,12 +15,14 @@ MAX_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
 
 def bind_unix_socket(path: Path) -> socket.socket:
     if len(os.fsencode(path)) > MAX_PATH_BYTES:
-        raise OSError(f"socket path {path} is longer than {MAX_PATH_BYTES} bytes; choose a shorter --socket")
+        raise OSError(
+            f"socket path {path} is longer than {MAX_PATH_BYTES} bytes; choose a shorter --socket"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.bind(str(path))
-    os.chmod(path, 0o660)
+    path.chmod(0o660)
     with contextlib.suppress(KeyError, PermissionError):
         os.chown(path, -1, grp.getgrnam(SOCKET_GROUP).gr_gid)
     sock.listen(BACKLOG)
@@ -40,4 +42,6 @@ def _remove_stale(path: Path) -> None:
         return
     finally:
         probe.close()
-    raise OSError(f"another taogpud is already serving on {path}; stop it first or use another --socket")
+    raise OSError(
+        f"another taogpud is already serving on {path}; stop it first or use another --socket"
+    )

@@ -5,10 +5,10 @@ Routes (all JSON unless said; errors are always {code, message, hint}):
     GET  /v1/health                       HealthView
     GET  /v1/info                         InfoView
     GET  /v1/status                       StatusView
-    GET  /v1/devices                      list[dict]   (DeviceInfo.as_dict() + live NVML where present)
+    GET  /v1/devices                      list[dict]   (DeviceInfo.as_dict(), per worker)
     GET  /v1/tasks                        list[dict]   (Task.catalog_entry())
     POST /v1/arrays        body: .npy     ArrayView    (application/octet-stream; an input for jobs)
-    POST /v1/jobs?wait_s=S body: JobRequest → JobRecord  (201; with wait_s, answers when finished or after S)
+    POST /v1/jobs?wait_s=S body: JobRequest → JobRecord  (201; wait_s: until done, at most S)
     GET  /v1/jobs?status=&limit=          list[JobRecord]  newest first
     GET  /v1/jobs/{id}                    JobRecord
     GET  /v1/jobs/{id}/wait?timeout_s=S   JobRecord    (when finished, or its current state after S)

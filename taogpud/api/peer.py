@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 import struct
-from typing import Any
+from typing import Any, cast
 
 from starlette.requests import Request
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -26,14 +26,15 @@ def read_peer(sock: socket.socket | None) -> Peer:
     return Peer(pid=pid, uid=uid, gid=gid)
 
 
-class PeerCredProtocol(HttpToolsProtocol):  # type: ignore[misc]
+class PeerCredProtocol(HttpToolsProtocol):
     def connection_made(self, transport: Any) -> None:
         self.taogpud_peer = read_peer(transport.get_extra_info("socket"))
         super().connection_made(transport)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope.setdefault("extensions", {})[SCOPE_KEY] = self.taogpud_peer
+        extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
+        extensions[SCOPE_KEY] = self.taogpud_peer
 
 
 def peer_of(request: Request) -> Peer:

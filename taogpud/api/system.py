@@ -95,7 +95,11 @@ def _worker_view(worker: Any) -> WorkerView:
 def devices_of(daemon: DaemonState) -> list[dict[str, Any]]:
     found = []
     for worker in daemon.pool.workers:
-        entry = worker.info.as_dict() if worker.info else {"device": worker.label, "index": worker.spec.index}
+        entry = (
+            worker.info.as_dict()
+            if worker.info
+            else {"device": worker.label, "index": worker.spec.index}
+        )
         entry["worker_state"] = worker.state.value
         entry["fallback"] = worker.spec.fallback_reason is not None
         found.append(entry)

@@ -15,10 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
+from taogpud.backends.cpu import blas_thread_env
 from taogpud.pool import protocol as msg
 from taogpud.pool.execute import execute
-
-BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
@@ -42,9 +41,8 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
 def _prepare_environment(spec: WorkerSpec) -> None:
     # Ctrl-C in a terminal reaches the whole process group; the daemon decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for name in BLAS_THREAD_VARS:
-        os.environ[name] = str(spec.thread_num)
-    # NVML and CUDA must number GPUs the same way, or jobs land on one GPU while reported on another.
+    os.environ.update(blas_thread_env(spec.thread_num))
+    # NVML and CUDA must number GPUs alike, or jobs land on one GPU while reported on another.
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
 
 

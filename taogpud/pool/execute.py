@@ -6,6 +6,7 @@ take the worker down short of a crash of the process itself.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
 import os
@@ -143,10 +144,9 @@ def write_output(array: Any) -> shm.ArrayRef:
 
 def _close_all(maps: list[mmap.mmap]) -> None:
     for mapped in maps:
-        try:
+        # A view may still live (a task kept a reference); the map then closes when collected.
+        with contextlib.suppress(BufferError):
             mapped.close()
-        except BufferError:
-            pass  # a view still lives (a task kept a reference); it closes when collected
 
 
 def _ms_since(started: float) -> float:

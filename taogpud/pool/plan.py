@@ -1,4 +1,5 @@
-"""Which workers to start: the configured backend if it can run, else a loud CPU fallback or a refusal."""
+"""Which workers to start: the configured backend if it can run, else a loud CPU
+fallback (when allowed) or a refusal."""
 
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ def _plan_cuda(snapshot: ConfigSnapshot) -> WorkerPlan:
     return _plan(snapshot, "cpu", list(range(snapshot.config.runtime.cpu_devices)), reason)
 
 
-def _plan(snapshot: ConfigSnapshot, backend: str, indices: list[int], fallback: str | None) -> WorkerPlan:
+def _plan(
+    snapshot: ConfigSnapshot, backend: str, indices: list[int], fallback: str | None
+) -> WorkerPlan:
     config = snapshot.config
     specs = [
         WorkerSpec(

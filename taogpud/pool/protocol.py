@@ -1,7 +1,7 @@
 """The messages on a worker's pipe, both directions. Plain dataclasses, pickled.
 
-    daemon → worker: RunJob, CancelJob, Ping, Stop
-    worker → daemon: Warm, WarmFailed, JobStarted, JobFinished, Pong
+daemon → worker: RunJob, CancelJob, Ping, Stop
+worker → daemon: Warm, WarmFailed, JobStarted, JobFinished, Pong
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ def parse_header(head: bytes) -> tuple[tuple[int, ...], str, int]:
     length = int.from_bytes(head[8:start], "little")
     if len(head) < start + length:
         raise BadArray(".npy header is truncated")
-    return _header_fields(head[start : start + length]) + (start + length,)
+    shape, dtype = _header_fields(head[start : start + length])
+    return shape, dtype, start + length
 
 
 def _header_fields(text: bytes) -> tuple[tuple[int, ...], str]:

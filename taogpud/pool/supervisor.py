@@ -50,7 +50,9 @@ class WorkerPool:
             ) from None
         failed = [w for w in self.workers if w.state is not WorkerState.warm]
         if failed:
-            reasons = "; ".join(f"{w.label}: {w.warm_failure or w.exit_description()}" for w in failed)
+            reasons = "; ".join(
+                f"{w.label}: {w.warm_failure or w.exit_description()}" for w in failed
+            )
             raise BackendUnavailable(f"a worker failed to warm up: {reasons}")
 
     async def stop(self, timeout_s: float) -> None:

@@ -7,6 +7,7 @@ reaches the scheduler without a thread hop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 from collections.abc import Callable
 from enum import StrEnum
@@ -92,10 +93,8 @@ class WorkerHandle:
         if self._process is None:
             return
         self.state = WorkerState.stopping
-        try:
+        with contextlib.suppress(OSError):  # already gone
             self.send(msg.Stop())
-        except OSError:
-            pass  # already gone
         process = self._process
         await asyncio.to_thread(process.join, timeout_s)
         if process.is_alive():

@@ -1,0 +1,343 @@
+"""The daemon as a process: start-up, traces, bad input, faults, shutdown, the key."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import RunningDaemon, start_daemon
+from taogpud.client import ApiError
+
+DATA = Path(__file__).parent / "data"
+SECRET = "tk-test-" + "9f3c1a7e5b2d4c6e8a0b"  # built at runtime: no key sits in a fixture file
+
+
+def raw_request(daemon: RunningDaemon, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """One request over the socket without the client's checks, for malformed input."""
+    conn = http.client.HTTPConnection("localhost")
+    conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.sock.connect(str(daemon.socket_path))
+    conn.request(method, path, body=body, headers=headers or {"content-type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    return response.status, json.loads(data) if data else None
+
+
+def assert_error_shape(body: Any, code: str) -> None:
+    assert set(body) == {"code", "message", "hint"}
+    assert body["code"] == code
+    assert body["message"]
+
+
+# -- start-up ------------------------------------------------------------------------------
+
+
+def test_seed_files_switched_to_cpu_run_vector_add(daemon_factory: Callable[..., RunningDaemon]) -> None:
+    """The setup guide's own two files (switched to cpu) load unchanged and run vector_add."""
+    daemon = daemon_factory(files=(DATA / "cpu" / "settings.json", DATA / "cpu" / "config.toml"))
+    with daemon.client() as client:
+        job = client.run("vector_add", {"size": 1_000_000})
+    assert job["status"] == "succeeded"
+    assert (job["backend"], job["device"], job["fallback"]) == ("cpu", "cpu:0", False)
+    assert daemon.stop() == 0
+
+
+def test_cuda_without_a_gpu_refuses_to_start(daemon_factory: Callable[..., RunningDaemon]) -> None:
+    """backend cuda on a host with no working CUDA exits 1 with one line saying why and what to do."""
+    daemon = daemon_factory(
+        settings={"gpu": {"backend": "cuda"}},
+        config={"runtime": {"device_type": "gpu"}, "backend": {"cuda": {"enabled": True}}},
+        wait_ready=False,
+    )
+    assert daemon.proc.wait(60) == 1
+    lines = daemon.stderr().strip().splitlines()
+    assert len(lines) == 1
+    assert "CUDA cannot start" in lines[0]
+    assert "allowFallbackToCpu" in lines[0]
+    assert not daemon.socket_path.exists()
+
+
+def test_fallback_to_cpu_is_loud(daemon_factory: Callable[..., RunningDaemon]) -> None:
+    """With allowFallbackToCpu, jobs run on cpu and every trace says fallback=true with the reason."""
+    daemon = daemon_factory(
+        settings={"gpu": {"backend": "cuda", "allowFallbackToCpu": True}},
+        config={"runtime": {"device_type": "gpu"}, "backend": {"cuda": {"enabled": True}}},
+    )
+    with daemon.client() as client:
+        job = client.run("probe")
+        status = client.status()
+    assert (job["backend"], job["fallback"]) == ("cpu", True)
+    assert job["fallback_reason"]
+    assert status["fallback"] is True and status["backend"] == "cpu"
+    traced = daemon.events("job.succeeded")[-1]
+    assert traced["level"] == "warning"
+    assert traced["fallback"] is True and traced["fallback_reason"] == job["fallback_reason"]
+    assert daemon.events("backend.fallback")
+
+
+def test_broken_config_exits_2_with_one_line(daemon_home: Path) -> None:
+    """An unknown key in config.toml stops start-up with exit 2 and one line naming file and key."""
+    home = daemon_home / "bad"
+    home.mkdir()
+    (home / "config.toml").write_text("[scheduling]\nmax_concurent_tasks = 3\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "taogpud", "--config", str(home / "config.toml"), "--socket", str(home / "s.sock")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "config.toml" in lines[0] and "max_concurent_tasks" in lines[0]
+    assert "max_concurrent_tasks" in lines[0]  # the did-you-mean
+
+
+def test_socket_is_0660_and_openapi_is_served(daemon: RunningDaemon) -> None:
+    """The socket is rw for owner and group only; GET /v1/openapi.json lists the job routes."""
+    assert daemon.socket_path.stat().st_mode & 0o777 == 0o660
+    status, document = raw_request(daemon, "GET", "/v1/openapi.json")
+    assert status == 200
+    assert "/v1/jobs" in document["paths"] and "/v1/jobs/{job_id}/cancel" in document["paths"]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_over_the_unix_socket(daemon: RunningDaemon) -> None:
+    """`curl --unix-socket` submits a job and reads the answer."""
+    result = subprocess.run(
+        ["curl", "-sS", "--unix-socket", str(daemon.socket_path), "-H", "content-type: application/json",
+         "-d", '{"task": "vector_add", "params": {"size": 1000}}', "http://taogpud/v1/jobs?wait_s=10"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    job = json.loads(result.stdout)
+    assert job["status"] == "succeeded" and job["backend"] == "cpu"
+
+
+# -- traces --------------------------------------------------------------------------------
+
+
+def test_every_state_change_is_traced_with_where_it_ran(daemon: RunningDaemon) -> None:
+    """queued, running, succeeded: one JSON line each, with job_id, task, backend, device, timings, uid."""
+    with daemon.client() as client:
+        job = client.run("vector_add", {"size": 1000})
+    mine = [e for e in daemon.events() if e.get("job_id") == job["id"]]
+    assert [e["event"] for e in mine] == ["job.queued", "job.running", "job.succeeded"]
+    done = mine[-1]
+    assert done["backend"] == "cpu" and done["device"] == job["device"] and done["fallback"] is False
+    assert done["queue_ms"] >= 0 and done["run_ms"] > 0
+    assert done["uid"] == os.getuid()
+    assert {"h2d_ms", "kernel_ms", "d2h_ms"} <= set(done)  # enable_profiling defaults to true
+
+
+def test_request_trace_follows_the_setting(daemon_factory: Callable[..., RunningDaemon]) -> None:
+    """requestTrace=true logs one line per API request; false logs none."""
+    on = daemon_factory()
+    off = daemon_factory(settings={"logging": {"requestTrace": False}})
+    for daemon in (on, off):
+        with daemon.client() as client:
+            client.status()
+    assert any(e["path"] == "/v1/status" for e in on.events("api.request"))
+    assert off.events("api.request") == []
+
+
+def test_debug_lines_follow_the_level(daemon_factory: Callable[..., RunningDaemon]) -> None:
+    """logging.level=error drops info lines, job traces included, but keeps errors."""
+    daemon = daemon_factory(settings={"logging": {"level": "error"}})
+    with daemon.client() as client:
+        client.run("noop")
+    assert daemon.events("job.succeeded") == []
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+
+def test_malformed_json_is_a_clear_error(daemon: RunningDaemon) -> None:
+    """A body that is not JSON gets 4xx {code, message, hint} saying so."""
+    status, body = raw_request(daemon, "POST", "/v1/jobs", b'{"task": "noop",')
+    assert status in (400, 422)
+    assert_error_shape(body, "invalid_request")
+    assert "JSON" in body["message"]
+
+
+def test_wrong_content_type_and_missing_fields(daemon: RunningDaemon) -> None:
+    """A body without `task` names the missing field."""
+    status, body = raw_request(daemon, "POST", "/v1/jobs", b'{"params": {}}')
+    assert status == 422
+    assert_error_shape(body, "invalid_request")
+    assert "task" in body["message"]
+
+
+def test_unknown_task_suggests_the_close_one(daemon: RunningDaemon) -> None:
+    """`vectr_add` is unknown_task (404) with a did-you-mean."""
+    with daemon.client() as client, pytest.raises(ApiError) as refused:
+        client.submit("vectr_add")
+    assert (refused.value.http_status, refused.value.code) == (404, "unknown_task")
+    assert "vector_add" in refused.value.message + refused.value.hint
+
+
+def test_params_of_the_wrong_type_name_the_field(daemon: RunningDaemon) -> None:
+    """size="big" is invalid_params (422) naming `size`."""
+    with daemon.client() as client, pytest.raises(ApiError) as refused:
+        client.submit("vector_add", {"size": "big"})
+    assert (refused.value.http_status, refused.value.code) == (422, "invalid_params")
+    assert "size" in refused.value.message
+
+
+def test_absurd_size_is_refused_with_the_numbers(daemon: RunningDaemon) -> None:
+    """size=10**13 is too_large (413) with the job's need and the device cap, and is not queued."""
+    with daemon.client() as client:
+        with pytest.raises(ApiError) as refused:
+            client.submit("vector_add", {"size": 10_000_000_000_000})
+        assert client.status()["queued"] == 0
+    assert (refused.value.http_status, refused.value.code) == (413, "too_large")
+    assert "GiB" in refused.value.message and "memoryFraction" in refused.value.hint
+
+
+def test_missing_input_array(daemon: RunningDaemon) -> None:
+    """An input id nobody uploaded is missing_input (404) with how to upload."""
+    with daemon.client() as client, pytest.raises(ApiError) as refused:
+        client.submit("vector_add", inputs={"a": "a0000000000000000"})
+    assert (refused.value.http_status, refused.value.code) == (404, "missing_input")
+    assert "upload" in refused.value.hint
+
+
+def test_body_far_too_large(daemon: RunningDaemon) -> None:
+    """A 2 MiB JSON body is refused with 413 body_too_large before it is parsed."""
+    big = json.dumps({"task": "noop", "params": {"x": "y" * (2 << 20)}}).encode()
+    status, body = raw_request(daemon, "POST", "/v1/jobs", big)
+    assert status == 413
+    assert_error_shape(body, "body_too_large")
+
+
+def test_not_an_npy_upload(daemon: RunningDaemon) -> None:
+    """Uploading bytes that are not .npy is invalid_request saying what a .npy starts with."""
+    status, body = raw_request(daemon, "POST", "/v1/arrays", b"hello", {"content-type": "application/octet-stream"})
+    assert status == 400
+    assert_error_shape(body, "invalid_request")
+    assert ".npy" in body["message"]
+
+
+def test_unknown_route_and_job(daemon: RunningDaemon) -> None:
+    """An unknown path and an unknown job id both answer the one error shape."""
+    status, body = raw_request(daemon, "GET", "/v1/nope")
+    assert status == 404
+    assert_error_shape(body, "not_found")
+    status, body = raw_request(daemon, "GET", "/v1/jobs/doesnotexist")
+    assert status == 404
+    assert_error_shape(body, "job_not_found")
+
+
+def test_client_hanging_up_while_waiting_loses_nothing(daemon: RunningDaemon) -> None:
+    """A client that disconnects mid-wait does not stop its job or the daemon."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(daemon.socket_path))
+    body = b'{"task": "sleep", "params": {"ms": 300}}'
+    sock.sendall(
+        b"POST /v1/jobs?wait_s=30 HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + f"content-length: {len(body)}\r\n\r\n".encode() + body
+    )
+    daemon.wait_for_event(lambda e: e.get("event") == "job.running")
+    sock.close()
+    done = daemon.wait_for_event(lambda e: e.get("event") == "job.succeeded")
+    assert done["task"] == "sleep"
+    with daemon.client() as client:
+        assert client.run("noop")["status"] == "succeeded"
+
+
+# -- data ----------------------------------------------------------------------------------
+
+
+def test_inputs_and_outputs_round_trip(daemon: RunningDaemon) -> None:
+    """Uploaded a and b go in, and the kept output c downloads as exactly a + b."""
+    rng = np.random.default_rng(7)
+    a, b = rng.random(10_000, dtype=np.float32), rng.random(10_000, dtype=np.float32)
+    with daemon.client() as client:
+        ids = {name: client.upload_array(array)["id"] for name, array in (("a", a), ("b", b))}
+        job = client.run("vector_add", inputs=ids, keep_outputs=True)
+        raw = client.download_output(job["id"], "c")
+    import io
+
+    c = np.load(io.BytesIO(raw))
+    np.testing.assert_array_equal(c, a + b)
+    assert job["outputs"][0]["name"] == "c" and job["outputs"][0]["shape"] == [10_000]
+
+
+# -- faults and shutdown -------------------------------------------------------------------
+
+
+def test_killed_worker_fails_its_job_and_is_replaced(daemon: RunningDaemon) -> None:
+    """kill -9 of a worker mid-job: that job fails worker_crashed, a new worker takes over."""
+    with daemon.client() as client:
+        job = client.submit("sleep", {"ms": 30_000}, device=0)
+        running = daemon.wait_for_event(lambda e: e.get("event") == "job.running" and e["job_id"] == job["id"])
+        os.kill(running["worker_pid"], signal.SIGKILL)
+        failed = client.wait(job["id"], timeout_s=30)
+        daemon.wait_for_event(lambda e: e.get("event") == "worker.warm" and e["pid"] != running["worker_pid"])
+        after = client.run("noop", device=0)
+        workers = client.status()["workers"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "worker_crashed"
+    assert "signal 9" in failed["error"]["message"]
+    assert after["status"] == "succeeded" and after["worker_pid"] != running["worker_pid"]
+    assert workers[0]["restarts"] == 1
+
+
+def test_sigterm_lets_running_jobs_finish(daemon: RunningDaemon) -> None:
+    """SIGTERM: the 4 running jobs finish, the daemon exits 0 and removes its socket."""
+    with daemon.client() as client:
+        running = [client.submit("sleep", {"ms": 500})["id"] for _ in range(4)]
+    daemon.wait_for_event(lambda e: e.get("event") == "job.running" and e["job_id"] == running[-1])
+    assert daemon.stop(signal.SIGTERM) == 0
+    finished = {e["job_id"]: e["event"] for e in daemon.events() if e.get("event", "").startswith("job.") and e.get("job_id")}
+    assert [finished[job_id] for job_id in running] == ["job.succeeded"] * 4
+    assert daemon.events("daemon.stopped")
+    assert not daemon.socket_path.exists()
+
+
+def test_sigterm_interrupts_queued_jobs(daemon_factory: Callable[..., RunningDaemon]) -> None:
+    """Jobs still queued at SIGTERM end interrupted; the one running finishes."""
+    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 1}})
+    with daemon.client() as client:
+        running = client.submit("sleep", {"ms": 400})["id"]
+        queued = [client.submit("noop")["id"] for _ in range(3)]
+    assert daemon.stop(signal.SIGTERM) == 0
+    states = {e["job_id"]: e["event"] for e in daemon.events() if e.get("job_id")}
+    assert states[running] == "job.succeeded"
+    assert [states[j] for j in queued] == ["job.interrupted"] * 3
+
+
+def test_the_key_never_appears(daemon_home: Path) -> None:
+    """The API key from the environment shows in no log line and no API response."""
+    daemon = start_daemon(daemon_home / "key", None, None, env={"TAOTOKEN_API_KEY": SECRET})
+    try:
+        with daemon.client() as client:
+            answers = [client.info(), client.config(), client.status(), client.run("probe")]
+            assert client.info()["key_source"] == "env"
+    finally:
+        daemon.stop()
+    assert SECRET not in json.dumps(answers)
+    assert SECRET not in daemon.log_path.read_text() + daemon.stderr()
+
+
+def test_second_daemon_on_the_same_socket_refuses(daemon: RunningDaemon) -> None:
+    """A second taogpud on a live socket exits non-zero saying another one serves there."""
+    result = subprocess.run(
+        [sys.executable, "-m", "taogpud", "--settings", str(daemon.settings_path), "--config",
+         str(daemon.config_path), "--socket", str(daemon.socket_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "already serving" in result.stderr
+    with daemon.client() as client:
+        assert client.health()["ok"]
