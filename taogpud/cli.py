@@ -19,22 +19,36 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import orjson
 import typer
-from rich import box
-from rich.console import Console
-from rich.status import Status
-from rich.table import Table
 
-from taogpud.client import NPY_MAGIC, ApiError, Client, DaemonUnreachable, Job, is_finished
+from taogpud.cli_output import (
+    Progress,
+    count_problems,
+    describe_params,
+    emit_json,
+    emit_line,
+    emit_mapping,
+    emit_table,
+    flatten,
+    format_cell,
+    gibibytes,
+    job_problem,
+    one_line,
+    problem_line,
+    readable_job,
+    report_error,
+    summary_line,
+    warn,
+    warn_if_fallback,
+)
+from taogpud.client import NPY_MAGIC, ApiError, Client, DaemonUnreachable, Job
 from taogpud.errors import ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -44,9 +58,6 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the job or check failed
 EXIT_USAGE = 2  # usage or config error
 EXIT_UNREACHABLE = 3  # the daemon cannot be reached
-
-stdout = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
 
 app = typer.Typer(
     name="taogpuctl",
@@ -97,64 +108,6 @@ def connect(ctx: typer.Context) -> Iterator[Client]:
         yield client
 
 
-# --- output ------------------------------------------------------------------------------
-
-
-def emit_json(document: Any) -> None:
-    sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
-
-
-def emit_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A rich table on a terminal, plain aligned columns otherwise."""
-    cells = [[format_cell(value) for value in row] for row in rows]
-    if stdout.is_terminal:
-        table = Table(*columns, box=box.SIMPLE_HEAD)
-        for row in cells:
-            table.add_row(*row)
-        stdout.print(table)
-        return
-    widths = [max(len(text) for text in column) for column in zip(columns, *cells, strict=True)]
-    for row in [list(columns), *cells]:
-        padded = (text.ljust(width) for text, width in zip(row, widths, strict=True))
-        print("  ".join(padded).rstrip())
-
-
-def emit_mapping(mapping: dict[str, Any], indent: str = "") -> None:
-    """`key: value` lines; nested values as compact JSON; empty values left out."""
-    for key, value in mapping.items():
-        if value in (None, {}, []):
-            continue
-        shown = value if isinstance(value, str) else orjson.dumps(value).decode()
-        stdout.print(f"{indent}{key}: {shown}")
-
-
-def format_cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.2f}"
-    return str(value)
-
-
-def warn(text: str) -> None:
-    stderr.print(f"WARNING: {text}", style="bold yellow")
-
-
-def error_line(message: str, hint: str = "") -> str:
-    line = f"taogpuctl: {one_line(message)}"
-    return f"{line} (hint: {one_line(hint)})" if hint else line
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def milliseconds(value: Any) -> str:
-    return "-" if value is None else f"{float(value):.2f}ms"
-
-
 # --- jobs: shared pieces -----------------------------------------------------------------
 
 
@@ -199,81 +152,18 @@ def upload_inputs(client: Client, items: Sequence[str]) -> dict[str, str]:
     return {name: client.upload_array(data)["id"] for name, data in files}
 
 
-def summary_line(job: Job) -> str:
-    """The line the setup guide's check prints: where it ran and how long it took."""
-    return (
-        f"job {job['id']} {job['status']} task={job['task']} "
-        f"device={job.get('device') or '-'} backend={job.get('backend') or '-'} "
-        f"fallback={str(bool(job.get('fallback'))).lower()} "
-        f"queue={milliseconds(job.get('queue_ms'))} run={milliseconds(job.get('run_ms'))}"
-    )
-
-
-def warn_if_fallback(job: Job) -> None:
-    if job.get("fallback"):
-        reason = job.get("fallback_reason") or "no reason recorded"
-        warn(f"job {job['id']} ran on the CPU fallback ({job.get('device')}), not a GPU: {reason}")
-
-
 def report_job(job: Job, json_out: bool, extra: dict[str, Any] | None = None) -> int:
     """Print a finished (or given-up-on) job; its exit code: 0 only if it succeeded."""
     if json_out:
         emit_json({**job, **(extra or {})})
     else:
-        stdout.print(summary_line(job))
+        emit_line(summary_line(job))
         emit_mapping(job.get("result") or {}, indent="  ")
     warn_if_fallback(job)
     if job["status"] == "succeeded":
         return EXIT_OK
-    stderr.print(error_line(*job_problem(job)))
+    report_error(*job_problem(job))
     return EXIT_FAILED
-
-
-def job_problem(job: Job) -> tuple[str, str]:
-    """Why a job did not succeed, as (message, hint)."""
-    if not is_finished(job):
-        hint = f"wait longer: taogpuctl wait {job['id']} --timeout S"
-        return f"job {job['id']} is still {job['status']}", hint
-    error = job.get("error") or {}
-    detail = f"{error.get('code', job['status'])}: {error.get('message', '')}".rstrip(": ")
-    return f"job {job['id']} {job['status']}: {detail}", str(error.get("hint") or "")
-
-
-class Progress:
-    """Where a waited job is: a live line on a terminal, plain lines on stderr otherwise."""
-
-    def __init__(self, quiet: bool) -> None:
-        self._quiet = quiet
-        self._started = time.monotonic()
-        self._last_status: str | None = None
-        self._live = Status("submitting…", console=stderr) if stderr.is_terminal else None
-
-    def __enter__(self) -> Progress:
-        if self._live is not None:
-            self._live.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if self._live is not None:
-            self._live.stop()
-
-    def update(self, job: Job) -> None:
-        text = self.describe(job)
-        if self._live is not None:
-            self._live.update(text)
-        elif not self._quiet and job["status"] != self._last_status:
-            stderr.print(text)
-        self._last_status = job["status"]
-
-    def describe(self, job: Job) -> str:
-        where = f" on {job['device']}" if job.get("device") else ""
-        state = "done" if is_finished(job) else job["status"]
-        return f"job {job['id']} {state}{where} ({time.monotonic() - self._started:.1f}s)"
 
 
 def save_outputs(client: Client, job: Job, directory: Path) -> dict[str, str]:
@@ -337,7 +227,7 @@ def submit_command(
             if json_out:
                 emit_json(job)
             else:
-                stdout.print(job["id"])
+                emit_line(job["id"])
             return EXIT_OK
         with Progress(quiet=json_out) as progress:
             job = client.run(task, params, **request, on_update=progress.update)
@@ -350,9 +240,11 @@ def finish_waited(client: Client, job: Job, json_out: bool, output: Path | None)
         return report_job(job, json_out)
     saved = save_outputs(client, job, output)
     exit_code = report_job(job, json_out, {"saved_outputs": saved})
+    if not saved:
+        warn(f"job {job['id']} succeeded but kept no outputs to save in {output}")
     if not json_out:
         for name, target in saved.items():
-            stdout.print(f"saved {name} → {target}")
+            emit_line(f"saved {name} → {target}")
     return exit_code
 
 
@@ -383,7 +275,7 @@ def show_command(
     if json_out:
         emit_json(job)
         return
-    emit_mapping(job)
+    emit_mapping(readable_job(job))
     warn_if_fallback(job)
 
 
@@ -416,7 +308,7 @@ def cancel_command(
     if json_out:
         emit_json(job)
     else:
-        stdout.print(f"job {job['id']} {job['status']}")
+        emit_line(f"job {job['id']} {job['status']}")
 
 
 @app.command("result")
@@ -442,7 +334,7 @@ def result_command(
     if json_out:
         emit_json(saved)
     else:
-        stdout.print(f"saved {chosen} → {output_file}")
+        emit_line(f"saved {chosen} → {output_file}")
     return EXIT_OK
 
 
@@ -469,11 +361,11 @@ def status_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
     if json_out:
         emit_json(view)
         return
-    stdout.print(
+    emit_line(
         f"state {view['state']}  backend {view['backend']}  "
         f"fallback {format_cell(view['fallback'])}  config generation {view['config_generation']}"
     )
-    stdout.print(
+    emit_line(
         f"running {view['running']}/{view['max_concurrent_tasks']} (max_concurrent_tasks)  "
         f"queued {view['queued']}/{view.get('queue_limit', '-')}  "
         f"strategy {view.get('strategy', '-')}  jobs total {view.get('jobs_total', '-')}"
@@ -496,19 +388,6 @@ def tasks_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
     emit_table(("name", "description", "params"), rows)
 
 
-def describe_params(task: dict[str, Any]) -> str:
-    """`size:integer=1000000 seed:integer=0` from the params' JSON schema."""
-    schema = task.get("params") or {}
-    required = set(schema.get("required") or [])
-    parts = []
-    for name, field in (schema.get("properties") or {}).items():
-        kinds = [field.get("type")] if "type" in field else field.get("anyOf", [])
-        kind = "|".join(str(k.get("type") if isinstance(k, dict) else k) for k in kinds)
-        default = " (required)" if name in required else f"={field.get('default')}"
-        parts.append(f"{name}:{kind}{default}")
-    return " ".join(parts)
-
-
 @app.command("devices")
 def devices_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
     """The devices the workers hold, with what the driver says about them."""
@@ -517,8 +396,12 @@ def devices_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
     if json_out:
         emit_json(devices)
         return
-    columns = ("device", "backend", "name", "uuid", "compute_capability", "memory_cap_bytes")
-    emit_table(columns, [[device.get(c) for c in columns] for device in devices])
+    columns = ("device", "backend", "name", "uuid", "compute_capability", "memory_cap")
+    rows = [
+        [*(device.get(c) for c in columns[:-1]), gibibytes(device.get("memory_cap_bytes"))]
+        for device in devices
+    ]
+    emit_table(columns, rows)
 
 
 # --- config ------------------------------------------------------------------------------
@@ -555,25 +438,9 @@ def config_validate_command(
         )
     else:
         for problem in problems:
-            stdout.print(problem_line(problem.as_dict()))
-        stdout.print(f"config {'invalid' if errors else 'ok'}: {count(errors, warnings)}")
+            emit_line(problem_line(problem.as_dict()))
+        emit_line(f"config {'invalid' if errors else 'ok'}: {count_problems(errors, warnings)}")
     return EXIT_USAGE if errors else EXIT_OK
-
-
-def problem_line(problem: dict[str, str]) -> str:
-    """`file: key: message (fix: ...)`; a warning says so after the key."""
-    severity = "warning: " if problem.get("severity") == "warning" else ""
-    return (
-        f"{problem.get('file', '?')}: {problem.get('key', '?')}: {severity}"
-        f"{problem.get('message', '')} (fix: {problem.get('fix', '')})"
-    )
-
-
-def count(errors: Sequence[object], warnings: Sequence[object]) -> str:
-    def plural(n: int, word: str) -> str:
-        return f"{n} {word}{'' if n == 1 else 's'}"
-
-    return f"{plural(len(errors), 'error')}, {plural(len(warnings), 'warning')}"
 
 
 @config_app.command("show")
@@ -594,7 +461,7 @@ def config_show_command(
         emit_json(document)
         return
     for key, value in flatten(document):
-        stdout.print(f"{key} = {orjson.dumps(value).decode()}")
+        emit_line(f"{key} = {orjson.dumps(value).decode()}")
 
 
 def load_config_offline(settings: Path | None, config: Path | None) -> dict[str, Any]:
@@ -602,14 +469,6 @@ def load_config_offline(settings: Path | None, config: Path | None) -> dict[str,
     if snapshot is None:
         raise ConfigError(problems)
     return snapshot.redacted()
-
-
-def flatten(document: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    for key, value in document.items():
-        if isinstance(value, dict) and value:
-            yield from flatten(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
 
 
 @config_app.command("status")
@@ -621,10 +480,10 @@ def config_status_command(ctx: typer.Context, json_out: JsonFlag = False) -> Non
         emit_json(view)
         return
     last = view.get("last_reload") or {}
-    stdout.print(f"generation {view['generation']}  digest {view.get('digest', '-')}")
-    stdout.print(f"last reload: {'ok' if last.get('ok') else 'FAILED (the old config stays)'}")
+    emit_line(f"generation {view['generation']}  digest {view.get('digest', '-')}")
+    emit_line(f"last reload: {'ok' if last.get('ok') else 'FAILED (the old config stays)'}")
     for problem in [*last.get("errors", []), *last.get("warnings", [])]:
-        stdout.print(f"  {problem_line(problem)}")
+        emit_line(f"  {problem_line(problem)}")
 
 
 # --- reserved --------------------------------------------------------------------------------
@@ -646,7 +505,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         result = command.main(args=argv, prog_name="taogpuctl", standalone_mode=False)
     except Exception as exc:
         message, hint, exit_code = explain(exc)
-        stderr.print(error_line(message, hint))
+        report_error(message, hint)
         return exit_code
     return result if isinstance(result, int) else EXIT_OK
 
@@ -665,7 +524,7 @@ def explain(exc: Exception) -> tuple[str, str, int]:
         return explain_usage(exc)
     if os.environ.get("TAOGPUCTL_DEBUG"):
         raise exc
-    hint = "a bug in taogpuctl; rerun with TAOGPUCTL_DEBUG=1 and report the traceback"
+    hint = "a bug in taogpuctl or taogpud; rerun with TAOGPUCTL_DEBUG=1 for the traceback"
     return f"internal error: {type(exc).__name__}: {exc}", hint, EXIT_FAILED
 
 

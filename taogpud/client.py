@@ -31,6 +31,7 @@ from taogpud import paths
 # (notes/library-facts.md, "HTTP/1.1 over a Unix socket".)
 
 WAIT_CHUNK_S = 1.0  # the longest single long-poll: progress is reported at least this often
+FIRST_UPDATE_S = 0.1  # with on_update, how long the submit itself waits: progress starts early
 # Mirrors taogpud.jobs.JobState.finished without importing pydantic (tests keep the two equal).
 FINISHED_STATES = frozenset({"succeeded", "failed", "cancelled", "timed_out", "interrupted"})
 JSON_TYPE = "application/json"
@@ -162,9 +163,13 @@ class Client:
     ) -> Job:
         """Submit and wait until the job finished; `wait_s` bounds the whole wait (None: no bound).
 
-        A tiny job costs one round trip: the submit itself waits up to one chunk.
+        A tiny job costs one round trip: the submit itself waits up to one chunk (a short one
+        when on_update wants to show progress).
         """
         deadline = _deadline(wait_s)
+        first_wait_s = _chunk_s(deadline)
+        if on_update is not None:
+            first_wait_s = min(first_wait_s, FIRST_UPDATE_S)
         job = self.submit(
             task,
             params,
@@ -174,7 +179,7 @@ class Client:
             priority=priority,
             timeout_s=timeout_s,
             keep_outputs=keep_outputs,
-            wait_s=_chunk_s(deadline),
+            wait_s=first_wait_s,
         )
         if on_update is not None:
             on_update(job)

@@ -8,10 +8,10 @@ keys) are read as the setup guide writes them. Each is built from three layers, 
                                                   TAOGPUD_CONFIG__SCHEDULING__MAX_CONCURRENT_TASKS=3
 
 This module holds the models (the keys and their limits), the snapshot, load() and diff().
-config_loading.py turns one file into one model; config_rules.py holds the rules that span
-both files and where the API key comes from. load() collects every problem before it raises one
-ConfigError; warnings ride on the snapshot. The API key never appears in a Problem, a repr,
-redacted() or diff().
+config_loading.py turns one file into one model, config_messages.py words its problems, and
+config_rules.py holds the rules that span both files and where the API key comes from.
+load() collects every problem before it raises one ConfigError; warnings ride on the snapshot.
+The API key never appears in a Problem, a repr, redacted() or diff().
 """
 
 from __future__ import annotations
@@ -392,10 +392,14 @@ def resolve_paths(
     """
     system_mode = not user_mode() if system is None else system
     directory = default_config_dir(environ, system=system_mode)
-    settings_at = pick_path(settings, environ, ("TAOGPUD_SETTINGS",), directory / "settings.json")
-    config_names = ("TAOGPUD_CONFIG", "OPENCLAW_CONFIG")
-    config_at = pick_path(config, environ, config_names, directory / "config.toml")
-    return settings_at[0], config_at[0], settings_at[1], config_at[1]
+    settings_names, config_names = ("TAOGPUD_SETTINGS",), ("TAOGPUD_CONFIG", "OPENCLAW_CONFIG")
+    settings_path, settings_explicit = pick_path(
+        settings, environ, settings_names, directory / "settings.json"
+    )
+    config_path, config_explicit = pick_path(
+        config, environ, config_names, directory / "config.toml"
+    )
+    return settings_path, config_path, settings_explicit, config_explicit
 
 
 def load(
@@ -415,7 +419,7 @@ def load(
     if settings is not None and config is not None:
         problems += check_pair(settings, config) + key_problems(settings_layer)
         key = resolve_api_key(settings, settings_layer, config, environ=env, problems=problems)
-    key_env = config.api.api_key_env if config else ApiSection().api_key_env
+    key_env = config.api.api_key_env if config is not None else ApiSection().api_key_env
     problems = scrub(problems, [env.get(key_env, ""), key[0]], settings_layer)
     errors = [problem for problem in problems if problem.severity == "error"]
     if errors or settings is None or config is None:
@@ -454,8 +458,12 @@ def _secret_changes(
     if old.key_source != new.key_source:
         changes.append(("key_source", old.key_source, new.key_source))
     if old.api_key != new.api_key:
-        changes.append(("api_key", old.api_key and REDACTED, new.api_key and REDACTED))
+        changes.append(("api_key", _hidden(old.api_key), _hidden(new.api_key)))
     return changes
+
+
+def _hidden(secret: SecretStr | None) -> str | None:
+    return None if secret is None else REDACTED
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

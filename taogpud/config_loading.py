@@ -15,7 +15,7 @@ import re
 import tomllib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
@@ -141,7 +141,7 @@ def _read_layer(
     layer = Layer[M](None, checked, merged, env_data, overrides)
     model = _validate(kind, layer, problems)
     # a file that could not be read is not "the defaults": no model, so no cross-file checks
-    return Layer(model if document is not None else None, checked, merged, env_data, overrides)
+    return replace(layer, model=model) if document is not None else layer
 
 
 def _validate(kind: FileKind[M], layer: Layer[M], problems: list[Problem]) -> M | None:
@@ -160,7 +160,7 @@ def _read_document(kind: FileKind[M], path: Path, problems: list[Problem]) -> di
     if text is None:
         return None
     parse = _parse_json if kind.syntax == "json" else _parse_toml
-    return parse(text, str(path), problems)
+    return parse(text, str(path), kind.label, problems)
 
 
 def _read_text(kind: FileKind[M], path: Path, problems: list[Problem]) -> str | None:
@@ -212,7 +212,9 @@ class _JsonObject(dict[str, Any]):
         return obj
 
 
-def _parse_json(text: str, where: str, problems: list[Problem]) -> dict[str, Any] | None:
+def _parse_json(
+    text: str, where: str, label: str, problems: list[Problem]
+) -> dict[str, Any] | None:
     fix = "correct the JSON there (double quotes, commas between items, none after the last)"
     try:
         document = json.loads(text, object_pairs_hook=_JsonObject.from_pairs)
@@ -221,7 +223,7 @@ def _parse_json(text: str, where: str, problems: list[Problem]) -> dict[str, Any
         problems.append(Problem(where, position, f"invalid JSON: {exc.msg}", fix))
         return None
     except ValueError as exc:  # e.g. a number over Python's 4300-digit limit
-        problems.append(Problem(where, "settings.json", f"invalid JSON: {exc}", fix))
+        problems.append(Problem(where, label, f"invalid JSON: {exc}", fix))
         return None
     if not isinstance(document, dict):
         got = type(document).__name__
@@ -231,7 +233,9 @@ def _parse_json(text: str, where: str, problems: list[Problem]) -> dict[str, Any
     return document
 
 
-def _parse_toml(text: str, where: str, problems: list[Problem]) -> dict[str, Any] | None:
+def _parse_toml(
+    text: str, where: str, label: str, problems: list[Problem]
+) -> dict[str, Any] | None:
     fix = "correct the TOML there (quoted strings, key = value, each key once per table)"
     try:
         return tomllib.loads(text)
@@ -245,7 +249,7 @@ def _parse_toml(text: str, where: str, problems: list[Problem]) -> dict[str, Any
         problems.append(Problem(where, position, f"invalid TOML: {reason}", fix))
         return None
     except ValueError as exc:
-        problems.append(Problem(where, "config.toml", f"invalid TOML: {exc}", fix))
+        problems.append(Problem(where, label, f"invalid TOML: {exc}", fix))
         return None
 
 
@@ -413,6 +417,8 @@ def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in top.items():
         below = merged.get(key)
-        both_dicts = isinstance(below, dict) and isinstance(value, dict)
-        merged[key] = deep_merge(below, value) if both_dicts else value  # type: ignore[arg-type]
+        if isinstance(below, dict) and isinstance(value, dict):
+            merged[key] = deep_merge(below, value)
+        else:
+            merged[key] = value
     return merged

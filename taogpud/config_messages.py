@@ -46,10 +46,11 @@ def _fold(key: str) -> str:
 
 
 def section_type(info: FieldInfo) -> type[BaseModel] | None:
+    """The model of a section field (gpu, backend.cuda); None for a single value."""
     annotation = info.annotation
-    return (
-        annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-    )
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
 
 
 def translate(kind: FileKind[Any], errors: list[ErrorDetails], layer: Layer[Any]) -> list[Problem]:
@@ -122,7 +123,7 @@ def _problem_for(
     key = kind.key(path) if path else kind.label
     var = layer.override_var(path)
     secret = info is not None and info.annotation is SecretStr
-    given = "" if secret else _show(dig(layer.merged, path))
+    given = _show(dig(layer.merged, path), whole=info is None or section_type(info) is None)
     origin = f"{var} gives {given}" if var else f"got {given}"
     if secret:  # the API key: never echoed, not even when it is the wrong type
         origin = f"{var} is invalid" if var else "the value (not shown) is invalid"
@@ -168,6 +169,7 @@ def _describe(annotation: Any, metadata: list[Any]) -> str:
 
 
 _BOUNDS = ("gt", "ge", "le", "min_length")
+_TYPE_WORDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
 def _default_note(info: FieldInfo | None) -> str:
@@ -178,6 +180,7 @@ def _default_note(info: FieldInfo | None) -> str:
 
 
 def dig(tree: Any, path: KeyPath) -> Any:
+    """The value at `path` in nested dicts, or MISSING."""
     for name in path:
         if not isinstance(tree, dict) or name not in tree:
             return MISSING
@@ -185,10 +188,14 @@ def dig(tree: Any, path: KeyPath) -> Any:
     return tree
 
 
-def _show(value: Any) -> str:
-    """A value as JSON/TOML would write it, cut short: what the user gave, recognisably."""
+def _show(value: Any, *, whole: bool = True) -> str:
+    """A value as JSON/TOML would write it, cut short: what the user gave, recognisably.
+    Not `whole` (a section of the wrong type): only its type, as a section such as provider
+    could hold the API key."""
     if value is MISSING:
         return "nothing"
+    if not whole:
+        return "a " + _TYPE_WORDS.get(type(value), type(value).__name__)
     try:
         text = json.dumps(value, ensure_ascii=False, default=str)
     except (ValueError, TypeError, RecursionError):

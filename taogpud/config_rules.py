@@ -23,11 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
-from taogpud.config_loading import Layer, has_reference
+from taogpud.config_loading import has_reference
+from taogpud.config_messages import dig
 from taogpud.errors import Problem
 
 if TYPE_CHECKING:
     from taogpud.config import ConfigFile, KeySource, SettingsFile
+    from taogpud.config_loading import Layer
 
 SETTINGS = "settings.json"
 CONFIG = "config.toml"
@@ -195,7 +197,8 @@ def scrub(
 ) -> list[Problem]:
     """The problems with every value that is or may be the key replaced by <redacted>: the
     resolved key, the key env var, and the apiKey as expanded (even where validation failed)."""
-    candidates = [*keys, _dig_str(layer.merged, _KEY_PATH)]
+    expanded = dig(layer.merged, _KEY_PATH)
+    candidates = [*keys, expanded if isinstance(expanded, str) else None]
     secrets = [_plain(value) for value in candidates]
     secrets = [value for value in secrets if len(value) >= _MIN_SCRUBBED]
 
@@ -214,10 +217,3 @@ def _plain(value: str | SecretStr | None) -> str:
     if isinstance(value, SecretStr):
         return value.get_secret_value()
     return value or ""
-
-
-def _dig_str(tree: dict[str, Any], path: tuple[str, ...]) -> str:
-    value: Any = tree
-    for name in path:
-        value = value.get(name) if isinstance(value, dict) else None
-    return value if isinstance(value, str) else ""

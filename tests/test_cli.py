@@ -383,6 +383,7 @@ def test_wait_exit_codes(ctl: Ctl) -> None:
     still = ctl("wait", running, "--timeout", "0.3")
     assert still.returncode == 1
     assert "still" in still.stderr
+    assert ctl("cancel", running).returncode == 0  # free the slot: the daemon drains on stop
 
 
 def test_unknown_job_id_is_a_usage_error(ctl: Ctl) -> None:
@@ -401,3 +402,20 @@ def test_list_tasks_and_devices(ctl: Ctl) -> None:
     assert "cpu:0" in {device["device"] for device in devices}
     human = ctl("tasks")
     assert "vector_add" in human.stdout
+
+
+def test_fallback_is_loud(daemon_factory: Callable[..., Any]) -> None:
+    """On CPU fallback, `submit --wait` says fallback=true and `status` warns with the reason."""
+    fallback = daemon_factory(
+        settings={"gpu": {"backend": "cuda", "allowFallbackToCpu": True}},
+        config={"runtime": {"device_type": "gpu"}, "backend": {"cuda": {"enabled": True}}},
+    )
+    ctl = functools.partial(taogpuctl, socket_path=fallback.socket_path)
+    submitted = ctl("submit", "noop", "--wait")
+    assert submitted.returncode == 0, submitted.stderr
+    assert "fallback=true" in submitted.stdout
+    assert "WARNING: " in submitted.stderr
+    status = ctl("status")
+    assert "fallback yes" in status.stdout
+    assert "WARNING: running on CPU fallback" in status.stderr
+    assert json_out(ctl("status", "--json"))["fallback"] is True

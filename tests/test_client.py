@@ -7,6 +7,7 @@ connection closed under the client) run against a small real HTTP/1.1 server on 
 from __future__ import annotations
 
 import http.server
+import io
 import os
 import socket
 import socketserver
@@ -14,7 +15,9 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from taogpud.client import FINISHED_STATES, ApiError, Client, DaemonUnreachable
@@ -178,3 +181,69 @@ def test_reconnects_once_when_daemon_closed_the_connection(
 def test_finished_states_match_job_states() -> None:
     """The client's finished set mirrors JobState.finished exactly."""
     assert {state.value for state in JobState if state.finished} == FINISHED_STATES
+
+
+# --- against a real daemon -----------------------------------------------------------------
+
+
+def test_run_returns_the_finished_record_with_where_it_ran(daemon: Any) -> None:
+    """run() of a small vector_add answers succeeded, backend cpu, a cpu:N device, timings."""
+    with daemon.client() as client:
+        job = client.run("vector_add", {"size": 1000})
+    assert (job["status"], job["backend"], job["error"]) == ("succeeded", "cpu", None)
+    assert job["device"].startswith("cpu:")
+    assert job["run_ms"] is not None
+
+
+def test_uploaded_arrays_come_back_added(daemon: Any) -> None:
+    """upload_array(ndarray), run with inputs and keep_outputs, download_output: c == a + b."""
+    a = np.arange(500, dtype=np.float32)
+    b = np.full(500, 0.5, dtype=np.float32)
+    with daemon.client() as client:
+        inputs = {"a": client.upload_array(a)["id"], "b": client.upload_array(b)["id"]}
+        job = client.run("vector_add", inputs=inputs, keep_outputs=True)
+        c = np.load(io.BytesIO(client.download_output(job["id"], "c")))
+    np.testing.assert_array_equal(c, a + b)
+
+
+def test_wait_calls_on_update_until_finished(daemon: Any) -> None:
+    """wait() on a 1.5 s sleep reports at least twice and returns the finished record."""
+    updates: list[dict[str, Any]] = []
+    with daemon.client() as client:
+        job_id = client.submit("sleep", {"ms": 1500})["id"]
+        job = client.wait(job_id, on_update=updates.append)
+    assert job["status"] == "succeeded"
+    assert len(updates) >= 2
+    assert updates[-1]["status"] == "succeeded"
+
+
+def test_wait_with_timeout_returns_the_unfinished_record(daemon: Any) -> None:
+    """wait(timeout_s=0.2) on a long sleep returns it still running; cancel then ends it."""
+    with daemon.client() as client:
+        job_id = client.submit("sleep", {"ms": 60000})["id"]
+        assert client.wait(job_id, timeout_s=0.2)["status"] in {"queued", "running"}
+        client.cancel(job_id)
+        assert client.wait(job_id, timeout_s=30)["status"] == "cancelled"
+
+
+def test_unknown_job_and_task_are_api_errors(daemon: Any) -> None:
+    """get() of an unknown id is job_not_found 404; submit() of an unknown task, unknown_task."""
+    with daemon.client() as client:
+        with pytest.raises(ApiError) as missing:
+            client.get("0000000000000000")
+        with pytest.raises(ApiError) as unknown:
+            client.submit("no_such_task")
+    assert (missing.value.code, missing.value.http_status) == ("job_not_found", 404)
+    assert unknown.value.code == "unknown_task"
+    assert "no_such_task" in unknown.value.message
+
+
+def test_list_jobs_filters_by_status(daemon: Any) -> None:
+    """list_jobs(status="succeeded") holds a finished noop and nothing in another state."""
+    with daemon.client() as client:
+        done = client.run("noop")
+        listed = client.list_jobs(status="succeeded", limit=10)
+        health = client.health()
+    assert done["id"] in {job["id"] for job in listed}
+    assert {job["status"] for job in listed} == {"succeeded"}
+    assert health["ok"] is True

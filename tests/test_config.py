@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -335,7 +335,7 @@ def test_every_error_is_listed_not_only_the_first(files: Files) -> None:
     """Errors in both files come back together in one ConfigError."""
     problems = files.problems(
         {"provider": {"maxRetries": 21, "timeoutMs": 0}, "gpu": {"backend": "rocm"}},
-        "[backend.cuda]\nstream_count = 0\ncuda_arch = \"sm89\"\n[scheduling]\nstrategy = \"x\"\n",
+        '[backend.cuda]\nstream_count = 0\ncuda_arch = "sm89"\n[scheduling]\nstrategy = "x"\n',
     )
     keys = {problem.key for problem in problems}
     assert keys == {
@@ -360,7 +360,7 @@ def test_booleans_are_not_numbers(files: Files) -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("[]", "got [], expected an index (0 or more), a list of distinct indices, or \"all\""),
+        ("[]", 'got [], expected an index (0 or more), a list of distinct indices, or "all"'),
         ("[0, -1]", "got [0, -1], expected an index"),
         ("[1, 1]", "got [1, 1]: lists a device more than once"),
         ('"ALL"', 'got "ALL", expected an index'),
@@ -381,8 +381,13 @@ def test_log_level_accepts_any_case_and_warn(files: Files) -> None:
 
 def test_job_timeout_is_optional_and_positive(files: Files) -> None:
     """job_timeout_s may be absent (no timeout) or a positive number, not zero."""
-    assert files.load(None, "[scheduling]\njob_timeout_s = 2.5\n").config.scheduling.job_timeout_s == 2.5
-    problem = only(files.problems(None, "[scheduling]\njob_timeout_s = 0\n"), "scheduling.job_timeout_s")
+    assert (
+        files.load(None, "[scheduling]\njob_timeout_s = 2.5\n").config.scheduling.job_timeout_s
+        == 2.5
+    )
+    problem = only(
+        files.problems(None, "[scheduling]\njob_timeout_s = 0\n"), "scheduling.job_timeout_s"
+    )
     assert "above 0" in problem.message
 
 
@@ -397,13 +402,18 @@ def test_cuda_arch_forms(files: Files) -> None:
     for arch in ("auto", "sm_89", "sm_100", "sm_90a"):
         loaded = files.load(None, f'[backend.cuda]\ncuda_arch = "{arch}"\n')
         assert loaded.config.backend.cuda.cuda_arch == arch
-    assert only(files.problems(None, '[backend.cuda]\ncuda_arch = "89"\n'), "backend.cuda.cuda_arch")
+    assert only(
+        files.problems(None, '[backend.cuda]\ncuda_arch = "89"\n'), "backend.cuda.cuda_arch"
+    )
 
 
 def test_section_of_the_wrong_type(files: Files) -> None:
     """A section given as a number says which keys the section holds."""
     problem = only(files.problems({"gpu": 3}), "gpu")
-    assert problem.message.startswith("got 3, expected a section of keys backend, deviceId")
+    assert problem.message.startswith("got a number, expected a section of keys backend, deviceId")
+    key = make_key()
+    problem = only(files.problems({"provider": [key]}), "provider")
+    assert key not in str(problem) and problem.message.startswith("got a list")
 
 
 # ---- ${VAR} -------------------------------------------------------------------------------
@@ -416,7 +426,7 @@ def test_var_references_expand_in_json_strings(files: Files) -> None:
             "models": {"default": "${MODEL}", "coding": "${UNSET:-claude-haiku}"},
             "gpu": {"deviceId": "${GPU:-0}"},
         },
-        '[backend.cuda]\ndevice_id = [0, 3]\n',
+        "[backend.cuda]\ndevice_id = [0, 3]\n",
         MODEL="claude-x",
         GPU="3",
     )
@@ -481,9 +491,8 @@ def test_invalid_override_names_the_env_var(files: Files) -> None:
     """A bad override value is reported against the variable that set it."""
     problems = files.problems(None, None, TAOGPUD_CONFIG__SCHEDULING__MAX_CONCURRENT_TASKS="x")
     problem = only(problems, "scheduling.max_concurrent_tasks")
-    assert problem.message == (
-        'TAOGPUD_CONFIG__SCHEDULING__MAX_CONCURRENT_TASKS gives "x", expected an integer of 1 or more'
-    )
+    var = "TAOGPUD_CONFIG__SCHEDULING__MAX_CONCURRENT_TASKS"
+    assert problem.message == f'{var} gives "x", expected an integer of 1 or more'
     assert problem.fix == "correct or unset TAOGPUD_CONFIG__SCHEDULING__MAX_CONCURRENT_TASKS"
 
 
@@ -498,7 +507,9 @@ def test_misspelt_override_gets_the_right_name(files: Files) -> None:
     assert only(problems, "gpu.memoryFracton").fix == (
         "did you mean TAOGPUD_SETTINGS__GPU__MEMORY_FRACTION?"
     )
-    assert only(problems, "schedulng").fix == "did you mean TAOGPUD_CONFIG__SCHEDULING__QUEUE_LIMIT?"
+    assert (
+        only(problems, "schedulng").fix == "did you mean TAOGPUD_CONFIG__SCHEDULING__QUEUE_LIMIT?"
+    )
 
 
 def test_override_section_must_be_a_json_object(files: Files) -> None:
@@ -584,7 +595,9 @@ def test_opencl_backend_needs_opencl_enabled(files: Files) -> None:
     problem = only(files.problems({"gpu": {"backend": "opencl"}}), "gpu.backend")
     assert "backend.opencl.enabled = false" in problem.message
     assert "for opencl:" in problem.fix
-    enabled_for_cuda = only(files.problems(None, "[backend.opencl]\nenabled = true\n"), "gpu.backend")
+    enabled_for_cuda = only(
+        files.problems(None, "[backend.opencl]\nenabled = true\n"), "gpu.backend"
+    )
     assert "backend.opencl.enabled = true" in enabled_for_cuda.message
 
 
@@ -605,7 +618,9 @@ def test_key_from_credential_wins(files: Files) -> None:
     credentials = files.root / "creds"
     credentials.mkdir()
     (credentials / "taotoken_api_key").write_text(key + "\n")
-    snapshot = files.load(None, None, CREDENTIALS_DIRECTORY=str(credentials), TAOTOKEN_API_KEY=other)
+    snapshot = files.load(
+        None, None, CREDENTIALS_DIRECTORY=str(credentials), TAOTOKEN_API_KEY=other
+    )
     assert snapshot.key_source == "credential"
     assert snapshot.api_key is not None and snapshot.api_key.get_secret_value() == key
 
@@ -672,7 +687,9 @@ def test_the_key_never_appears_in_output(files: Files) -> None:
 
 def test_wrong_type_for_the_key_does_not_echo_it(files: Files) -> None:
     """An apiKey of the wrong type is an error that does not show the value."""
-    problem = only(files.problems({"provider": {"apiKey": ["secret-ish-value"]}}), "provider.apiKey")
+    problem = only(
+        files.problems({"provider": {"apiKey": ["secret-ish-value"]}}), "provider.apiKey"
+    )
     assert "secret-ish-value" not in str(problem)
     assert problem.message == "the value (not shown) is invalid, expected a string"
 
@@ -786,21 +803,47 @@ TOML_VALUES = ["1", "-1", "0", "1.5", "nan", "inf", '"x"', '"all"', "true", "[0,
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.sampled_from(KNOWN_KEYS) | st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.sampled_from(KNOWN_KEYS) | st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 toml_lines = st.lists(
     st.one_of(
-        st.sampled_from(KNOWN_KEYS + ["backend.cuda", "backend.opencl"]).map(lambda k: f"[{k}]"),
+        st.sampled_from([*KNOWN_KEYS, "backend.cuda", "backend.opencl"]).map(lambda k: f"[{k}]"),
         st.tuples(st.sampled_from(KNOWN_KEYS), st.sampled_from(TOML_VALUES)).map(" = ".join),
         st.text(max_size=20),
     ),
     max_size=8,
 ).map("\n".join)
-documents = st.one_of(
+SEED_KEYS = [(name, key) for name, section in seed_settings().items() for key in section]
+SEED_LINES = [line.split(" = ")[0] for line in seed_config().splitlines() if " = " in line]
+
+
+def _settings_with(change: tuple[tuple[str, str], Any]) -> str:
+    (name, key), value = change
+    return json.dumps(seed_settings(**{name: {key: value}}))
+
+
+def _config_with(change: tuple[str, str]) -> str:
+    key, value = change
+    return seed_config((key + " ", f"{key} = {value}"))
+
+
+anything = st.one_of(
     st.binary(max_size=60), json_values.map(json.dumps), st.text(max_size=60), toml_lines
 )
+# near-valid files (the seed with one value changed) reach validation and the cross-file rules
+plausible = st.sampled_from([0, 1, 0.5, 60000, "cpu", "WARN", True, "https://taotoken.net/api/"])
+near_settings = st.just(json.dumps(seed_settings())) | st.tuples(
+    st.sampled_from(SEED_KEYS), plausible | json_values
+).map(_settings_with)
+near_config = st.just(seed_config()) | st.tuples(
+    st.sampled_from(SEED_LINES), st.sampled_from(TOML_VALUES)
+).map(_config_with)
+settings_documents = st.booleans().flatmap(lambda near: near_settings if near else anything)
+config_documents = st.booleans().flatmap(lambda near: near_config if near else anything)
 overrides = st.dictionaries(
     st.sampled_from(
         [
@@ -812,13 +855,18 @@ overrides = st.dictionaries(
             "TAOGPUD_CONFIG__",
         ]
     ),
-    st.text(max_size=12),
+    st.sampled_from(["0", "1", "[0, 1]", "all", "{}", '{"strategy": "least_loaded"}'])
+    | st.text(max_size=12),
     max_size=2,
 )
 
 
-@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "200")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(settings_doc=documents, config_doc=documents, env=overrides)
+@settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "200")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(settings_doc=settings_documents, config_doc=config_documents, env=st.just({}) | overrides)
 def test_any_input_gives_a_snapshot_or_a_config_error(
     tmp_path_factory: pytest.TempPathFactory,
     settings_doc: str | bytes,
@@ -836,5 +884,7 @@ def test_any_input_gives_a_snapshot_or_a_config_error(
         snapshot = load(paths[0], paths[1], environ={"HOME": str(root), **env})
     except ConfigError as error:
         assert error.problems and all(isinstance(p, Problem) for p in error.problems)
+        event("ConfigError")
     else:
         assert isinstance(snapshot, ConfigSnapshot)
+        event("snapshot")

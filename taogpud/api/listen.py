@@ -20,13 +20,18 @@ def bind_unix_socket(path: Path) -> socket.socket:
         )
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(path)
+    # Bind under a temporary name and rename once listening: whoever sees the path can
+    # connect, and nobody sees it with the wrong mode.
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.unlink(missing_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(str(path))
-    path.chmod(0o660)
+    sock.bind(str(staging))
+    staging.chmod(0o660)
     with contextlib.suppress(KeyError, PermissionError):
-        os.chown(path, -1, grp.getgrnam(SOCKET_GROUP).gr_gid)
+        os.chown(staging, -1, grp.getgrnam(SOCKET_GROUP).gr_gid)
     sock.listen(BACKLOG)
     sock.setblocking(False)
+    staging.rename(path)
     return sock
 
 

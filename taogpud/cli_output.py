@@ -1,0 +1,218 @@
+"""How taogpuctl prints: JSON documents, tables, job lines, one-line errors, progress.
+
+stdout holds only the answer (a JSON document with --json, else text: rich tables on a
+terminal, plain aligned columns otherwise); warnings, progress and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+import orjson
+from rich import box
+from rich.console import Console
+from rich.status import Status
+from rich.table import Table
+
+from taogpud.client import Job, is_finished
+
+stdout = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
+GIB = 1024**3
+
+
+def emit_json(document: Any) -> None:
+    sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def emit_line(text: str) -> None:
+    stdout.print(text)
+
+
+def emit_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A rich table on a terminal, plain aligned columns otherwise."""
+    cells = [[format_cell(value) for value in row] for row in rows]
+    if stdout.is_terminal:
+        table = Table(*columns, box=box.SIMPLE_HEAD)
+        for row in cells:
+            table.add_row(*row)
+        stdout.print(table)
+        return
+    widths = [max(len(text) for text in column) for column in zip(columns, *cells, strict=True)]
+    for row in [list(columns), *cells]:
+        padded = (text.ljust(width) for text, width in zip(row, widths, strict=True))
+        print("  ".join(padded).rstrip())
+
+
+def emit_mapping(mapping: dict[str, Any], indent: str = "") -> None:
+    """`key: value` lines; nested values as compact JSON; empty values left out."""
+    for key, value in mapping.items():
+        if value in (None, {}, []):
+            continue
+        shown = value if isinstance(value, str) else orjson.dumps(value).decode()
+        stdout.print(f"{indent}{key}: {shown}")
+
+
+def format_cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def gibibytes(value: Any) -> str:
+    return "-" if not value else f"{value / GIB:.1f} GiB"
+
+
+def milliseconds(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.2f}ms"
+
+
+def warn(text: str) -> None:
+    stderr.print(f"WARNING: {text}", style="bold yellow")
+
+
+def error_line(message: str, hint: str = "") -> str:
+    """`taogpuctl: <message> (hint: ...)`, always one line."""
+    line = f"taogpuctl: {one_line(message)}"
+    return f"{line} (hint: {one_line(hint)})" if hint else line
+
+
+def report_error(message: str, hint: str = "") -> None:
+    stderr.print(error_line(message, hint))
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# --- jobs --------------------------------------------------------------------------------
+
+
+def summary_line(job: Job) -> str:
+    """The line the setup guide's check prints: where it ran and how long it took."""
+    return (
+        f"job {job['id']} {job['status']} task={job['task']} "
+        f"device={job.get('device') or '-'} backend={job.get('backend') or '-'} "
+        f"fallback={str(bool(job.get('fallback'))).lower()} "
+        f"queue={milliseconds(job.get('queue_ms'))} run={milliseconds(job.get('run_ms'))}"
+    )
+
+
+def warn_if_fallback(job: Job) -> None:
+    if job.get("fallback"):
+        reason = job.get("fallback_reason") or "no reason recorded"
+        warn(f"job {job['id']} ran on the CPU fallback ({job.get('device')}), not a GPU: {reason}")
+
+
+def job_problem(job: Job) -> tuple[str, str]:
+    """Why a job did not succeed, as (message, hint)."""
+    if not is_finished(job):
+        hint = f"wait longer: taogpuctl wait {job['id']} --timeout S"
+        return f"job {job['id']} is still {job['status']}", hint
+    error = job.get("error") or {}
+    code, message = error.get("code", job["status"]), error.get("message", "")
+    detail = message if code == job["status"] else f"{code}: {message}"
+    return f"job {job['id']} {job['status']}: {detail}", str(error.get("hint") or "")
+
+
+def readable_job(job: Job) -> Job:
+    """The record with times as local ISO timestamps and milliseconds rounded, for reading."""
+    shown = dict(job)
+    for key, value in job.items():
+        if key.endswith("_at") and isinstance(value, int | float):
+            shown[key] = datetime.fromtimestamp(value).isoformat(sep=" ", timespec="milliseconds")
+        elif key.endswith("_ms") and isinstance(value, float):
+            shown[key] = round(value, 3)
+    return shown
+
+
+class Progress:
+    """Where a waited job is: a live line on a terminal, else a stderr line per new state."""
+
+    def __init__(self, quiet: bool) -> None:
+        self._quiet = quiet  # no plain lines (--json); the live line is on stderr and stays
+        self._started = time.monotonic()
+        self._last_status: str | None = None
+        self._live = Status("submitting…", console=stderr) if stderr.is_terminal else None
+
+    def __enter__(self) -> Progress:
+        if self._live is not None:
+            self._live.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+    def update(self, job: Job) -> None:
+        if self._live is not None:
+            self._live.update(self.describe(job))
+        elif self._should_print(job):
+            stderr.print(self.describe(job))
+        self._last_status = job["status"]
+
+    def describe(self, job: Job) -> str:
+        where = f" on {job['device']}" if job.get("device") else ""
+        state = "done" if is_finished(job) else job["status"]
+        return f"job {job['id']} {state}{where} ({time.monotonic() - self._started:.1f}s)"
+
+    def _should_print(self, job: Job) -> bool:
+        """A plain line per state still in progress; the finished one is the summary's job."""
+        return not self._quiet and not is_finished(job) and job["status"] != self._last_status
+
+
+# --- catalog and config --------------------------------------------------------------------
+
+
+def describe_params(task: dict[str, Any]) -> str:
+    """`size:integer=1000000 seed:integer=0` from the params' JSON schema."""
+    schema = task.get("params") or {}
+    required = set(schema.get("required") or [])
+    parts = []
+    for name, field in (schema.get("properties") or {}).items():
+        kinds = [field.get("type")] if "type" in field else field.get("anyOf", [])
+        kind = "|".join(str(k.get("type") if isinstance(k, dict) else k) for k in kinds)
+        default = " (required)" if name in required else f"={field.get('default')}"
+        parts.append(f"{name}:{kind}{default}")
+    return " ".join(parts)
+
+
+def problem_line(problem: dict[str, str]) -> str:
+    """`file: key: message (fix: ...)`; a warning says so after the key."""
+    severity = "warning: " if problem.get("severity") == "warning" else ""
+    return (
+        f"{problem.get('file', '?')}: {problem.get('key', '?')}: {severity}"
+        f"{problem.get('message', '')} (fix: {problem.get('fix', '')})"
+    )
+
+
+def count_problems(errors: Sequence[object], warnings: Sequence[object]) -> str:
+    """`2 errors, 1 warning`."""
+
+    def plural(n: int, word: str) -> str:
+        return f"{n} {word}{'' if n == 1 else 's'}"
+
+    return f"{plural(len(errors), 'error')}, {plural(len(warnings), 'warning')}"
+
+
+def flatten(document: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Nested tables as dotted keys: ("settings.gpu.backend", "cpu")."""
+    for key, value in document.items():
+        if isinstance(value, dict) and value:
+            yield from flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
