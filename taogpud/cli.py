@@ -8,6 +8,7 @@ Exit codes (DESIGN §11; scripts rely on them):
     2  usage or config error: bad flags or files, an invalid config, and every request the
        daemon rejected as wrong (HTTP 4xx: unknown task, bad params, unknown job, too large)
     3  the daemon cannot be reached (DaemonUnreachable)
+    130  interrupted (Ctrl-C); a waited job keeps running and the line says how to find it
 
 Errors are one line on stderr, `taogpuctl: <message> (hint: ...)`, never a traceback
 (TAOGPUCTL_DEBUG=1 shows the traceback of a bug in taogpuctl itself). Every command takes

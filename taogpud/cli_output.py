@@ -141,7 +141,7 @@ class Progress:
     def __init__(self, quiet: bool) -> None:
         self._quiet = quiet  # no plain lines (--json); the live line is on stderr and stays
         self._started = time.monotonic()
-        self._last_status: str | None = None
+        self._last_job: Job | None = None
         self._live = Status("submitting…", console=stderr) if stderr.is_terminal else None
 
     def __enter__(self) -> Progress:
@@ -157,13 +157,18 @@ class Progress:
     ) -> None:
         if self._live is not None:
             self._live.stop()
+        if exc_type is KeyboardInterrupt and self._last_job is not None:
+            job_id = self._last_job["id"]
+            hint = f"taogpuctl wait {job_id}, or taogpuctl cancel {job_id}"
+            report_error(f"stopped waiting; job {job_id} is still {self._last_job['status']}", hint)
 
     def update(self, job: Job) -> None:
+        print_line = self._live is None and self._should_print(job)
+        self._last_job = job  # first: a Ctrl-C from here on can name the job
         if self._live is not None:
             self._live.update(self.describe(job))
-        elif self._should_print(job):
+        elif print_line:
             stderr.print(self.describe(job))
-        self._last_status = job["status"]
 
     def describe(self, job: Job) -> str:
         where = f" on {job['device']}" if job.get("device") else ""
@@ -172,7 +177,8 @@ class Progress:
 
     def _should_print(self, job: Job) -> bool:
         """A plain line per state still in progress; the finished one is the summary's job."""
-        return not self._quiet and not is_finished(job) and job["status"] != self._last_status
+        last_status = None if self._last_job is None else self._last_job["status"]
+        return not self._quiet and not is_finished(job) and job["status"] != last_status
 
 
 # --- catalog and config --------------------------------------------------------------------

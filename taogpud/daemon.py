@@ -112,6 +112,7 @@ class Daemon:
             lifespan="off",
             log_config=None,
             access_log=False,
+            proxy_headers=False,  # nothing proxies a local Unix socket
             timeout_graceful_shutdown=5,
         )
         server = _Server(server_config)

@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 from taogpud.cli import CliError, build_params, parse_param
+from taogpud.cli_output import error_line
 
 CONTROL_ENV = ("TAOGPUD_SOCKET", "TAOGPUD_SETTINGS", "TAOGPUD_CONFIG", "OPENCLAW_CONFIG")
 JOB_CONTRACT = {"id", "task", "status", "backend", "device", "fallback", "queue_ms", "run_ms"}
@@ -419,3 +421,24 @@ def test_fallback_is_loud(daemon_factory: Callable[..., Any]) -> None:
     assert "fallback yes" in status.stdout
     assert "WARNING: running on CPU fallback" in status.stderr
     assert json_out(ctl("status", "--json"))["fallback"] is True
+
+
+def test_interrupted_wait_says_the_job_continues(daemon: Any) -> None:
+    """Ctrl-C during `submit --wait` exits 130 with one line naming the job that still runs."""
+    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path)]
+    command += ["submit", "sleep", "--param", "ms=60000", "--wait"]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stderr is not None
+        progress = proc.stderr.readline()  # "job ID running on cpu:N (...)": the wait is on
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=30)
+    job_id, status = progress.split()[1:3]
+    assert proc.returncode == 130
+    assert rest.strip() == error_line(
+        f"stopped waiting; job {job_id} is still {status}",
+        f"taogpuctl wait {job_id}, or taogpuctl cancel {job_id}",
+    )
+    with daemon.client() as client:
+        assert client.cancel(job_id)["status"] in {"running", "cancelled"}

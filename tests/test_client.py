@@ -247,3 +247,13 @@ def test_list_jobs_filters_by_status(daemon: Any) -> None:
     assert done["id"] in {job["id"] for job in listed}
     assert {job["status"] for job in listed} == {"succeeded"}
     assert health["ok"] is True
+
+
+def test_daemon_gone_under_a_kept_alive_client(daemon: Any) -> None:
+    """After the daemon stops, the next call on an open Client is DaemonUnreachable, not EPIPE."""
+    with daemon.client() as client:
+        assert client.health()["ok"] is True
+        daemon.stop()
+        with pytest.raises(DaemonUnreachable) as caught:
+            client.health()
+    assert str(daemon.socket_path) in caught.value.message

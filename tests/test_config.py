@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import string
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,16 @@ def only(problems: list[Problem], key: str) -> Problem:
     return found[0]
 
 
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
+
+
 def make_key() -> str:
     return "sk-test-" + secrets.token_hex(16)
 
@@ -122,25 +133,25 @@ def test_seed_pair_loads_and_equals_embedded_defaults(files: Files) -> None:
     assert seeded.redacted()["settings"] == defaults.redacted()["settings"]
 
 
-def test_seed_values_are_the_model_defaults() -> None:
-    """Every key of the seed equals the default of its field (apiKey: the ${VAR} reference)."""
-    document = json.loads((SEED / "settings.json").read_text())
-    defaults = SettingsFile().model_dump(mode="json")
+def test_seed_values_are_the_model_defaults(files: Files) -> None:
+    """Every key of the seed pair is a field whose default is the seed's value."""
+    effective = files.load().redacted()
+    seed = {
+        "settings": json.loads((SEED / "settings.json").read_text()),
+        "config": tomllib.loads((SEED / "config.toml").read_text()),
+    }
+    for part in ("settings", "config"):
+        for key, value in flatten(seed[part]).items():
+            if key != "provider.apiKey":  # its default is the reference, expanded like a file's
+                assert flatten(effective[part])[key] == value, key
     assert SettingsFile().provider.api_key.get_secret_value() == "${TAOTOKEN_API_KEY}"
-    assert document["gpu"] == {
-        "backend": "cuda",
-        "deviceId": 0,
-        "memoryFraction": 0.85,
-        "allowFallbackToCpu": False,
+    extensions = set(flatten(effective["config"])) - set(flatten(seed["config"]))
+    assert extensions == {
+        "runtime.cpu_devices",
+        "scheduling.queue_limit",
+        "scheduling.drain_timeout_s",
+        "scheduling.job_timeout_s",
     }
-    assert defaults["gpu"] == {
-        "backend": "cuda",
-        "device_id": 0,
-        "memory_fraction": 0.85,
-        "allow_fallback_to_cpu": False,
-    }
-    assert ConfigFile().scheduling.queue_limit == 1000
-    assert ConfigFile().scheduling.job_timeout_s is None
 
 
 def test_cpu_pair_loads(files: Files) -> None:
@@ -625,6 +636,15 @@ def test_key_from_credential_wins(files: Files) -> None:
     assert snapshot.api_key is not None and snapshot.api_key.get_secret_value() == key
 
 
+def test_unreadable_credential_is_an_error(files: Files) -> None:
+    """A credential path that cannot be read (here a directory) is an error naming it."""
+    credentials = files.root / "creds"
+    (credentials / "taotoken_api_key").mkdir(parents=True)
+    problems = files.problems(None, None, CREDENTIALS_DIRECTORY=str(credentials))
+    assert problems[0].file == str(credentials / "taotoken_api_key")
+    assert problems[0].message.startswith("cannot be read")
+
+
 def test_key_from_the_named_env_var(files: Files) -> None:
     """With no credential, the env var named by api.api_key_env supplies the key."""
     key = make_key()
@@ -739,14 +759,14 @@ def test_needs_restart_for_device_and_worker_keys(files: Files) -> None:
 # ---- paths --------------------------------------------------------------------------------
 
 
-def test_paths_explicit_argument_wins(files: Files) -> None:
+def test_paths_explicit_argument_wins() -> None:
     """An explicit argument beats TAOGPUD_SETTINGS / TAOGPUD_CONFIG."""
     environ = {"TAOGPUD_SETTINGS": "/env/s.json", "TAOGPUD_CONFIG": "/env/c.toml"}
     resolved = resolve_paths(Path("a.json"), Path("b.toml"), environ=environ, system=False)
     assert resolved == (Path("a.json"), Path("b.toml"), True, True)
 
 
-def test_paths_from_env_then_openclaw(files: Files) -> None:
+def test_paths_from_env_then_openclaw() -> None:
     """TAOGPUD_SETTINGS; TAOGPUD_CONFIG before OPENCLAW_CONFIG; both count as explicit."""
     environ = {
         "TAOGPUD_SETTINGS": "/env/s.json",

@@ -25,7 +25,13 @@ DATA = Path(__file__).parent / "data"
 SECRET = "tk-test-" + "9f3c1a7e5b2d4c6e8a0b"  # built at runtime: no key sits in a fixture file
 
 
-def raw_request(daemon: RunningDaemon, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple[int, Any]:
+def raw_request(
+    daemon: RunningDaemon,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
     """One request over the socket without the client's checks, for malformed input."""
     conn = http.client.HTTPConnection("localhost")
     conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -46,7 +52,9 @@ def assert_error_shape(body: Any, code: str) -> None:
 # -- start-up ------------------------------------------------------------------------------
 
 
-def test_seed_files_switched_to_cpu_run_vector_add(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_seed_files_switched_to_cpu_run_vector_add(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
     """The setup guide's own two files (switched to cpu) load unchanged and run vector_add."""
     daemon = daemon_factory(files=(DATA / "cpu" / "settings.json", DATA / "cpu" / "config.toml"))
     with daemon.client() as client:
@@ -135,7 +143,9 @@ def test_every_state_change_is_traced_with_where_it_ran(daemon: RunningDaemon) -
     mine = [e for e in daemon.events() if e.get("job_id") == job["id"]]
     assert [e["event"] for e in mine] == ["job.queued", "job.running", "job.succeeded"]
     done = mine[-1]
-    assert done["backend"] == "cpu" and done["device"] == job["device"] and done["fallback"] is False
+    assert (
+        done["backend"] == "cpu" and done["device"] == job["device"] and done["fallback"] is False
+    )
     assert done["queue_ms"] >= 0 and done["run_ms"] > 0
     assert done["uid"] == os.getuid()
     assert {"h2d_ms", "kernel_ms", "d2h_ms"} <= set(done)  # enable_profiling defaults to true
@@ -223,7 +233,9 @@ def test_body_far_too_large(daemon: RunningDaemon) -> None:
 
 def test_not_an_npy_upload(daemon: RunningDaemon) -> None:
     """Uploading bytes that are not .npy is invalid_request saying what a .npy starts with."""
-    status, body = raw_request(daemon, "POST", "/v1/arrays", b"hello", {"content-type": "application/octet-stream"})
+    status, body = raw_request(
+        daemon, "POST", "/v1/arrays", b"hello", {"content-type": "application/octet-stream"}
+    )
     assert status == 400
     assert_error_shape(body, "invalid_request")
     assert ".npy" in body["message"]
@@ -246,7 +258,8 @@ def test_client_hanging_up_while_waiting_loses_nothing(daemon: RunningDaemon) ->
     body = b'{"task": "sleep", "params": {"ms": 300}}'
     sock.sendall(
         b"POST /v1/jobs?wait_s=30 HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        + f"content-length: {len(body)}\r\n\r\n".encode() + body
+        + f"content-length: {len(body)}\r\n\r\n".encode()
+        + body
     )
     daemon.wait_for_event(lambda e: e.get("event") == "job.running")
     sock.close()
@@ -281,10 +294,14 @@ def test_killed_worker_fails_its_job_and_is_replaced(daemon: RunningDaemon) -> N
     """kill -9 of a worker mid-job: that job fails worker_crashed, a new worker takes over."""
     with daemon.client() as client:
         job = client.submit("sleep", {"ms": 30_000}, device=0)
-        running = daemon.wait_for_event(lambda e: e.get("event") == "job.running" and e["job_id"] == job["id"])
+        running = daemon.wait_for_event(
+            lambda e: e.get("event") == "job.running" and e["job_id"] == job["id"]
+        )
         os.kill(running["worker_pid"], signal.SIGKILL)
         failed = client.wait(job["id"], timeout_s=30)
-        daemon.wait_for_event(lambda e: e.get("event") == "worker.warm" and e["pid"] != running["worker_pid"])
+        daemon.wait_for_event(
+            lambda e: e.get("event") == "worker.warm" and e["pid"] != running["worker_pid"]
+        )
         after = client.run("noop", device=0)
         workers = client.status()["workers"]
     assert failed["status"] == "failed" and failed["error"]["code"] == "worker_crashed"
@@ -299,7 +316,11 @@ def test_sigterm_lets_running_jobs_finish(daemon: RunningDaemon) -> None:
         running = [client.submit("sleep", {"ms": 500})["id"] for _ in range(4)]
     daemon.wait_for_event(lambda e: e.get("event") == "job.running" and e["job_id"] == running[-1])
     assert daemon.stop(signal.SIGTERM) == 0
-    finished = {e["job_id"]: e["event"] for e in daemon.events() if e.get("event", "").startswith("job.") and e.get("job_id")}
+    finished = {
+        e["job_id"]: e["event"]
+        for e in daemon.events()
+        if e.get("event", "").startswith("job.") and e.get("job_id")
+    }
     assert [finished[job_id] for job_id in running] == ["job.succeeded"] * 4
     assert daemon.events("daemon.stopped")
     assert not daemon.socket_path.exists()

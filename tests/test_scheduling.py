@@ -15,7 +15,13 @@ import pytest
 from conftest import RunningDaemon
 from taogpud.client import ApiError
 
-FINISHED_EVENTS = {"job.succeeded", "job.failed", "job.cancelled", "job.timed_out", "job.interrupted"}
+FINISHED_EVENTS = {
+    "job.succeeded",
+    "job.failed",
+    "job.cancelled",
+    "job.timed_out",
+    "job.interrupted",
+}
 
 
 def most_running(daemon: RunningDaemon) -> int:
@@ -29,7 +35,9 @@ def most_running(daemon: RunningDaemon) -> int:
     return most
 
 
-def submit_all(daemon: RunningDaemon, count: int, task: str, params: dict[str, Any], **kw: Any) -> list[str]:
+def submit_all(
+    daemon: RunningDaemon, count: int, task: str, params: dict[str, Any], **kw: Any
+) -> list[str]:
     with daemon.client() as client:
         return [client.submit(task, params, **kw)["id"] for _ in range(count)]
 
@@ -39,7 +47,9 @@ def wait_all(daemon: RunningDaemon, ids: list[str]) -> list[dict[str, Any]]:
         return [client.wait(job_id, timeout_s=60) for job_id in ids]
 
 
-def test_cap_of_three_holds_for_twenty_sleep_jobs(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_cap_of_three_holds_for_twenty_sleep_jobs(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
     """With max_concurrent_tasks=3 and 4 slots, 20 sleep jobs never run more than 3 at once."""
     daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 3}})
     ids = submit_all(daemon, 20, "sleep", {"ms": 60})
@@ -65,7 +75,9 @@ def test_round_robin_alternates_devices(daemon: RunningDaemon) -> None:
     assert devices == ["cpu:0", "cpu:1"] * 3
 
 
-def test_least_loaded_reuses_the_idle_first_device(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_least_loaded_reuses_the_idle_first_device(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
     """least_loaded keeps sequential jobs on the first idle device instead of rotating."""
     daemon = daemon_factory(config={"scheduling": {"strategy": "least_loaded"}})
     with daemon.client() as client:
@@ -87,7 +99,9 @@ def test_affinity_key_sticks_to_its_first_device(daemon: RunningDaemon) -> None:
     assert all(device == (first_a if key == "A" else first_b) for device, key in later)
 
 
-def test_affinity_waits_for_its_device_rather_than_moving(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_affinity_waits_for_its_device_rather_than_moving(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
     """A key whose device is full waits for it even when another device is idle."""
     daemon = daemon_factory(config={"backend": {"cuda": {"stream_count": 1}}})
     with daemon.client() as client:
@@ -110,7 +124,9 @@ def test_pinned_device(daemon: RunningDaemon) -> None:
 
 def test_priority_runs_first(daemon_factory: Callable[..., RunningDaemon]) -> None:
     """With one slot busy, a high-priority job queued last starts before earlier ones."""
-    daemon = daemon_factory(config={"runtime": {"cpu_devices": 1}, "backend": {"cuda": {"stream_count": 1}}})
+    daemon = daemon_factory(
+        config={"runtime": {"cpu_devices": 1}, "backend": {"cuda": {"stream_count": 1}}}
+    )
     with daemon.client() as client:
         blocker = client.submit("sleep", {"ms": 300})
         low = [client.submit("noop")["id"] for _ in range(3)]
@@ -137,7 +153,9 @@ def test_cancel_running_job_stops_it(daemon: RunningDaemon) -> None:
     """A running sleep of 60 s is cancelled at once; its slot is free for the next job."""
     with daemon.client() as client:
         job = client.submit("sleep", {"ms": 60_000}, device=0)
-        daemon.wait_for_event(lambda e: e.get("event") == "job.running" and e["job_id"] == job["id"])
+        daemon.wait_for_event(
+            lambda e: e.get("event") == "job.running" and e["job_id"] == job["id"]
+        )
         cancelled = client.cancel(job["id"])
         after = client.run("noop", device=0)
     assert cancelled["status"] == "cancelled"

@@ -90,7 +90,11 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 class BodyLimit:
-    """Refuse bodies past the limit before reading them: JSON routes small, array uploads large."""
+    """Refuse bodies past the limit before reading them: JSON routes small, array uploads large.
+
+    Not FastAPI's max_body_size: when Content-Length is over its limit it replaces any
+    response with a plain-text 413, so the error would lose the {code, message, hint} shape.
+    """
 
     def __init__(self, app: ASGIApp, state: DaemonState) -> None:
         self.app = app

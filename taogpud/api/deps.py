@@ -9,7 +9,8 @@ from fastapi import Depends, Request
 from taogpud.state import DaemonState
 
 
-def daemon_state(request: Request) -> DaemonState:
+async def daemon_state(request: Request) -> DaemonState:
+    # async on purpose: FastAPI runs a sync dependency in a thread pool, a thread hop per request.
     state: DaemonState = request.app.state.daemon
     return state
 
