@@ -34,8 +34,8 @@ from taogpud.config import (
 from taogpud.config_loading import default_config_dir
 from taogpud.errors import ConfigError, Problem
 
-DATA = Path(__file__).parent / "data"
-SEED, CPU = DATA / "seed", DATA / "cpu"
+EXAMPLES = Path(__file__).parent.parent / "packaging" / "examples"
+SEED, CPU = EXAMPLES / "gpu", EXAMPLES / "cpu"
 
 
 class Files:
@@ -716,7 +716,7 @@ def test_wrong_type_for_the_key_does_not_echo_it(files: Files) -> None:
 
 def test_fixture_files_hold_no_key() -> None:
     """The fixture files reference the key by ${VAR} only."""
-    for path in DATA.rglob("settings.json"):
+    for path in EXAMPLES.rglob("settings.json"):
         assert json.loads(path.read_text())["provider"]["apiKey"] == "${TAOTOKEN_API_KEY}"
 
 

@@ -21,7 +21,7 @@ import pytest
 from conftest import RunningDaemon, start_daemon
 from taogpud.client import ApiError
 
-DATA = Path(__file__).parent / "data"
+EXAMPLES = Path(__file__).parent.parent / "packaging" / "examples"
 SECRET = "tk-test-" + "9f3c1a7e5b2d4c6e8a0b"  # built at runtime: no key sits in a fixture file
 
 
@@ -56,7 +56,7 @@ def test_seed_files_switched_to_cpu_run_vector_add(
     daemon_factory: Callable[..., RunningDaemon],
 ) -> None:
     """The setup guide's own two files (switched to cpu) load unchanged and run vector_add."""
-    daemon = daemon_factory(files=(DATA / "cpu" / "settings.json", DATA / "cpu" / "config.toml"))
+    daemon = daemon_factory(files=(EXAMPLES / "cpu" / "settings.json", EXAMPLES / "cpu" / "config.toml"))
     with daemon.client() as client:
         job = client.run("vector_add", {"size": 1_000_000})
     assert job["status"] == "succeeded"
