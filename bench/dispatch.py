@@ -154,7 +154,8 @@ def host_line() -> str:
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
-    return f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+    system = f"{platform.system()} {platform.release()}"
+    return f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {system}"
 
 
 def render(rows: list[dict[str, Any]], breakdown: dict[str, float], floor: dict[str, Any]) -> str:
@@ -175,9 +176,11 @@ def render(rows: list[dict[str, Any]], breakdown: dict[str, float], floor: dict[
     lines += [
         "",
         "Where a sequential job's time goes (medians, from the daemon's own traces):",
-        f"- inside the API server, request in → response out: {breakdown['server_request_p50_ms']:.3f} ms",
+        f"- in the API server, request in → response out: "
+        f"{breakdown['server_request_p50_ms']:.3f} ms",
         f"- of which queued before a slot: {breakdown['queue_p50_ms']:.3f} ms",
-        f"- of which running in the worker (pipe in, task, pipe out): {breakdown['worker_run_p50_ms']:.3f} ms",
+        f"- of which the task in the worker (from order to result): "
+        f"{breakdown['worker_run_p50_ms']:.3f} ms",
         "- the rest of the client's round trip is the client itself and the socket",
         "",
     ]

@@ -31,7 +31,12 @@ def config_flags() -> list[str]:
         return []
     print(f"No usable GPU here ({reason})")
     print(f"-> running on the CPU pair in {CPU_PAIR.relative_to(REPO)} instead.\n")
-    return ["--settings", str(CPU_PAIR / "settings.json"), "--config", str(CPU_PAIR / "config.toml")]
+    return [
+        "--settings",
+        str(CPU_PAIR / "settings.json"),
+        "--config",
+        str(CPU_PAIR / "config.toml"),
+    ]
 
 
 def wait_ready(daemon: subprocess.Popen[bytes], socket_path: Path) -> None:
@@ -52,7 +57,16 @@ def wait_ready(daemon: subprocess.Popen[bytes], socket_path: Path) -> None:
 def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="taogpud-demo-", dir="/tmp"))
     socket_path, log_path = home / "taogpud.sock", home / "taogpud.log"
-    command = [sys.executable, "-m", "taogpud", *config_flags(), "--socket", str(socket_path), "--state-dir", str(home)]
+    command = [
+        sys.executable,
+        "-m",
+        "taogpud",
+        *config_flags(),
+        "--socket",
+        str(socket_path),
+        "--state-dir",
+        str(home),
+    ]
     with log_path.open("wb") as log:
         daemon = subprocess.Popen(command, stdout=log)
     try:
@@ -60,7 +74,9 @@ def main() -> int:
         print("$ taogpuctl submit vector_add --size 1000000 --wait")
         ctl = [sys.executable, "-m", "taogpud.cli", "--socket", str(socket_path)]
         subprocess.run([*ctl, "submit", "vector_add", "--size", "1000000", "--wait"], check=True)
-        listed = subprocess.run([*ctl, "list", "--limit", "1", "--json"], capture_output=True, check=True)
+        listed = subprocess.run(
+            [*ctl, "list", "--limit", "1", "--json"], capture_output=True, check=True
+        )
         job = json.loads(listed.stdout)[0]
     finally:
         daemon.send_signal(signal.SIGTERM)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
 from conftest import RunningDaemon
+
 from taogpud.client import ApiError
 
 FINISHED_EVENTS = {
