@@ -87,7 +87,9 @@ def error_line(message: str, hint: str = "") -> str:
 
 
 def report_error(message: str, hint: str = "") -> None:
-    stderr.print(error_line(message, hint))
+    # Plain write, not rich: it must come out whole even right after a Ctrl-C.
+    sys.stderr.write(error_line(message, hint) + "\n")
+    sys.stderr.flush()
 
 
 def one_line(text: str) -> str:

@@ -131,7 +131,11 @@ def start_daemon(
         proc = subprocess.Popen(command, stdout=out, stderr=err, env=child_env, cwd=home)
     daemon = RunningDaemon(proc, home)
     if wait_ready:
-        _wait_ready(daemon)
+        try:
+            _wait_ready(daemon)
+        except BaseException:
+            daemon.stop(signal.SIGKILL)  # never leave a daemon behind a failed start
+            raise
     return daemon
 
 
@@ -145,7 +149,6 @@ def _wait_ready(daemon: RunningDaemon) -> None:
                 if client.health().get("ok"):
                     return
         time.sleep(0.05)
-    daemon.stop(signal.SIGKILL)
     raise AssertionError(f"taogpud was not ready within {READY_TIMEOUT_S} s: {daemon.stderr()}")
 
 
