@@ -487,8 +487,35 @@ def config_status_command(ctx: typer.Context, json_out: JsonFlag = False) -> Non
         emit_line(f"  {problem_line(problem)}")
 
 
+@config_app.command("reload")
+def config_reload_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
+    """Re-read both files now (as SIGHUP does); exit 2 when the new pair is invalid."""
+    with connect(ctx) as client:
+        view = client.reload_config()
+    if json_out:
+        emit_json(view)
+    else:
+        emit_reload(view)
+    if not view.get("ok"):
+        raise typer.Exit(EXIT_USAGE)
+
+
+def emit_reload(view: dict[str, Any]) -> None:
+    if not view.get("ok"):
+        emit_line(f"reload FAILED; generation {view.get('generation')} stays in force")
+    elif not view.get("changes"):
+        emit_line(f"no change; generation {view.get('generation')}")
+    else:
+        rolled = " (workers rolled)" if view.get("restarted_workers") else ""
+        emit_line(f"reloaded: generation {view.get('generation')}{rolled}")
+    for change in view.get("changes", []):
+        emit_line(f"  {change['key']}: {change['old']!r} -> {change['new']!r}")
+    for problem in [*view.get("errors", []), *view.get("warnings", [])]:
+        emit_line(f"  {problem_line(problem)}")
+
+
 # --- reserved --------------------------------------------------------------------------------
-# `config reload`, `api ping`, `doctor` and `trace` land here, one handler each, reusing
+# `api ping`, `doctor` and `trace` land here, one handler each, reusing
 # connect(), emit_json() and report-style exit codes (doctor: exit 1 when a check fails).
 
 

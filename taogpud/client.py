@@ -115,6 +115,10 @@ class Client:
         """The daemon's effective config, redacted."""
         return self._dict("GET", "/v1/config")
 
+    def reload_config(self) -> dict[str, Any]:
+        """Ask the daemon to re-read both files now; answers how the reload went."""
+        return self._dict("POST", "/v1/config/reload")
+
     def config_status(self) -> dict[str, Any]:
         return self._dict("GET", "/v1/config/status")
 

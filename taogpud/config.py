@@ -56,9 +56,8 @@ RESTART_KEYS: frozenset[str] = frozenset(
         "runtime.thread_num",
         "runtime.cpu_devices",
         "gpu.deviceId",
-        # beyond the brief: a worker sets its pool cap once, in the thread that allocates, and
-        # an OpenCL worker binds its platform at start; neither can change under a live worker
-        "gpu.memoryFraction",
+        # beyond the brief: an OpenCL worker binds its platform at start. (gpu.memoryFraction
+        # applies live: workers take a new cap and apply it in each slot thread.)
         "backend.opencl.enabled",
         "backend.opencl.platform_index",
     }

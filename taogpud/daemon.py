@@ -27,10 +27,11 @@ from taogpud.api.peer import PeerCredProtocol
 from taogpud.arrays import ArrayStore
 from taogpud.errors import BackendUnavailable, ConfigError
 from taogpud.jobs import JobStore
-from taogpud.paths import default_socket, default_state_dir
+from taogpud.paths import default_socket
 from taogpud.pool import shm
 from taogpud.pool.plan import plan_workers
 from taogpud.pool.supervisor import WorkerPool
+from taogpud.reload import Reloader, watch_files
 from taogpud.scheduler import Policy, Scheduler
 from taogpud.state import DaemonState
 
@@ -49,12 +50,16 @@ class _Server(uvicorn.Server):
 
 
 class Daemon:
-    def __init__(self, snapshot: config.ConfigSnapshot, socket_path: Path, state_dir: Path) -> None:
+    def __init__(
+        self, snapshot: config.ConfigSnapshot, args: argparse.Namespace, socket_path: Path
+    ) -> None:
         self.snapshot = snapshot
+        self.args = args
         self.socket_path = socket_path
-        self.state_dir = state_dir
         self.notifier = systemd.Notifier()
         self._stop_requested = asyncio.Event()
+        self._stop_watching = asyncio.Event()
+        self._reloader: Reloader | None = None
         self._signals_seen = 0
         self._owns_socket_file = True
 
@@ -69,6 +74,8 @@ class Daemon:
         except BaseException:
             self._remove_socket_file()
             raise
+        self._reloader = Reloader(state, self.notifier, self.args.settings, self.args.config)
+        state.reload = self._reloader.reload
         self._install_signal_handlers()
         try:
             await state.pool.start(WARM_TIMEOUT_S)
@@ -77,19 +84,29 @@ class Daemon:
             state.pool.kill_all()
             self._remove_socket_file()
             raise
+        watching = asyncio.get_running_loop().create_task(self._watch(self._reloader))
         state.phase = "ready"
         log.info("daemon.ready", socket=str(self.socket_path), **_summary(state))
-        self.notifier.ready(status_line(state))
+        self.notifier.ready(state.status_line())
         await self._stop_requested.wait()
+        self._stop_watching.set()
+        await watching
         await self._shutdown(state, server, serving)
         return 0
+
+    async def _watch(self, reloader: Reloader) -> None:
+        paths = reloader.watched_paths()
+        try:
+            await watch_files(paths, lambda: reloader.request("watch"), self._stop_watching)
+        except Exception as exc:  # e.g. inotify limits: reload still works by SIGHUP and the API
+            log.error("config.watch_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _build_state(self) -> DaemonState:
         shm.sweep_orphans()
         plan = plan_workers(self.snapshot)
         store = JobStore()
         arrays = ArrayStore(_array_budget_bytes())
-        scheduler = Scheduler(policy_of(self.snapshot), store, arrays)
+        scheduler = Scheduler(Policy.from_snapshot(self.snapshot), store, arrays)
         pool = WorkerPool(plan.specs, scheduler)
         scheduler.pool = pool
         return DaemonState(
@@ -156,30 +173,8 @@ class Daemon:
         self._stop_requested.set()
 
     def _on_hup(self) -> None:
-        # Hot reload has its own module and issue; until it lands SIGHUP must not kill us.
-        log.warning("daemon.reload_unsupported", hint="restart taogpud to apply config changes")
-
-
-def policy_of(snapshot: config.ConfigSnapshot) -> Policy:
-    scheduling = snapshot.config.scheduling
-    return Policy(
-        max_concurrent_tasks=scheduling.max_concurrent_tasks,
-        strategy=scheduling.strategy,
-        gpu_affinity=scheduling.gpu_affinity,
-        queue_limit=scheduling.queue_limit,
-        job_timeout_s=scheduling.job_timeout_s,
-        enable_profiling=snapshot.config.runtime.enable_profiling,
-    )
-
-
-def status_line(state: DaemonState) -> str:
-    warm = len(state.pool.healthy)
-    fallback = " FALLBACK-TO-CPU" if state.fallback else ""
-    return (
-        f"{state.backend}{fallback}: workers {warm}/{len(state.pool.workers)} warm, "
-        f"running {state.scheduler.running_total}, queued {state.scheduler.queued}, "
-        f"config generation {state.generation}"
-    )
+        if self._reloader is not None:
+            self._reloader.request("SIGHUP")
 
 
 def _summary(state: DaemonState) -> dict[str, object]:
@@ -221,9 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     tlog.set_secrets(snapshot.api_key.get_secret_value() if snapshot.api_key else None)
     for problem in snapshot.warnings:
         log.warning("config.warning", **problem.as_dict())
-    daemon = Daemon(
-        snapshot, args.socket or default_socket(), args.state_dir or default_state_dir()
-    )
+    daemon = Daemon(snapshot, args, args.socket or default_socket())
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(daemon.run())

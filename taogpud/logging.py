@@ -18,7 +18,7 @@ import structlog
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "critical": 50}
 REDACTED = "<redacted>"
-SECRET_KEY_NAMES = frozenset({"api_key", "apikey", "apiKey", "authorization", "key"})
+SECRET_KEY_NAMES = frozenset({"api_key", "apikey", "apiKey", "authorization", "x-api-key"})
 
 
 class _State:

@@ -20,6 +20,7 @@ from typing import Any
 from taogpud import tasks, trace
 from taogpud.api.models import JobRequest
 from taogpud.arrays import ArrayStore
+from taogpud.config import ConfigSnapshot
 from taogpud.errors import (
     Draining,
     JobNotFound,
@@ -48,6 +49,18 @@ class Policy:
     job_timeout_s: float | None = None
     enable_profiling: bool = True
 
+    @classmethod
+    def from_snapshot(cls, snapshot: ConfigSnapshot) -> Policy:
+        scheduling = snapshot.config.scheduling
+        return cls(
+            max_concurrent_tasks=scheduling.max_concurrent_tasks,
+            strategy=scheduling.strategy,
+            gpu_affinity=scheduling.gpu_affinity,
+            queue_limit=scheduling.queue_limit,
+            job_timeout_s=scheduling.job_timeout_s,
+            enable_profiling=snapshot.config.runtime.enable_profiling,
+        )
+
 
 class Scheduler:
     def __init__(self, policy: Policy, store: JobStore, arrays: ArrayStore) -> None:
@@ -63,7 +76,7 @@ class Scheduler:
         self._queue: list[tuple[tuple[int, int], JobRecord]] = []  # ((-priority, seq), job)
         self._seq = 0
         self._rr_next = 0
-        self._affinity: dict[str, int] = {}  # affinity key → worker position
+        self._affinity: dict[str, int] = {}  # affinity key → device index
         self._stop_reason: dict[str, JobState] = {}  # running job → cancelled | timed_out
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._idle = asyncio.Event()
@@ -168,9 +181,9 @@ class Scheduler:
 
     def _place(self, job: JobRecord) -> WorkerHandle | None:
         workers = self._pool().workers
-        pinned = self._affinity.get(job.affinity or "") if self.policy.gpu_affinity else None
-        if pinned is not None and workers[pinned].state is WorkerState.warm:
-            return workers[pinned] if _fits(workers[pinned], job) else None
+        pinned = self._pinned_worker(job)
+        if pinned is not None:  # the key's device: wait for it unless it is dead
+            return pinned if _fits(pinned, job) else None
         candidates = [
             position
             for position, w in enumerate(workers)
@@ -178,10 +191,19 @@ class Scheduler:
         ]
         if not candidates:
             return None
-        position = self._choose(candidates)
+        worker = workers[self._choose(candidates)]
         if self.policy.gpu_affinity and job.affinity:
-            self._affinity[job.affinity] = position
-        return workers[position]
+            self._affinity[job.affinity] = worker.spec.index
+        return worker
+
+    def _pinned_worker(self, job: JobRecord) -> WorkerHandle | None:
+        if not (self.policy.gpu_affinity and job.affinity in self._affinity):
+            return None
+        index = self._affinity[job.affinity or ""]
+        worker = next((w for w in self._pool().workers if w.spec.index == index), None)
+        if worker is None or worker.state is WorkerState.dead:
+            return None  # gone or crashed: the key moves to wherever the strategy puts it
+        return worker
 
     def _choose(self, candidates: list[int]) -> int:
         workers = self._pool().workers
@@ -193,6 +215,11 @@ class Scheduler:
         position = after[0] if after else candidates[0]
         self._rr_next = (position + 1) % len(workers)
         return position
+
+    def apply_policy(self, policy: Policy) -> None:
+        """A reload's new scheduling keys: in force for the next placement."""
+        self.policy = policy
+        self.dispatch()
 
     def _start(self, job: JobRecord, worker: WorkerHandle) -> None:
         info = worker.info

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from taogpud.api.models import ReloadView
@@ -28,7 +29,21 @@ class DaemonState:
     started_at: float = field(default_factory=time.time)
     max_json_bytes: int = 1 << 20
     max_upload_bytes: int = 1 << 32
+    reload: Callable[[str], Awaitable[ReloadView]] | None = None  # set once reload can run
 
     @property
     def fallback(self) -> bool:
         return self.fallback_reason is not None
+
+    def status_line(self) -> str:
+        """One ASCII-friendly line for systemd's STATUS= and `systemctl status`."""
+        warm = len(self.pool.healthy)
+        fallback = " FALLBACK-TO-CPU" if self.fallback else ""
+        reload_failed = (
+            "" if self.last_reload.ok else ", last reload FAILED (taogpuctl config status)"
+        )
+        return (
+            f"{self.backend}{fallback}: workers {warm}/{len(self.pool.workers)} warm, "
+            f"running {self.scheduler.running_total}, queued {self.scheduler.queued}, "
+            f"config generation {self.generation}{reload_failed}"
+        )

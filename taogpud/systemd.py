@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import sdnotify
 
@@ -30,6 +31,11 @@ class Notifier:
 
     def status(self, status: str) -> None:
         self.send(f"STATUS={ascii_status(status)}")
+
+    def reloading(self) -> None:
+        """Type=notify reload protocol (systemd 253 reads MONOTONIC_USEC; 252 ignores it)."""
+        monotonic_usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        self.send("RELOADING=1", f"MONOTONIC_USEC={monotonic_usec}")
 
     def stopping(self, status: str) -> None:
         self.send("STOPPING=1", f"STATUS={ascii_status(status)}")

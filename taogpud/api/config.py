@@ -7,7 +7,8 @@ from typing import Any
 from fastapi import APIRouter
 
 from taogpud.api.deps import Daemon
-from taogpud.api.models import ConfigStatusView
+from taogpud.api.models import ConfigStatusView, ReloadView
+from taogpud.errors import Draining
 
 router = APIRouter(prefix="/v1/config", tags=["config"])
 
@@ -22,3 +23,13 @@ async def config_status(daemon: Daemon) -> ConfigStatusView:
     return ConfigStatusView(
         generation=daemon.generation, digest=daemon.snapshot.digest, last_reload=daemon.last_reload
     )
+
+
+@router.post("/reload", response_model=ReloadView)
+async def reload_config(daemon: Daemon) -> ReloadView:
+    """Re-read both files; valid → swapped (workers rolled if needed), invalid → old kept."""
+    if daemon.reload is None or daemon.phase != "ready":
+        raise Draining(
+            f"taogpud is {daemon.phase}; it reloads only when ready", "try again shortly"
+        )
+    return await daemon.reload("api")

@@ -95,9 +95,19 @@ class InfoView(BaseModel):
     pid: int
 
 
+class ChangeView(BaseModel):
+    key: str  # "config.toml: scheduling.max_concurrent_tasks"
+    old: Any
+    new: Any
+
+
 class ReloadView(BaseModel):
     ok: bool
-    at: float | None = None
+    at: float | None = None  # unix time the reload finished; None: none since start
+    trigger: str | None = None  # "watch" | "SIGHUP" | "api"
+    generation: int | None = None  # the generation in force after it
+    changes: list[ChangeView] = Field(default_factory=list)
+    restarted_workers: bool = False
     errors: list[dict[str, str]] = Field(default_factory=list)
     warnings: list[dict[str, str]] = Field(default_factory=list)
 

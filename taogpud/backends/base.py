@@ -94,6 +94,10 @@ class Backend(ABC):
     def release_memory(self) -> None:  # noqa: B027 - optional hook: numpy frees on its own
         """Give cached blocks back after an out-of-memory error; the worker stays warm."""
 
+    def set_memory_fraction(self, fraction: float) -> None:  # noqa: B027 - optional hook
+        """A reload changed the cap. CUDA applies it in each slot thread before the next job;
+        the cpu backend has no pool, its cap is the scheduler's admission alone."""
+
     def evidence(self) -> dict[str, Any]:
         """Per-job proof of where it ran (NVML pid and utilisation on cuda)."""
         return {}

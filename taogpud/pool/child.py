@@ -7,6 +7,7 @@ CUDA its device order when they load.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import signal
@@ -83,8 +84,16 @@ class Runner:
             event = self._cancel_events.get(order.job_id)
             if event is not None:
                 event.set()
+        elif isinstance(order, msg.SetMemoryFraction):
+            self._set_memory_fraction(order.fraction)
         elif isinstance(order, msg.Ping):
             self.send(msg.Pong(order.token))
+
+    def _set_memory_fraction(self, fraction: float) -> None:
+        self.backend.set_memory_fraction(fraction)
+        cap = int(self.info.memory_total_bytes * fraction)
+        self.info = dataclasses.replace(self.info, memory_cap_bytes=cap)
+        self.send(msg.InfoUpdated(self.info))
 
     def send(self, message: msg.FromWorker) -> None:
         with self._send_lock:

@@ -1,7 +1,7 @@
 """The messages on a worker's pipe, both directions. Plain dataclasses, pickled.
 
-daemon → worker: RunJob, CancelJob, Ping, Stop
-worker → daemon: Warm, WarmFailed, JobStarted, JobFinished, Pong
+daemon → worker: RunJob, CancelJob, SetMemoryFraction, Ping, Stop
+worker → daemon: Warm, WarmFailed, InfoUpdated, JobFinished, Pong
 """
 
 from __future__ import annotations
@@ -28,6 +28,13 @@ class CancelJob:
 
 
 @dataclass(frozen=True)
+class SetMemoryFraction:
+    """A reload changed gpu.memoryFraction: take the new cap for jobs from now on."""
+
+    fraction: float
+
+
+@dataclass(frozen=True)
 class Ping:
     token: int
 
@@ -49,8 +56,8 @@ class WarmFailed:
 
 
 @dataclass(frozen=True)
-class JobStarted:
-    job_id: str
+class InfoUpdated:
+    info: DeviceInfo
 
 
 @dataclass(frozen=True)
@@ -70,5 +77,5 @@ class Pong:
     token: int
 
 
-ToWorker = RunJob | CancelJob | Ping | Stop
-FromWorker = Warm | WarmFailed | JobStarted | JobFinished | Pong
+ToWorker = RunJob | CancelJob | SetMemoryFraction | Ping | Stop
+FromWorker = Warm | WarmFailed | InfoUpdated | JobFinished | Pong

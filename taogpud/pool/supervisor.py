@@ -74,11 +74,61 @@ class WorkerPool:
             self._sink.on_job_finished(worker, message)
         elif isinstance(message, msg.Warm):
             log.info("worker.warm", device=worker.label, pid=message.pid, **_warm_fields(worker))
-            if worker.restarts:
+            if worker.restarts:  # a respawn; a rolled worker is announced by _replace
                 self._sink.on_worker_warm(worker)
 
+    def set_memory_fraction(self, fraction: float) -> None:
+        for worker in self.healthy:
+            worker.send(msg.SetMemoryFraction(fraction))
+
+    async def roll(self, specs: list[WorkerSpec], warm_timeout_s: float) -> list[str]:
+        """Replace the workers with ones built from `specs`, one device at a time.
+
+        Each old worker first takes no new jobs and finishes the ones it has, so no accepted
+        job is lost; the other devices keep serving meanwhile. Returns the problems met
+        (a new worker that did not warm is left to the respawn loop)."""
+        wanted = {spec.index for spec in specs}
+        for worker in [w for w in self.workers if w.spec.index not in wanted]:
+            await self._retire(worker)
+            self.workers.remove(worker)
+        problems = []
+        for spec in specs:
+            problem = await self._replace(spec, warm_timeout_s)
+            if problem:
+                problems.append(problem)
+        return problems
+
+    async def _replace(self, spec: WorkerSpec, warm_timeout_s: float) -> str | None:
+        old = next((w for w in self.workers if w.spec.index == spec.index), None)
+        if old is not None:
+            await self._retire(old)
+        fresh = WorkerHandle(spec, self._on_message, self._on_exit)
+        if old is not None:
+            self.workers[self.workers.index(old)] = fresh
+        else:
+            self.workers.append(fresh)
+            self.workers.sort(key=lambda w: w.spec.index)
+        fresh.start()
+        try:
+            await fresh.wait_settled(warm_timeout_s)
+        except TimeoutError:
+            return f"{fresh.label}: not warm after {warm_timeout_s:.0f} s"
+        if fresh.state is not WorkerState.warm:
+            return f"{fresh.label}: {fresh.warm_failure or fresh.exit_description()}"
+        log.info("worker.rolled", device=fresh.label, pid=fresh.pid)
+        self._sink.on_worker_warm(fresh)
+        return None
+
+    async def _retire(self, worker: WorkerHandle) -> None:
+        """Stop giving the worker jobs, wait for the ones it has, then stop it."""
+        worker.retired = True
+        worker.state = WorkerState.stopping  # no free slots: the scheduler places nothing here
+        while worker.running:
+            await asyncio.sleep(0.02)
+        await worker.stop(timeout_s=10.0)
+
     def _on_exit(self, worker: WorkerHandle) -> None:
-        if self._stopping:
+        if self._stopping or worker.retired:
             return
         log.error(
             "worker.lost",

@@ -44,6 +44,7 @@ class WorkerHandle:
         self.jobs_done = 0
         self.restarts = 0
         self.warm_failure: str | None = None
+        self.retired = False  # replaced by a reload: its exit is expected, not a crash
         self._on_message = on_message
         self._on_exit = on_exit
         self._process: BaseProcess | None = None
@@ -113,6 +114,8 @@ class WorkerHandle:
         if isinstance(message, msg.Warm):
             self.info, self.pid, self.state = message.info, message.pid, WorkerState.warm
             self._settled.set()
+        elif isinstance(message, msg.InfoUpdated):
+            self.info = message.info
         elif isinstance(message, msg.WarmFailed):
             self.warm_failure = message.reason
         self._on_message(self, message)

@@ -1,0 +1,182 @@
+"""Hot reload: both files re-read and validated as a pair, then swapped in one step.
+
+Triggers — a save seen by watchfiles, SIGHUP, POST /v1/config/reload — all end in
+`Reloader.reload`, one at a time. An invalid pair changes nothing: the error is
+logged, kept for `taogpuctl config status` and shown in systemd's STATUS=. A valid
+pair bumps the generation and logs the diff; scheduling, logging, channel and
+memoryFraction keys apply at once, and keys that need new workers roll them one
+device at a time, each drained first, so no accepted job is lost.
+
+Editors save by writing a temporary file and renaming it over the old one, which
+loses a watch on the file itself: the parent directories are watched and filtered
+to the two paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from watchfiles import Change, awatch
+
+from taogpud import config
+from taogpud import logging as tlog
+from taogpud.api.models import ChangeView, ReloadView
+from taogpud.errors import BackendUnavailable, ConfigError, Problem
+from taogpud.pool.plan import plan_workers
+from taogpud.scheduler import Policy
+from taogpud.state import DaemonState
+from taogpud.systemd import Notifier
+
+WATCH_STEP_MS = 50  # quiet time after a change before it is acted on
+WATCH_DEBOUNCE_MS = 400  # the most changes are grouped for (a file written in steps)
+WARM_TIMEOUT_S = 300.0
+
+log = tlog.get_logger("taogpud.reload")
+
+
+class Reloader:
+    def __init__(
+        self,
+        state: DaemonState,
+        notifier: Notifier,
+        settings_arg: Path | None,
+        config_arg: Path | None,
+    ) -> None:
+        self.state = state
+        self.notifier = notifier
+        self._args = (settings_arg, config_arg)
+        self._lock = asyncio.Lock()
+        self._queued = False
+        self._tasks: set[asyncio.Task[ReloadView]] = set()
+
+    def request(self, trigger: str) -> None:
+        """From a signal handler or the watcher: reload soon; requests while one waits merge."""
+        if self._queued:
+            return
+        self._queued = True
+        task = asyncio.get_running_loop().create_task(self.reload(trigger))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def reload(self, trigger: str) -> ReloadView:
+        async with self._lock:
+            self._queued = False
+            self.notifier.reloading()
+            try:
+                view = await self._reload(trigger)
+            finally:
+                self.notifier.ready(self.state.status_line())
+            self.state.last_reload = view
+            return view
+
+    async def _reload(self, trigger: str) -> ReloadView:
+        old = self.state.snapshot
+        try:
+            new = config.load(*self._args)
+            changes = config.diff(old, new)
+            plan = plan_workers(new) if config.needs_restart(changes) else None
+        except ConfigError as exc:
+            return self._rejected(trigger, exc.problems)
+        except BackendUnavailable as exc:
+            return self._rejected(trigger, [_backend_problem(exc)])
+        view = ReloadView(
+            ok=True, at=time.time(), trigger=trigger, warnings=[w.as_dict() for w in new.warnings]
+        )
+        if not changes:
+            log.info("config.unchanged", trigger=trigger, generation=self.state.generation)
+            return view.model_copy(update={"generation": self.state.generation})
+        self._swap(new, changes, trigger, restart=plan is not None)
+        if plan is not None:
+            problems = await self.state.pool.roll(plan.specs, WARM_TIMEOUT_S)
+            self.state.backend, self.state.fallback_reason = plan.backend, plan.fallback_reason
+            view.errors = [_worker_problem(p).as_dict() for p in problems]
+            view.ok = not problems
+        view.generation = self.state.generation
+        view.changes = [ChangeView(key=k, old=o, new=n) for k, o, n in changes]
+        view.restarted_workers = plan is not None
+        view.at = time.time()
+        return view
+
+    def _swap(
+        self, new: config.ConfigSnapshot, changes: list[Any], trigger: str, restart: bool
+    ) -> None:
+        """Everything live changes here, in one step, before anything awaits."""
+        old = self.state.snapshot
+        self.state.snapshot = new
+        self.state.generation += 1
+        self.state.scheduler.apply_policy(Policy.from_snapshot(new))
+        tlog.set_level(new.settings.logging.level)
+        tlog.set_request_trace(new.settings.logging.request_trace)
+        tlog.set_secrets(*(k.get_secret_value() for k in (old.api_key, new.api_key) if k))
+        if new.settings.gpu.memory_fraction != old.settings.gpu.memory_fraction:
+            self.state.pool.set_memory_fraction(new.settings.gpu.memory_fraction)
+        log.info(
+            "config.reloaded",
+            trigger=trigger,
+            generation=self.state.generation,
+            restart_workers=restart,
+            changes=[{"key": k, "old": o, "new": n} for k, o, n in changes],
+        )
+
+    def _rejected(self, trigger: str, problems: list[Problem]) -> ReloadView:
+        errors = [p.as_dict() for p in problems]
+        log.error(
+            "config.reload_failed", trigger=trigger, generation=self.state.generation, errors=errors
+        )
+        return ReloadView(
+            ok=False,
+            at=time.time(),
+            trigger=trigger,
+            generation=self.state.generation,
+            errors=errors,
+        )
+
+    def watched_paths(self) -> list[Path]:
+        snapshot = self.state.snapshot
+        chosen = (
+            arg or path
+            for arg, path in zip(
+                self._args, (snapshot.settings_path, snapshot.config_path), strict=True
+            )
+        )
+        return [path for path in chosen if path is not None]
+
+
+async def watch_files(
+    paths: list[Path], on_change: Callable[[], None], stop: asyncio.Event
+) -> None:
+    """Call on_change after each burst of changes to any of `paths` (saved, renamed, removed)."""
+    # absolute(), not resolve(): a config that is a symlink is replaced where the link lives
+    targets = {path.absolute() for path in paths}
+    folders = sorted({t.parent for t in targets if t.parent.is_dir()})
+    if not folders:
+        return
+
+    def ours(_: Change, path: str) -> bool:
+        return Path(path).absolute() in targets
+
+    log.info("config.watching", files=sorted(str(t) for t in targets))
+    async for _ in awatch(
+        *folders,
+        watch_filter=ours,
+        recursive=False,
+        step=WATCH_STEP_MS,
+        debounce=WATCH_DEBOUNCE_MS,
+        stop_event=stop,
+    ):
+        on_change()
+
+
+def _backend_problem(exc: BackendUnavailable) -> Problem:
+    return Problem(
+        "settings.json", "gpu.backend", exc.message, exc.hint or "keep the current backend"
+    )
+
+
+def _worker_problem(message: str) -> Problem:
+    fix = "the new config is in force; the daemon log says why the worker failed, it is retried"
+    return Problem("config.toml", "workers", message, fix)
