@@ -88,10 +88,12 @@ class Daemon:
         state.phase = "ready"
         log.info("daemon.ready", socket=str(self.socket_path), **_summary(state))
         self.notifier.ready(state.status_line())
+        beating = asyncio.get_running_loop().create_task(_heartbeat(self.notifier, state))
         await self._stop_requested.wait()
         self._stop_watching.set()
         await watching
         await self._shutdown(state, server, serving)
+        beating.cancel()
         return 0
 
     async def _watch(self, reloader: Reloader) -> None:
@@ -175,6 +177,19 @@ class Daemon:
     def _on_hup(self) -> None:
         if self._reloader is not None:
             self._reloader.request("SIGHUP")
+
+
+async def _heartbeat(notifier: systemd.Notifier, state: DaemonState) -> None:
+    """STATUS= kept current, and WATCHDOG=1 only while every warm worker answers a ping."""
+
+    async def healthy(timeout_s: float) -> bool:
+        stuck = await state.pool.unresponsive(timeout_s)
+        if stuck:
+            devices = [w.label for w in stuck]
+            log.warning("daemon.workers_unresponsive", devices=devices, timeout_s=timeout_s)
+        return not stuck
+
+    await systemd.heartbeat(notifier, state.status_line, healthy)
 
 
 def _summary(state: DaemonState) -> dict[str, object]:

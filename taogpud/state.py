@@ -42,8 +42,11 @@ class DaemonState:
         reload_failed = (
             "" if self.last_reload.ok else ", last reload FAILED (taogpuctl config status)"
         )
+        devices = " ".join(w.label for w in self.pool.workers)
+        draining = "draining, " if self.phase == "draining" else ""
         return (
-            f"{self.backend}{fallback}: workers {warm}/{len(self.pool.workers)} warm, "
+            f"{draining}{self.backend}{fallback}: workers {warm}/{len(self.pool.workers)} warm "
+            f"({devices}), "
             f"running {self.scheduler.running_total}, queued {self.scheduler.queued}, "
             f"config generation {self.generation}{reload_failed}"
         )

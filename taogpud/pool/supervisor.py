@@ -69,6 +69,15 @@ class WorkerPool:
     def healthy(self) -> list[WorkerHandle]:
         return [w for w in self.workers if w.state is WorkerState.warm]
 
+    async def unresponsive(self, timeout_s: float) -> list[WorkerHandle]:
+        """The warm workers that did not answer a ping within timeout_s, pinged together.
+
+        Starting, stopping and dead workers are not asked: warm-up and respawn have
+        their own timeouts, and a respawn in backoff is the pool working as it should."""
+        warm = self.healthy
+        answers = await asyncio.gather(*(w.ping(timeout_s) for w in warm))
+        return [w for w, answered in zip(warm, answers, strict=True) if not answered]
+
     def _on_message(self, worker: WorkerHandle, message: msg.FromWorker) -> None:
         if isinstance(message, msg.JobFinished):
             self._sink.on_job_finished(worker, message)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import multiprocessing
 from collections.abc import Callable
 from enum import StrEnum
@@ -19,6 +20,7 @@ from taogpud.pool import protocol as msg
 from taogpud.pool.child import worker_main
 
 SPAWN = multiprocessing.get_context("spawn")
+_ping_tokens = itertools.count(1)
 
 
 class WorkerState(StrEnum):
@@ -50,6 +52,8 @@ class WorkerHandle:
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
         self._settled = asyncio.Event()  # set once warm or dead
+        # The one ping in flight: its token, the pipe it went down, the answer.
+        self._ping: tuple[int, Connection | None, asyncio.Future[None]] | None = None
 
     @property
     def label(self) -> str:
@@ -85,6 +89,32 @@ class WorkerHandle:
             raise BrokenPipeError(f"worker {self.label} is not running")
         self._conn.send(order)
 
+    async def ping(self, timeout_s: float) -> bool:
+        """Whether the worker answers a Ping within timeout_s (its pipe loop is alive).
+
+        At most one ping is in flight: a worker that stopped reading its pipe is asked once,
+        not until the pipe fills and a send blocks the daemon."""
+        if self._ping is None or self._ping[1] is not self._conn:  # none, or to a process gone
+            token = next(_ping_tokens)
+            self._ping = (token, self._conn, asyncio.get_running_loop().create_future())
+            try:
+                self.send(msg.Ping(token))
+            except OSError:
+                self._ping = None
+                return False
+        pending = self._ping[2]
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(pending)
+        except TimeoutError:
+            return False
+        return True
+
+    def _pong(self, token: int) -> None:
+        if self._ping is not None and self._ping[0] == token:
+            self._ping[2].set_result(None)
+            self._ping = None
+
     def kill(self) -> None:
         if self._process is not None and self._process.is_alive():
             self._process.kill()
@@ -118,6 +148,8 @@ class WorkerHandle:
             self.info = message.info
         elif isinstance(message, msg.WarmFailed):
             self.warm_failure = message.reason
+        elif isinstance(message, msg.Pong):
+            self._pong(message.token)
         self._on_message(self, message)
 
     def _lost(self) -> None:

@@ -1,0 +1,290 @@
+"""Hot reload against a real daemon and real files: saves by rename and in place, invalid
+edits, files that vanish, live keys, rolling worker restarts, and no job lost."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon, deep_merge, to_toml
+from taogpud.client import Client
+
+FINISHED = {"job.succeeded", "job.failed", "job.cancelled", "job.timed_out", "job.interrupted"}
+
+
+def write_config(daemon: RunningDaemon, overrides: dict[str, Any], atomic: bool = True) -> None:
+    text = to_toml(deep_merge(CPU_CONFIG, overrides))
+    if atomic:  # what editors do: a temporary file renamed over the old one
+        temporary = daemon.config_path.with_name(".config.toml.swp")
+        temporary.write_text(text)
+        temporary.rename(daemon.config_path)
+    else:
+        daemon.config_path.write_text(text)
+
+
+def write_settings(daemon: RunningDaemon, overrides: dict[str, Any]) -> None:
+    temporary = daemon.settings_path.with_name(".settings.json.swp")
+    temporary.write_text(json.dumps(deep_merge(CPU_SETTINGS, overrides)))
+    temporary.rename(daemon.settings_path)
+
+
+def wait_generation(client: Client, generation: int, timeout_s: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = client.config_status()
+        if (
+            status["generation"] >= generation
+            and status["last_reload"].get("generation") == generation
+        ):
+            return status
+        time.sleep(0.02)
+    raise AssertionError(
+        f"generation {generation} not live after {timeout_s} s: {client.config_status()}"
+    )
+
+
+def wait_failed_reload(client: Client, after: float, timeout_s: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        last = client.config_status()["last_reload"]
+        if last.get("at") and last["at"] > after and not last["ok"]:
+            return last
+        time.sleep(0.02)
+    raise AssertionError(f"no failed reload after {after}: {client.config_status()}")
+
+
+def running_counts_after(daemon: RunningDaemon, generation: int) -> list[int]:
+    """How many jobs ran right after each job started once `generation` was in force."""
+    running, counts, live = 0, [], False
+    for event in daemon.events():
+        name = event.get("event")
+        if name == "config.reloaded" and event["generation"] == generation:
+            live = True
+        elif name == "job.running":
+            running += 1
+            if live:
+                counts.append(running)
+        elif name in FINISHED and event.get("run_ms") is not None:
+            running -= 1
+    return counts
+
+
+def test_rename_save_and_in_place_write_are_both_seen(daemon: RunningDaemon) -> None:
+    """An editor's rename-save and a plain in-place write each bring a new generation."""
+    with daemon.client() as client:
+        write_config(daemon, {"scheduling": {"max_concurrent_tasks": 3}}, atomic=True)
+        wait_generation(client, 2)
+        assert client.status()["max_concurrent_tasks"] == 3
+        write_config(daemon, {"scheduling": {"max_concurrent_tasks": 5}}, atomic=False)
+        status = wait_generation(client, 3)
+        assert client.status()["max_concurrent_tasks"] == 5
+    changes = status["last_reload"]["changes"]
+    assert changes == [{"key": "config.toml: scheduling.max_concurrent_tasks", "old": 3, "new": 5}]
+    logged = daemon.events("config.reloaded")[-1]
+    assert logged["changes"][0]["key"] == "config.toml: scheduling.max_concurrent_tasks"
+
+
+def test_invalid_edit_keeps_the_old_generation_until_fixed(daemon: RunningDaemon) -> None:
+    """A typo keeps generation 1 and is reported with file, key and fix; fixing it applies."""
+    with daemon.client() as client:
+        before = time.time()
+        daemon.config_path.write_text(
+            to_toml(deep_merge(CPU_CONFIG, {"scheduling": {"max_concurent_tasks": 2}}))
+        )
+        last = wait_failed_reload(client, before)
+        assert client.config_status()["generation"] == 1
+        assert client.status()["max_concurrent_tasks"] == 8
+        assert client.run("noop")["status"] == "succeeded"
+        write_config(daemon, {"scheduling": {"max_concurrent_tasks": 2}})
+        wait_generation(client, 2)
+        assert client.status()["max_concurrent_tasks"] == 2
+    error = last["errors"][0]
+    assert (error["file"], error["key"]) == ("config.toml", "scheduling.max_concurent_tasks")
+    assert "max_concurrent_tasks" in error["fix"]
+    assert daemon.events("config.reload_failed")
+
+
+def test_config_status_cli_reports_the_failed_reload(daemon: RunningDaemon) -> None:
+    """`taogpuctl config status --json` shows last_reload.ok=false with the errors."""
+    with daemon.client() as client:
+        before = time.time()
+        daemon.config_path.write_text("[scheduling\n")
+        wait_failed_reload(client, before)
+    result = subprocess.run(
+        [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path), "config", "status", "--json"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    view = json.loads(result.stdout)
+    assert view["generation"] == 1
+    assert view["last_reload"]["ok"] is False
+    assert "line" in view["last_reload"]["errors"][0]["key"]
+
+
+def test_vanished_emptied_and_directory_files_are_clear_errors(daemon: RunningDaemon) -> None:
+    """Removed, emptied, or replaced by a directory: each a clear error, the daemon serves on."""
+    original = daemon.config_path.read_text()
+    breakages: list[Callable[[], None]] = [
+        daemon.config_path.unlink,
+        lambda: daemon.config_path.write_text(""),
+        lambda: (daemon.config_path.unlink(), daemon.config_path.mkdir()),
+    ]
+    messages = []
+    with daemon.client() as client:
+        for break_it in breakages:
+            before = time.time()
+            break_it()
+            messages.append(wait_failed_reload(client, before)["errors"][0]["message"])
+            assert client.run("noop")["status"] == "succeeded"
+            if daemon.config_path.is_dir():
+                daemon.config_path.rmdir()
+            daemon.config_path.write_text(original)
+            time.sleep(0.3)
+        assert client.config_status()["generation"] == 1
+    assert "does not exist" in messages[0]
+    assert "empty" in messages[1]
+    assert "directory" in messages[2]
+
+
+def test_cap_raised_and_lowered_under_a_stream_of_jobs(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """While sleep jobs stream in, max_concurrent_tasks 2 → 4 → 1 each holds once live."""
+    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 2}})
+    stop = threading.Event()
+    submitted: list[str] = []
+
+    def stream() -> None:
+        with daemon.client() as client:
+            while not stop.is_set():
+                if client.status()["queued"] < 6:
+                    submitted.append(client.submit("sleep", {"ms": 80})["id"])
+                time.sleep(0.01)
+
+    feeder = threading.Thread(target=stream)
+    feeder.start()
+    try:
+        with daemon.client() as client:
+            time.sleep(0.5)
+            write_config(daemon, {"scheduling": {"max_concurrent_tasks": 4}})
+            wait_generation(client, 2)
+            time.sleep(0.8)
+            write_config(daemon, {"scheduling": {"max_concurrent_tasks": 1}})
+            wait_generation(client, 3)
+            time.sleep(0.8)
+    finally:
+        stop.set()
+        feeder.join(30)
+    with daemon.client() as client:
+        jobs = [client.wait(job_id, timeout_s=60) for job_id in submitted]
+    assert {job["status"] for job in jobs} == {"succeeded"}
+    raised, lowered = running_counts_after(daemon, 2), running_counts_after(daemon, 3)
+    assert max(raised) == 4
+    first_start_under_one = next(i for i, n in enumerate(lowered) if n == 1)
+    assert set(lowered[first_start_under_one:]) == {1}
+
+
+def test_rolling_restart_finishes_running_jobs_first(daemon: RunningDaemon) -> None:
+    """thread_num changes: every running job succeeds, then each device gets a new worker."""
+    with daemon.client() as client:
+        old_pids = {w["device"]: w["pid"] for w in client.status()["workers"]}
+        jobs = [client.submit("sleep", {"ms": 400})["id"] for _ in range(4)]
+        daemon.wait_for_event(lambda e: e.get("event") == "job.running" and e["job_id"] == jobs[-1])
+        write_config(daemon, {"runtime": {"thread_num": 2}})
+        status = wait_generation(client, 2)
+        finished = [client.wait(job_id) for job_id in jobs]
+        new_pids = {w["device"]: w["pid"] for w in client.status()["workers"]}
+        after = client.run("noop")
+    assert [job["status"] for job in finished] == ["succeeded"] * 4
+    assert status["last_reload"]["restarted_workers"] is True
+    assert all(new_pids[device] != pid for device, pid in old_pids.items())
+    assert after["status"] == "succeeded"
+    events = daemon.events()
+    for device in old_pids:  # each device is replaced only after its own jobs ended
+        ended = [
+            i
+            for i, e in enumerate(events)
+            if e.get("event") == "job.succeeded" and e["job_id"] in jobs and e["device"] == device
+        ]
+        rolled = next(
+            i
+            for i, e in enumerate(events)
+            if e.get("event") == "worker.rolled" and e["device"] == device
+        )
+        assert ended and max(ended) < rolled
+
+
+def test_twenty_reloads_during_a_thousand_jobs_lose_none(daemon: RunningDaemon) -> None:
+    """1,000 jobs from 4 clients across 20 reloads (two of them rolling): all 1,000 succeed."""
+    statuses: list[str] = []
+    lock = threading.Lock()
+
+    def client_thread() -> None:
+        with daemon.client() as client:
+            got = [client.run("noop")["status"] for _ in range(250)]
+        with lock:
+            statuses.extend(got)
+
+    threads = [threading.Thread(target=client_thread) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    with daemon.client() as client:
+        for generation in range(2, 22):
+            overrides: dict[str, Any] = {"scheduling": {"max_concurrent_tasks": 3 + generation % 3}}
+            if generation in (8, 15):
+                overrides["runtime"] = {"thread_num": 1 + generation % 2}
+            write_config(daemon, overrides)
+            wait_generation(client, generation)
+    for thread in threads:
+        thread.join(120)
+    assert len(statuses) == 1000
+    assert set(statuses) == {"succeeded"}
+    assert len(daemon.events("config.reloaded")) == 20
+
+
+def test_memory_fraction_and_log_level_apply_live(daemon: RunningDaemon) -> None:
+    """memoryFraction changes each device's cap without new workers; level=error hides job lines."""
+    with daemon.client() as client:
+        before = {d["device"]: d for d in client.devices()}
+        write_settings(daemon, {"gpu": {"memoryFraction": 0.425}, "logging": {"level": "error"}})
+        status = wait_generation(client, 2)
+        time.sleep(0.2)  # the workers answer with their new caps
+        after = {d["device"]: d for d in client.devices()}
+        job = client.run("noop")
+    assert status["last_reload"]["restarted_workers"] is False
+    for device, old in before.items():  # 0.425 is half of 0.85: half the cap, give or take rounding
+        assert abs(after[device]["memory_cap_bytes"] * 2 - old["memory_cap_bytes"]) <= 2
+        assert after[device]["memory_total_bytes"] == old["memory_total_bytes"]
+    assert [e for e in daemon.events("job.succeeded") if e["job_id"] == job["id"]] == []
+
+
+def test_sighup_and_the_api_reload_on_demand(daemon: RunningDaemon) -> None:
+    """SIGHUP and `taogpuctl config reload` re-read the files; no change keeps the generation."""
+    daemon.proc.send_signal(signal.SIGHUP)
+    unchanged = daemon.wait_for_event(lambda e: e.get("event") == "config.unchanged")
+    assert unchanged["trigger"] == "SIGHUP"
+    result = subprocess.run(
+        [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path), "config", "reload", "--json"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0
+    view = json.loads(result.stdout)
+    assert (view["ok"], view["generation"], view["changes"]) == (True, 1, [])
+    assert view["trigger"] == "api"
+
+
+def test_invalid_reload_through_the_cli_exits_2(daemon: RunningDaemon) -> None:
+    """`taogpuctl config reload` on a broken pair exits 2 and names the key."""
+    daemon.config_path.write_text('[runtime]\ndevice_type = "tpu"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path), "config", "reload"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "runtime.device_type" in result.stdout
