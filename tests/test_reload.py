@@ -10,13 +10,17 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon, deep_merge, to_toml
+
 from taogpud.client import Client
 
 FINISHED = {"job.succeeded", "job.failed", "job.cancelled", "job.timed_out", "job.interrupted"}
+
+
+def ctl(daemon: RunningDaemon) -> list[str]:
+    return [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path)]
 
 
 def write_config(daemon: RunningDaemon, overrides: dict[str, Any], atomic: bool = True) -> None:
@@ -118,7 +122,7 @@ def test_config_status_cli_reports_the_failed_reload(daemon: RunningDaemon) -> N
         daemon.config_path.write_text("[scheduling\n")
         wait_failed_reload(client, before)
     result = subprocess.run(
-        [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path), "config", "status", "--json"],
+        [*ctl(daemon), "config", "status", "--json"],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     view = json.loads(result.stdout)
@@ -270,7 +274,7 @@ def test_sighup_and_the_api_reload_on_demand(daemon: RunningDaemon) -> None:
     unchanged = daemon.wait_for_event(lambda e: e.get("event") == "config.unchanged")
     assert unchanged["trigger"] == "SIGHUP"
     result = subprocess.run(
-        [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path), "config", "reload", "--json"],
+        [*ctl(daemon), "config", "reload", "--json"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 0
@@ -283,7 +287,7 @@ def test_invalid_reload_through_the_cli_exits_2(daemon: RunningDaemon) -> None:
     """`taogpuctl config reload` on a broken pair exits 2 and names the key."""
     daemon.config_path.write_text('[runtime]\ndevice_type = "tpu"\n')
     result = subprocess.run(
-        [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path), "config", "reload"],
+        [*ctl(daemon), "config", "reload"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 2
