@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv check test test-gpu demo bench clean
+.PHONY: venv check test test-gpu demo bench deb clean
 
 venv: $(STAMP)
 
@@ -19,7 +19,7 @@ check: venv
 	$(VENV)/bin/mypy
 
 test: check
-	$(PY) -m pytest -q -n 2 --durations=10
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=10
 
 # On a host with an NVIDIA GPU: the GPU tier alone, with a report. Exit 5 (no test
 # selected, i.e. no GPU here) is not a failure.
@@ -31,6 +31,12 @@ demo: venv
 
 bench: venv
 	$(PY) bench/dispatch.py
+
+# dist/taogpud_<version>_<arch>.deb: the units, sysusers/tmpfiles, /etc/taogpud and the app
+# in a venv under /opt/taogpud, copied from this venv (no network). EXTRAS= for CPU only.
+EXTRAS ?= cuda12
+deb: venv
+	$(PY) packaging/build.py deb --extras '$(EXTRAS)'
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -3,10 +3,13 @@
 Bounded by bytes. An array a queued or running job uses is pinned and never
 evicted; past the budget the oldest unpinned arrays go first. When nothing can
 be evicted the upload is refused with the numbers, instead of /dev/shm filling up.
+The store remembers them, so a restarted daemon takes back what /dev/shm still
+holds (everything but after a reboot) and queued jobs keep their inputs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 from collections import OrderedDict
@@ -15,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from taogpud.errors import RequestError, TaogpudError
 from taogpud.pool import shm
 from taogpud.pool.shm import ArrayRef, BadArray
+from taogpud.store import JobStore
 
 CHUNK_BYTES = 1 << 20
 
@@ -25,8 +29,9 @@ class ArrayStoreFull(TaogpudError):
 
 
 class ArrayStore:
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, store: JobStore | None = None) -> None:
         self.budget_bytes = budget_bytes
+        self._store = store  # remembers which images are ours across a daemon restart
         self._arrays: OrderedDict[str, ArrayRef] = OrderedDict()
         self._pins: dict[str, int] = {}
         self.used_bytes = 0
@@ -34,11 +39,16 @@ class ArrayStore:
     def get(self, array_id: str) -> ArrayRef | None:
         return self._arrays.get(array_id)
 
-    def adopt(self, array_id: str, ref: ArrayRef) -> None:
-        """Take ownership of an image a worker wrote (a kept output)."""
-        self._make_room(ref.header_bytes + ref.nbytes)
-        self._arrays[array_id] = ref
-        self.used_bytes += ref.header_bytes + ref.nbytes
+    def restore(self) -> None:
+        """Take back the uploads a previous run left in /dev/shm, then sweep what is not ours."""
+        if self._store is not None:
+            for array_id, fields in self._store.arrays().items():
+                ref = ArrayRef(**{**fields, "shape": tuple(fields["shape"])})
+                if ref.path.exists():
+                    self._add(array_id, ref)
+                else:
+                    self._store.delete_array(array_id)
+        shm.sweep_orphans(keep={ref.name for ref in self._arrays.values()})
 
     def pin(self, array_ids: list[str]) -> None:
         for array_id in array_ids:
@@ -57,10 +67,8 @@ class ArrayStore:
         if ref is not None:
             self.used_bytes -= ref.header_bytes + ref.nbytes
             shm.unlink(ref.name)
-
-    def clear(self) -> None:
-        for array_id in list(self._arrays):
-            self.remove(array_id)
+            if self._store is not None:
+                self._store.delete_array(array_id)
 
     async def upload(self, body: AsyncIterator[bytes], max_bytes: int) -> tuple[str, ArrayRef]:
         """Stream a request body (.npy) straight into shared memory."""
@@ -93,9 +101,14 @@ class ArrayStore:
             )
         ref = ArrayRef(name, shape, dtype, header_bytes, nbytes)
         array_id = "a" + secrets.token_hex(8)
-        self._arrays[array_id] = ref
-        self.used_bytes += header_bytes + nbytes
+        self._add(array_id, ref)
         return array_id, ref
+
+    def _add(self, array_id: str, ref: ArrayRef) -> None:
+        self._arrays[array_id] = ref
+        self.used_bytes += ref.header_bytes + ref.nbytes
+        if self._store is not None:
+            self._store.put_array(array_id, dataclasses.asdict(ref))
 
     def read(self, ref: ArrayRef) -> Iterator[bytes]:
         """The whole .npy image, in chunks, for a download."""

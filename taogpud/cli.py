@@ -23,6 +23,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -31,6 +32,7 @@ import typer
 
 from taogpud.cli_output import (
     Progress,
+    check_lines,
     count_problems,
     describe_params,
     emit_json,
@@ -42,6 +44,7 @@ from taogpud.cli_output import (
     gibibytes,
     job_problem,
     one_line,
+    ping_lines,
     problem_line,
     readable_job,
     report_error,
@@ -514,9 +517,84 @@ def emit_reload(view: dict[str, Any]) -> None:
         emit_line(f"  {problem_line(problem)}")
 
 
+# --- api ping and doctor ----------------------------------------------------------------------
+
+api_app = typer.Typer(help="The API channel the daemon holds: ping it.", no_args_is_help=True)
+app.add_typer(api_app, name="api")
+
+
+class ModelRole(StrEnum):
+    default = "default"
+    coding = "coding"
+    reasoning = "reasoning"
+
+
+@api_app.command("ping")
+def api_ping_command(
+    ctx: typer.Context,
+    model: Annotated[
+        ModelRole, typer.Option("--model", help="Which of settings.json models.* to ask.")
+    ] = ModelRole.default,
+    timeout: Annotated[
+        float, typer.Option(min=0.1, max=3600.0, help="Give up after S seconds, retries included.")
+    ] = 90.0,
+    json_out: JsonFlag = False,
+) -> int:
+    """The setup guide's ping, sent by the daemon with its key; exit 1 unless it answered."""
+    with connect(ctx) as client:
+        result = client.channel_ping(model.value, timeout_s=timeout)
+    if json_out:
+        emit_json(result)
+    else:
+        for line in ping_lines(result):
+            emit_line(line)
+    return EXIT_OK if result.get("ok") else EXIT_FAILED
+
+
+@app.command("doctor")
+def doctor_command(
+    ctx: typer.Context,
+    settings: SettingsFlag = None,
+    config: ConfigFlag = None,
+    ping: Annotated[
+        bool, typer.Option("--ping/--no-ping", help="Ping the API channel (one tiny request).")
+    ] = True,
+    probe: Annotated[
+        bool, typer.Option("--probe/--no-probe", help="Run a probe job on every worker.")
+    ] = True,
+    timeout: Annotated[
+        float, typer.Option(min=0.1, max=600.0, help="Caps the ping and the probes' wait.")
+    ] = 30.0,
+    json_out: JsonFlag = False,
+) -> int:
+    """The setup guide's checklist, each check with its fix; exit 1 when any check fails.
+
+    A daemon that cannot be reached is a failed check: the report still comes, with the
+    checks that work without it (exit 1, not 3).
+    """
+    from taogpud import doctor_run
+    from taogpud.doctor import report_ok
+
+    files, daemon = (settings, config), None
+    try:
+        with connect(ctx) as client:
+            answer = client.doctor(ping=ping, probe=probe, timeout_s=timeout)
+            running = client.config()
+            daemon = answer.get("daemon")
+            checks = doctor_run.cli_checks(answer, running, client.socket_path, files, os.environ)
+    except DaemonUnreachable as exc:
+        checks = doctor_run.offline_checks(exc.message, exc.hint, files, os.environ)
+    ok = report_ok(checks)
+    if json_out:
+        emit_json({"ok": ok, "checks": [check.as_dict() for check in checks], "daemon": daemon})
+    else:
+        for line in check_lines([check.as_dict() for check in checks]):
+            emit_line(line)
+    return EXIT_OK if ok else EXIT_FAILED
+
+
 # --- reserved --------------------------------------------------------------------------------
-# `api ping`, `doctor` and `trace` land here, one handler each, reusing
-# connect(), emit_json() and report-style exit codes (doctor: exit 1 when a check fails).
+# `trace` lands here, one handler, reusing connect(), emit_json() and report-style exit codes.
 
 
 # --- entry point ---------------------------------------------------------------------------

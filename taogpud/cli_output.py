@@ -224,3 +224,45 @@ def flatten(document: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, A
             yield from flatten(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", value
+
+
+# --- api ping and doctor ---------------------------------------------------------------------
+
+CHECK_MARKS = {"pass": "✓", "warn": "!", "fail": "✗", "skip": "-"}
+
+
+def ping_lines(result: dict[str, Any]) -> list[str]:
+    """`✓ api ping ok: MODEL answered in N ms …`, or the status, detail and fix."""
+    if result.get("ok"):
+        model = result.get("answered_model") or result.get("model")
+        attempts = result.get("attempts", 1)
+        tries = f", {attempts} attempts" if attempts and attempts > 1 else ""
+        return [
+            f"{CHECK_MARKS['pass']} api ping ok: {model} answered in "
+            f"{milliseconds(result.get('latency_ms'))} at {result.get('url')} "
+            f"(key from {result.get('key_source')}{tries})"
+        ]
+    lines = [f"{CHECK_MARKS['fail']} api ping {result.get('status')}: {result.get('detail')}"]
+    if result.get("hint"):
+        lines.append(f"  fix: {result['hint']}")
+    return lines
+
+
+def check_lines(checks: Sequence[dict[str, str]]) -> list[str]:
+    """The doctor's checklist, one line per check (✓ ! ✗ -), its fix below, then a count."""
+    width = max((len(check["name"]) for check in checks), default=0)
+    lines = []
+    for check in checks:
+        mark = CHECK_MARKS.get(check["status"], "?")
+        lines.append(f"{mark} {check['name'].ljust(width)}  {check['detail']}")
+        if check.get("hint"):
+            label = "fix" if check["status"] in ("fail", "warn") else "note"
+            lines.append(f"  {' ' * width}  {label}: {check['hint']}")
+    counts = dict.fromkeys(CHECK_MARKS, 0)
+    for check in checks:
+        counts[check["status"]] = counts.get(check["status"], 0) + 1
+    lines.append(
+        f"doctor: {counts['fail']} failed, {counts['warn']} warned, {counts['pass']} passed, "
+        f"{counts['skip']} skipped"
+    )
+    return lines

@@ -31,6 +31,7 @@ from taogpud import paths
 # (notes/library-facts.md, "HTTP/1.1 over a Unix socket".)
 
 WAIT_CHUNK_S = 1.0  # the longest single long-poll: progress is reported at least this often
+PING_WAIT_S = 600.0  # an uncapped channel ping: the daemon bounds it by its own config
 FIRST_UPDATE_S = 0.1  # with on_update, how long the submit itself waits: progress starts early
 # Mirrors taogpud.jobs.JobState.finished without importing pydantic (tests keep the two equal).
 FINISHED_STATES = frozenset({"succeeded", "failed", "cancelled", "timed_out", "interrupted"})
@@ -121,6 +122,33 @@ class Client:
 
     def config_status(self) -> dict[str, Any]:
         return self._dict("GET", "/v1/config/status")
+
+    # --- the API channel and the doctor ---------------------------------------------------
+
+    def channel_ping(
+        self, model: str = "default", timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """The guide's ping, sent by the daemon (which holds the key); timeout_s caps all of it.
+
+        Answers a PingResult ({ok, status, detail, hint, latency_ms, model, attempts, …})
+        whatever the channel did; only a failure to reach the daemon raises.
+        """
+        query: dict[str, str] = {"model": model}
+        if timeout_s is not None:
+            query["timeout_s"] = _seconds(timeout_s)
+        wait_s = PING_WAIT_S if timeout_s is None else timeout_s
+        return self._dict("POST", f"/v1/channel/ping?{urlencode(query)}", wait_s=wait_s)
+
+    def doctor(
+        self, *, ping: bool = True, probe: bool = True, timeout_s: float = 30.0
+    ) -> dict[str, Any]:
+        """The daemon-side doctor checks: {ok, checks: [{name, status, detail, hint}], daemon}."""
+        query = {
+            "ping": str(ping).lower(),
+            "probe": str(probe).lower(),
+            "timeout_s": _seconds(timeout_s),
+        }
+        return self._dict("GET", f"/v1/doctor?{urlencode(query)}", wait_s=timeout_s)
 
     # --- jobs -----------------------------------------------------------------------------
 

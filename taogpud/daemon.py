@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -26,17 +27,21 @@ from taogpud.api.listen import bind_unix_socket
 from taogpud.api.peer import PeerCredProtocol
 from taogpud.arrays import ArrayStore
 from taogpud.errors import BackendUnavailable, ConfigError
-from taogpud.jobs import JobStore
-from taogpud.paths import default_socket
+from taogpud.paths import default_socket, default_state_dir
 from taogpud.pool import shm
 from taogpud.pool.plan import plan_workers
 from taogpud.pool.supervisor import WorkerPool
 from taogpud.reload import Reloader, watch_files
 from taogpud.scheduler import Policy, Scheduler
 from taogpud.state import DaemonState
+from taogpud.store import JobStore
 
 WARM_TIMEOUT_S = 300.0  # CUDA kernel compilation on a cold cache can take minutes
 WORKER_STOP_TIMEOUT_S = 10.0
+STORE_NAME = "jobs.sqlite3"
+OUTPUTS_DIR_NAME = "outputs"
+RECENT_JOBS_SHOWN = 1000  # finished jobs brought back into memory at start, for `list`
+HOUSEKEEPING_EVERY_S = 600.0
 
 log = tlog.get_logger("taogpud.daemon")
 
@@ -84,16 +89,23 @@ class Daemon:
             state.pool.kill_all()
             self._remove_socket_file()
             raise
+        state.scheduler.recover(state.store.unfinished())
+        state.store.load_recent(RECENT_JOBS_SHOWN)
         watching = asyncio.get_running_loop().create_task(self._watch(self._reloader))
         state.phase = "ready"
         log.info("daemon.ready", socket=str(self.socket_path), **_summary(state))
         self.notifier.ready(state.status_line())
-        beating = asyncio.get_running_loop().create_task(_heartbeat(self.notifier, state))
+        background = [
+            asyncio.get_running_loop().create_task(coroutine)
+            for coroutine in (_heartbeat(self.notifier, state), _housekeeping(state))
+        ]
         await self._stop_requested.wait()
         self._stop_watching.set()
         await watching
         await self._shutdown(state, server, serving)
-        beating.cancel()
+        for task in background:
+            task.cancel()
+        state.store.close()
         return 0
 
     async def _watch(self, reloader: Reloader) -> None:
@@ -104,11 +116,14 @@ class Daemon:
             log.error("config.watch_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _build_state(self) -> DaemonState:
-        shm.sweep_orphans()
         plan = plan_workers(self.snapshot)
-        store = JobStore()
-        arrays = ArrayStore(_array_budget_bytes())
-        scheduler = Scheduler(Policy.from_snapshot(self.snapshot), store, arrays)
+        state_dir = self.args.state_dir or default_state_dir()
+        store = JobStore(state_dir / STORE_NAME)
+        arrays = ArrayStore(_array_budget_bytes(), store)
+        arrays.restore()
+        scheduler = Scheduler(
+            Policy.from_snapshot(self.snapshot), store, arrays, state_dir / OUTPUTS_DIR_NAME
+        )
         pool = WorkerPool(plan.specs, scheduler)
         scheduler.pool = pool
         return DaemonState(
@@ -146,7 +161,9 @@ class Daemon:
         self, state: DaemonState, server: _Server, serving: asyncio.Task[None]
     ) -> None:
         state.phase = "draining"
-        drain_s = 0.0 if self._signals_seen > 1 else self.snapshot.config.scheduling.drain_timeout_s
+        drain_s = (
+            0.0 if self._signals_seen > 1 else state.snapshot.config.scheduling.drain_timeout_s
+        )
         self.notifier.stopping(f"draining {state.scheduler.running_total} running jobs")
         log.info("daemon.draining", running=state.scheduler.running_total, drain_timeout_s=drain_s)
         left = await state.scheduler.drain(drain_s)
@@ -155,7 +172,6 @@ class Daemon:
         server.should_exit = True
         await serving
         await state.pool.stop(WORKER_STOP_TIMEOUT_S)
-        state.arrays.clear()
         self._remove_socket_file()
         log.info("daemon.stopped", interrupted=left, jobs_total=state.scheduler.jobs_total)
 
@@ -190,6 +206,25 @@ async def _heartbeat(notifier: systemd.Notifier, state: DaemonState) -> None:
         return not stuck
 
     await systemd.heartbeat(notifier, state.status_line, healthy)
+
+
+async def _housekeeping(state: DaemonState) -> None:
+    """Apply the store's age and count limits, and drop the outputs of jobs it forgot."""
+    while True:
+        pruned = state.store.prune()
+        removed = remove_forgotten_outputs(state.scheduler.outputs_dir, state.store)
+        if pruned or removed:
+            log.info("store.pruned", jobs=pruned, output_dirs=removed)
+        await asyncio.sleep(HOUSEKEEPING_EVERY_S)
+
+
+def remove_forgotten_outputs(outputs_dir: Path, store: JobStore) -> int:
+    if not outputs_dir.is_dir():
+        return 0
+    forgotten = [d for d in outputs_dir.iterdir() if d.is_dir() and store.get(d.name) is None]
+    for folder in forgotten:
+        shutil.rmtree(folder, ignore_errors=True)
+    return len(forgotten)
 
 
 def _summary(state: DaemonState) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""Job records, their states, and the job store.
+"""Job records and their states (the store that keeps them is store.py).
 
 The record is the API's job view too: what a client reads is exactly what the
 daemon knows, including where the job really ran.
@@ -6,10 +6,8 @@ daemon knows, including where the job really ran.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
-from collections import OrderedDict
 from enum import StrEnum
 from typing import Any
 
@@ -62,6 +60,8 @@ class JobRecord(BaseModel):
     affinity: str | None = None
     requested_device: int | None = None
     keep_outputs: bool = False
+    max_retries: int = 0  # runs again this many times after a worker crash or a restart
+    attempts: int = 0  # runs started so far that ended without a result
     peer: Peer = Field(default_factory=Peer)
     estimate_bytes: int = 0
     # Where it really ran: filled in by the worker, never by the request.
@@ -89,59 +89,3 @@ class JobRecord(BaseModel):
 def new_job_id() -> str:
     """Sortable by creation time, unique without coordination: ms clock + 24 random bits."""
     return f"{time.time_ns() // 1_000_000:011x}{secrets.token_hex(3)}"
-
-
-class JobStore:
-    """Every job the daemon knows, newest last; finished ones are kept up to a bound.
-
-    In memory for now: the durable store (SQLite) replaces this class behind the
-    same methods.
-    """
-
-    def __init__(self, keep_finished: int = 10_000) -> None:
-        self._jobs: OrderedDict[str, JobRecord] = OrderedDict()
-        self._done: dict[str, asyncio.Event] = {}
-        self._keep_finished = keep_finished
-        self._finished_count = 0
-
-    def add(self, job: JobRecord) -> None:
-        self._jobs[job.id] = job
-        self._done[job.id] = asyncio.Event()
-
-    def get(self, job_id: str) -> JobRecord | None:
-        return self._jobs.get(job_id)
-
-    def list(self, status: JobState | None = None, limit: int = 100) -> list[JobRecord]:
-        """Newest first."""
-        picked: list[JobRecord] = []
-        for job in reversed(self._jobs.values()):
-            if status is None or job.status == status:
-                picked.append(job)
-                if len(picked) >= limit:
-                    break
-        return picked
-
-    def mark_finished(self, job: JobRecord) -> None:
-        """Wake every waiter and forget the oldest finished jobs past the bound."""
-        self._done[job.id].set()
-        self._finished_count += 1
-        if self._finished_count > self._keep_finished:
-            self._evict_oldest_finished()
-
-    async def wait(self, job_id: str, timeout_s: float) -> None:
-        event = self._done.get(job_id)
-        if event is None or event.is_set():
-            return
-        try:
-            async with asyncio.timeout(timeout_s):
-                await event.wait()
-        except TimeoutError:
-            return
-
-    def _evict_oldest_finished(self) -> None:
-        for job_id, job in self._jobs.items():
-            if job.status.finished:
-                del self._jobs[job_id]
-                del self._done[job_id]
-                self._finished_count -= 1
-                return

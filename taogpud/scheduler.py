@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from taogpud import tasks, trace
+from taogpud.access import check_access
 from taogpud.api.models import JobRequest
 from taogpud.arrays import ArrayStore
 from taogpud.config import ConfigSnapshot
@@ -25,15 +28,15 @@ from taogpud.errors import (
     Draining,
     JobNotFound,
     MissingInput,
-    NotPermitted,
     QueueFull,
     Rejected,
     RequestError,
 )
-from taogpud.jobs import JobErrorView, JobRecord, JobState, JobStore, OutputView, Peer, new_job_id
+from taogpud.jobs import JobErrorView, JobRecord, JobState, OutputView, Peer, new_job_id
 from taogpud.pool import protocol as msg
 from taogpud.pool.supervisor import WorkerPool
 from taogpud.pool.worker import WorkerHandle, WorkerState
+from taogpud.store import JobStore
 
 CANCEL_GRACE_S = 5.0  # a running job told to stop gets this long before its worker is killed
 
@@ -63,10 +66,13 @@ class Policy:
 
 
 class Scheduler:
-    def __init__(self, policy: Policy, store: JobStore, arrays: ArrayStore) -> None:
+    def __init__(
+        self, policy: Policy, store: JobStore, arrays: ArrayStore, outputs_dir: Path
+    ) -> None:
         self.policy = policy
         self.store = store
         self.arrays = arrays
+        self.outputs_dir = outputs_dir  # kept outputs: <outputs_dir>/<job id>/<name>.npy
         self.pool: WorkerPool | None = None
         self.accepting = True
         self.running_total = 0
@@ -108,6 +114,7 @@ class Scheduler:
             affinity=request.affinity,
             requested_device=request.device,
             keep_outputs=request.keep_outputs,
+            max_retries=request.max_retries,
             peer=peer,
             estimate_bytes=estimate,
         )
@@ -164,6 +171,8 @@ class Scheduler:
 
     def dispatch(self) -> None:
         """Start every queued job that can run now, in priority order."""
+        if not self.accepting:
+            return  # stopping: queued jobs stay queued in the store for the next start
         index = 0
         while index < len(self._queue) and self._has_capacity():
             job = self._queue[index][1]
@@ -222,6 +231,33 @@ class Scheduler:
         self.dispatch()
 
     def _start(self, job: JobRecord, worker: WorkerHandle) -> None:
+        inputs = self._input_refs(job)
+        if inputs is None:
+            return
+        self._mark_running(job, worker)
+        output_dir = str(self.outputs_dir / job.id) if job.keep_outputs else None
+        self.store.save(job)
+        worker.send(msg.RunJob(job.id, job.task, job.params, inputs, output_dir))
+        if job.timeout_s:
+            handle = asyncio.get_running_loop().call_later(
+                job.timeout_s, self._stop, job.id, JobState.timed_out
+            )
+            self._timers[job.id] = handle
+        trace.job_event(job)
+
+    def _input_refs(self, job: JobRecord) -> dict[str, Any] | None:
+        """The job's input arrays; None (and the job failed) when one is gone."""
+        refs = {name: self.arrays.get(array_id) for name, array_id in job.inputs.items()}
+        lost = [name for name, ref in refs.items() if ref is None]
+        if lost:  # /dev/shm was cleared (a reboot): never run on other data than was sent
+            message = (
+                f"input {', '.join(lost)} is gone: uploads live in /dev/shm, which a reboot clears"
+            )
+            self._finish(job, JobState.failed, _error("missing_input", message, "upload it again"))
+            return None
+        return refs
+
+    def _mark_running(self, job: JobRecord, worker: WorkerHandle) -> None:
         info = worker.info
         assert info is not None  # only warm workers have free slots
         now = time.time()
@@ -237,20 +273,12 @@ class Scheduler:
         self.running_total += 1
         self.most_running = max(self.most_running, self.running_total)
         self._idle.clear()
-        inputs = {name: self.arrays.get(aid) for name, aid in job.inputs.items()}
-        worker.send(msg.RunJob(job.id, job.task, job.params, _present(inputs), job.keep_outputs))
-        if job.timeout_s:
-            handle = asyncio.get_running_loop().call_later(
-                job.timeout_s, self._stop, job.id, JobState.timed_out
-            )
-            self._timers[job.id] = handle
-        trace.job_event(job)
 
     # -- cancel and timeouts --------------------------------------------------------------
 
     def cancel(self, job_id: str, peer: Peer) -> JobRecord:
         job = self.get(job_id)
-        _check_owner(job, peer)
+        check_access(job, peer, "cancel")
         if job.status is JobState.queued:
             self._queue = [e for e in self._queue if e[1].id != job_id]
             self._finish(job, JobState.cancelled, _error("cancelled", "cancelled while queued"))
@@ -294,10 +322,10 @@ class Scheduler:
         state = self._stop_reason.pop(job.id, None) or JobState(finished.status)
         if state is JobState.succeeded:
             job.result = finished.result
-            self._keep_outputs(job, finished.outputs)
+            job.outputs = [_output_view(f) for f in finished.outputs.values()]
             self._finish(job, state, None)
         else:
-            _discard(finished.outputs)
+            shutil.rmtree(self.outputs_dir / job.id, ignore_errors=True)
             self._finish(job, state, _finished_error(state, finished, job))
         worker.jobs_done += 1
         self.dispatch()
@@ -309,12 +337,37 @@ class Scheduler:
             if job is None:
                 continue
             state = self._stop_reason.pop(job_id, None) or JobState.failed
-            error = _error(
-                "worker_crashed" if state is JobState.failed else state.value,
-                f"the worker for {worker.label} died ({worker.exit_description()}) while it ran",
-                "the job was not retried; submit it again",
-            )
-            self._finish(job, state, error)
+            died = f"the worker for {worker.label} died ({worker.exit_description()}) while it ran"
+            if state is JobState.failed and self._retry(job, died):
+                continue
+            hint = "submit it again (or with max_retries to have it retried)"
+            code = "worker_crashed" if state is JobState.failed else state.value
+            self._finish(job, state, _error(code, died, hint))
+        self.dispatch()
+
+    def _retry(self, job: JobRecord, why: str) -> bool:
+        """Queue the job again if it allows another attempt; says whether it did."""
+        job.attempts += 1
+        if job.attempts > job.max_retries:
+            return False
+        trace.log.warning("job.retry", job_id=job.id, attempt=job.attempts, why=why)
+        job.status, job.started_at = JobState.queued, None
+        self.store.save(job)
+        self._enqueue(job)
+        return True
+
+    def recover(self, jobs: list[JobRecord]) -> None:
+        """Jobs a previous run accepted and did not finish: queued ones queue again, running
+        ones are retried when they allow it, else marked interrupted."""
+        for job in jobs:
+            self.jobs_total += 1
+            self.arrays.pin(list(job.inputs.values()))  # _finish unpins, the queue keeps them
+            if job.status is JobState.running and not self._retry(job, "taogpud restarted"):
+                message = "taogpud stopped while the job ran (it restarted since)"
+                self._finish(job, JobState.interrupted, _error("interrupted", message))
+            elif job.status is JobState.queued:
+                self._enqueue(job)
+        trace.log.info("store.recovered", jobs=len(jobs), queued=len(self._queue))
         self.dispatch()
 
     def on_worker_warm(self, worker: WorkerHandle) -> None:
@@ -332,13 +385,6 @@ class Scheduler:
         if self.running_total == 0:
             self._idle.set()
 
-    def _keep_outputs(self, job: JobRecord, outputs: dict[str, Any]) -> None:
-        for name, ref in outputs.items():
-            self.arrays.adopt(output_id(job.id, name), ref)
-            job.outputs.append(
-                OutputView(name=name, shape=list(ref.shape), dtype=ref.dtype, nbytes=ref.nbytes)
-            )
-
     def _finish(self, job: JobRecord, state: JobState, error: JobErrorView | None) -> None:
         job.status, job.error = state, error
         job.finished_at = time.time()
@@ -354,13 +400,6 @@ class Scheduler:
     async def drain(self, timeout_s: float) -> int:
         """Take no new jobs, let running ones finish within timeout_s; return how many did not."""
         self.accepting = False
-        for _, job in self._queue:
-            self._finish(
-                job,
-                JobState.interrupted,
-                _error("interrupted", "taogpud stopped before the job ran"),
-            )
-        self._queue.clear()
         try:
             async with asyncio.timeout(timeout_s):
                 await self._idle.wait()
@@ -382,10 +421,6 @@ class Scheduler:
         return self.pool
 
 
-def output_id(job_id: str, name: str) -> str:
-    return f"out:{job_id}:{name}"
-
-
 def _fits(worker: WorkerHandle, job: JobRecord) -> bool:
     if worker.free_slots <= 0:
         return False
@@ -397,19 +432,6 @@ def _cap(worker: WorkerHandle) -> int | None:
     if worker.info is None or worker.info.memory_cap_bytes <= 0:
         return None
     return worker.info.memory_cap_bytes
-
-
-def _present(refs: dict[str, Any]) -> dict[str, Any]:
-    return {name: ref for name, ref in refs.items() if ref is not None}
-
-
-def _check_owner(job: JobRecord, peer: Peer) -> None:
-    if peer.uid in (None, 0) or job.peer.uid in (None, peer.uid):
-        return
-    raise NotPermitted(
-        f"job {job.id} belongs to uid {job.peer.uid}; you are uid {peer.uid}",
-        "only the job's owner or root may cancel it",
-    )
 
 
 def _error(code: str, message: str, hint: str = "") -> JobErrorView:
@@ -427,11 +449,10 @@ def _finished_error(state: JobState, finished: msg.JobFinished, job: JobRecord) 
     return _error(code, message, hint)
 
 
-def _discard(outputs: dict[str, Any]) -> None:
-    from taogpud.pool import shm
-
-    for ref in outputs.values():
-        shm.unlink(ref.name)
+def _output_view(output: msg.OutputFile) -> OutputView:
+    return OutputView(
+        name=output.name, shape=list(output.shape), dtype=output.dtype, nbytes=output.nbytes
+    )
 
 
 def _gib(nbytes: int) -> str:

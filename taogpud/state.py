@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from taogpud.api.models import ReloadView
 from taogpud.arrays import ArrayStore
 from taogpud.config import ConfigSnapshot
-from taogpud.jobs import JobStore
 from taogpud.pool.supervisor import WorkerPool
 from taogpud.scheduler import Scheduler
+from taogpud.store import JobStore
 
 
 @dataclass

@@ -54,14 +54,20 @@ def to_toml(data: dict[str, Any], prefix: str = "") -> str:
 
 
 class RunningDaemon:
-    def __init__(self, proc: subprocess.Popen[bytes], home: Path) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], home: Path, run: int = 0) -> None:
         self.proc = proc
         self.home = home
+        self.run = run  # 0 for the first start in this home, then 1, 2, … after restarts
         self.socket_path = home / "taogpud.sock"
-        self.log_path = home / "stdout.log"
-        self.err_path = home / "stderr.log"
+        self.log_path = home / f"stdout-{run}.log"
+        self.err_path = home / f"stderr-{run}.log"
         self.settings_path = home / "settings.json"
         self.config_path = home / "config.toml"
+        self.state_dir = home / "state"
+
+    def restart(self, env: dict[str, str] | None = None) -> RunningDaemon:
+        """A new daemon on the same files, socket and state directory (stop this one first)."""
+        return launch(self.home, env, run=self.run + 1)
 
     def client(self, timeout_s: float = 60.0) -> Client:
         return Client(self.socket_path, timeout_s=timeout_s)
@@ -119,6 +125,12 @@ def start_daemon(
     else:
         (home / "settings.json").write_text(json.dumps(deep_merge(CPU_SETTINGS, settings or {})))
         (home / "config.toml").write_text(to_toml(deep_merge(CPU_CONFIG, config or {})))
+    return launch(home, env, wait_ready=wait_ready)
+
+
+def launch(
+    home: Path, env: dict[str, str] | None, wait_ready: bool = True, run: int = 0
+) -> RunningDaemon:
     command = [
         sys.executable, "-m", "taogpud",
         "--settings", str(home / "settings.json"),
@@ -127,9 +139,10 @@ def start_daemon(
         "--state-dir", str(home / "state"),
     ]  # fmt: skip
     child_env = {**os.environ, **(env or {})}
-    with (home / "stdout.log").open("wb") as out, (home / "stderr.log").open("wb") as err:
+    out_path, err_path = home / f"stdout-{run}.log", home / f"stderr-{run}.log"
+    with out_path.open("wb") as out, err_path.open("wb") as err:
         proc = subprocess.Popen(command, stdout=out, stderr=err, env=child_env, cwd=home)
-    daemon = RunningDaemon(proc, home)
+    daemon = RunningDaemon(proc, home, run)
     if wait_ready:
         try:
             _wait_ready(daemon)

@@ -127,7 +127,7 @@ class FakeProvider:
         return Handler
 
     def start(self) -> None:
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
 
     def stop(self) -> None:
         self.server.shutdown()

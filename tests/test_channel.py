@@ -322,7 +322,8 @@ def test_scrubber_catches_escaped_forms() -> None:
     key = "sk-abc\ndef-é-123"
     scrub = Scrubber(SecretStr(key))
     for text in (key, repr(key), repr(key.encode())):
-        assert scrub(f"header: {text}!") in ("header: <redacted>!", "header: '<redacted>'!")
+        scrubbed = scrub(f"header: {text}!")
+        assert "<redacted>" in scrubbed and "abc" not in scrubbed and "123" not in scrubbed
 
 
 # --- small pieces ------------------------------------------------------------------------------

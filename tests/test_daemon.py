@@ -329,8 +329,10 @@ def test_sigterm_lets_running_jobs_finish(daemon: RunningDaemon) -> None:
     assert not daemon.socket_path.exists()
 
 
-def test_sigterm_interrupts_queued_jobs(daemon_factory: Callable[..., RunningDaemon]) -> None:
-    """Jobs still queued at SIGTERM end interrupted; the one running finishes."""
+def test_jobs_queued_at_sigterm_run_after_the_restart(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """SIGTERM lets the running job finish; the queued ones stay queued and run after a restart."""
     daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 1}})
     with daemon.client() as client:
         running = client.submit("sleep", {"ms": 400})["id"]
@@ -338,7 +340,16 @@ def test_sigterm_interrupts_queued_jobs(daemon_factory: Callable[..., RunningDae
     assert daemon.stop(signal.SIGTERM) == 0
     states = {e["job_id"]: e["event"] for e in daemon.events() if e.get("job_id")}
     assert states[running] == "job.succeeded"
-    assert [states[j] for j in queued] == ["job.interrupted"] * 3
+    assert [states[j] for j in queued] == ["job.queued"] * 3
+    again = daemon.restart()
+    try:
+        with again.client() as client:
+            finished = [client.wait(job_id, timeout_s=30) for job_id in queued]
+            first = client.get(running)
+    finally:
+        again.stop()
+    assert [job["status"] for job in finished] == ["succeeded"] * 3
+    assert first["status"] == "succeeded"  # finished jobs stay readable after the restart
 
 
 def test_the_key_never_appears(daemon_home: Path) -> None:

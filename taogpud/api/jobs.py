@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import FileResponse
 
+from taogpud.access import check_access
 from taogpud.api.deps import Daemon
 from taogpud.api.models import JobRequest
 from taogpud.api.peer import peer_of
 from taogpud.errors import OutputNotFound
 from taogpud.jobs import JobRecord, JobState
-from taogpud.scheduler import output_id
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -43,7 +43,7 @@ async def list_jobs(
     status: JobState | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> Response:
-    jobs = daemon.store.list(status, limit)
+    jobs = daemon.store.recent(status, limit)
     body = b"[" + b",".join(job.model_dump_json().encode() for job in jobs) + b"]"
     return Response(body, media_type=JSON)
 
@@ -72,18 +72,20 @@ async def cancel_job(job_id: str, request: Request, daemon: Daemon) -> Response:
 
 
 @router.get(
-    "/{job_id}/outputs/{name}", responses={200: {"content": {"application/octet-stream": {}}}}
+    "/{job_id}/outputs/{name}",
+    responses={200: {"content": {"application/octet-stream": {}}}},
+    response_class=FileResponse,
 )
-async def download_output(job_id: str, name: str, daemon: Daemon) -> StreamingResponse:
+async def download_output(job_id: str, name: str, request: Request, daemon: Daemon) -> FileResponse:
     job = daemon.scheduler.get(job_id)
-    ref = daemon.arrays.get(output_id(job.id, name))
-    if ref is None:
+    check_access(job, peer_of(request), "read the outputs of")
+    if name not in {output.name for output in job.outputs}:  # also keeps `name` in its folder
         kept = ", ".join(o.name for o in job.outputs) or "none"
         raise OutputNotFound(
             f"job {job_id} has no output named {name!r} (kept: {kept})",
             "submit with keep_outputs (taogpuctl submit --output DIR) to keep outputs",
         )
-    headers = {"content-length": str(ref.header_bytes + ref.nbytes)}
-    return StreamingResponse(
-        daemon.arrays.read(ref), media_type="application/octet-stream", headers=headers
-    )
+    path = daemon.scheduler.outputs_dir / job.id / f"{name}.npy"
+    if not path.is_file():
+        raise OutputNotFound(f"the file of output {name!r} is gone", "its job is past retention")
+    return FileResponse(path, media_type="application/octet-stream")

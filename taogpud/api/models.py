@@ -16,13 +16,15 @@ Routes (all JSON unless said; errors are always {code, message, hint}):
     GET  /v1/jobs/{id}/outputs/{name}     .npy bytes   (application/octet-stream)
     GET  /v1/config                       the effective config, redacted
     GET  /v1/config/status                ConfigStatusView
+    POST /v1/channel/ping?model=&timeout_s=  channel.PingResult  (the guide's ping; ok says how)
+    GET  /v1/doctor?ping=&probe=&timeout_s=  DoctorView   (the daemon-side checks; ok: none failed)
     GET  /v1/openapi.json                 the OpenAPI document
     GET  /metrics                         Prometheus text
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -40,6 +42,9 @@ class JobRequest(BaseModel):
     priority: int = Field(default=0, ge=-1000, le=1000, description="higher runs first")
     timeout_s: float | None = Field(default=None, gt=0, le=7 * 86400)
     keep_outputs: bool = Field(default=False, description="keep the output arrays for download")
+    max_retries: int = Field(
+        default=0, ge=0, le=10, description="run again after a worker crash or daemon restart"
+    )
 
 
 class ArrayView(BaseModel):
@@ -116,3 +121,18 @@ class ConfigStatusView(BaseModel):
     generation: int
     digest: str
     last_reload: ReloadView
+
+
+class CheckView(BaseModel):
+    """One doctor check (taogpud.doctor.Check)."""
+
+    name: str
+    status: Literal["pass", "warn", "fail", "skip"]
+    detail: str
+    hint: str = ""
+
+
+class DoctorView(BaseModel):
+    ok: bool  # no check failed
+    checks: list[CheckView]
+    daemon: dict[str, Any]  # who answered: version, pid, backend, fallback, key_source, paths, …

@@ -7,16 +7,20 @@ take the worker down short of a crash of the process itself.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import mmap
-import os
+import re
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from taogpud.backends.base import Backend, DeviceInfo
 from taogpud.pool import protocol as msg
 from taogpud.pool import shm
+
+OUTPUT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")  # no path separators, no dotfiles
 
 
 def execute(
@@ -53,7 +57,7 @@ def _run_task(
     cancelled: threading.Event,
     slot: int,
     maps: list[mmap.mmap],
-) -> tuple[dict[str, Any], dict[str, shm.ArrayRef], dict[str, float]]:
+) -> tuple[dict[str, Any], dict[str, msg.OutputFile], dict[str, float]]:
     from taogpud import tasks
     from taogpud.tasks.base import TaskContext
 
@@ -71,7 +75,9 @@ def _run_task(
         output = task.body(ctx, params)
         backend.synchronize()
         t2 = time.perf_counter()
-        outputs = write_outputs(backend, output.arrays) if order.keep_outputs else {}
+        outputs = (
+            write_outputs(backend, output.arrays, order.output_dir) if order.output_dir else {}
+        )
         t3 = time.perf_counter()
     timings = {"h2d_ms": (t1 - t0) * 1e3, "kernel_ms": (t2 - t1) * 1e3, "d2h_ms": (t3 - t2) * 1e3}
     return output.summary, outputs, timings
@@ -84,6 +90,14 @@ def _task_error(
 
     if isinstance(exc, TaogpudError):  # unknown task or bad params reaching a worker
         return _failed(order, started, exc.code, exc.message, exc.hint)
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return _failed(
+            order,
+            started,
+            "no_space_for_outputs",
+            f"no space left to keep the outputs of {order.task} in {order.output_dir}",
+            "free space under the state directory, or submit without keeping outputs",
+        )
     if backend.is_out_of_memory(exc):
         backend.release_memory()
         cap_mib = info.memory_cap_bytes / 2**20
@@ -121,25 +135,35 @@ def map_input(ref: shm.ArrayRef, maps: list[mmap.mmap]) -> Any:
     return flat.reshape(ref.shape)
 
 
-def write_outputs(backend: Backend, arrays: dict[str, Any]) -> dict[str, shm.ArrayRef]:
-    return {name: write_output(backend.to_host(array)) for name, array in arrays.items()}
+def write_outputs(
+    backend: Backend, arrays: dict[str, Any], output_dir: str
+) -> dict[str, msg.OutputFile]:
+    """Each output as NAME.npy in the job's output directory under the state directory.
+
+    Written to a temporary name and renamed, so a download never sees half a file and a
+    full disk leaves nothing behind."""
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    return {
+        name: write_output(folder, name, backend.to_host(array)) for name, array in arrays.items()
+    }
 
 
-def write_output(array: Any) -> shm.ArrayRef:
-    """Copy one host array into a new shared .npy image owned by the daemon (our parent)."""
+def write_output(folder: Path, name: str, array: Any) -> msg.OutputFile:
     import numpy as np
 
+    if not OUTPUT_NAME.fullmatch(name):
+        raise ValueError(f"output name {name!r} is not allowed (letters, digits, _ . - only)")
     host = np.ascontiguousarray(array)
-    header = shm.npy_header(tuple(host.shape), host.dtype.str)
-    name, mapped = shm.create(len(header) + host.nbytes, owner_pid=os.getppid())
+    partial = folder / f".{name}.npy.partial"
     try:
-        mapped[: len(header)] = header
-        target = np.frombuffer(mapped, dtype=host.dtype, count=host.size, offset=len(header))
-        target[...] = host.reshape(-1)
-        del target
-    finally:
-        mapped.close()
-    return shm.ArrayRef(name, tuple(host.shape), host.dtype.str, len(header), host.nbytes)
+        with partial.open("wb") as file:
+            np.save(file, host, allow_pickle=False)
+        partial.rename(folder / f"{name}.npy")
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return msg.OutputFile(name, tuple(host.shape), host.dtype.str, host.nbytes)
 
 
 def _close_all(maps: list[mmap.mmap]) -> None:

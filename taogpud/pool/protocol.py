@@ -19,7 +19,17 @@ class RunJob:
     task: str
     params: dict[str, Any]
     inputs: dict[str, ArrayRef]
-    keep_outputs: bool
+    output_dir: str | None  # where to keep the outputs; None: do not keep them
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """A kept output, written by the worker as NAME.npy in the job's output directory."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,7 @@ class JobFinished:
     status: str  # a JobState value: succeeded | failed | cancelled
     run_ms: float
     result: dict[str, Any] | None = None
-    outputs: dict[str, ArrayRef] = field(default_factory=dict)
+    outputs: dict[str, OutputFile] = field(default_factory=dict)
     error: tuple[str, str, str] | None = None  # (code, message, hint)
     timings: dict[str, float] = field(default_factory=dict)
     evidence: dict[str, Any] = field(default_factory=dict)

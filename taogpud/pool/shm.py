@@ -118,11 +118,13 @@ def unlink(name: str) -> None:
     (SHM_DIR / name).unlink(missing_ok=True)
 
 
-def sweep_orphans() -> int:
-    """Remove arrays whose owning process is gone (a daemon or worker killed with -9)."""
+def sweep_orphans(keep: set[str] | None = None) -> int:
+    """Remove arrays whose owning daemon is gone, except the names in `keep` (ours again)."""
     removed = 0
     for path in SHM_DIR.glob(f"{PREFIX}*.npy"):
         owner = path.name.split(".")[1]
+        if path.name in (keep or set()):
+            continue
         if owner.isdigit() and not Path(f"/proc/{owner}").exists():
             path.unlink(missing_ok=True)
             removed += 1

@@ -1,0 +1,76 @@
+"""Numbers over repeated runs: one load run's latencies, and the median with min–max of repeats."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The q-quantile by rank (no interpolation): p99 of 200 samples is the 198th."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The median of repeated measurements with their min and max."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Spread:
+        collected = list(values)
+        return cls(statistics.median(collected), min(collected), max(collected))
+
+    def text(self, spec: str = ",.0f") -> str:
+        return f"{self.median:{spec}} ({self.low:{spec}}–{self.high:{spec}})"
+
+
+@dataclass(frozen=True)
+class LoadRun:
+    """One repeat of a load: every job's submit → result latency, and the wall time of all."""
+
+    latencies_s: list[float]
+    wall_s: float
+
+    @property
+    def jobs_per_s(self) -> float:
+        return len(self.latencies_s) / self.wall_s
+
+    @property
+    def p50_ms(self) -> float:
+        return percentile(self.latencies_s, 0.50) * 1e3
+
+    @property
+    def p99_ms(self) -> float:
+        return percentile(self.latencies_s, 0.99) * 1e3
+
+
+@dataclass(frozen=True)
+class DispatchRow:
+    """One system under one load, over the repeats; `error` when it could not be measured."""
+
+    system: str
+    clients: int
+    jobs: int = 0  # per repeat
+    jobs_per_s: Spread | None = None
+    p50_ms: Spread | None = None
+    p99_ms: Spread | None = None
+    note: str = ""
+    error: str = ""
+
+    @classmethod
+    def from_runs(cls, system: str, clients: int, runs: list[LoadRun], note: str = "") -> DispatchRow:
+        return cls(
+            system,
+            clients,
+            len(runs[0].latencies_s),
+            Spread.of(run.jobs_per_s for run in runs),
+            Spread.of(run.p50_ms for run in runs),
+            Spread.of(run.p99_ms for run in runs),
+            note,
+        )

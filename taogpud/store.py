@@ -1,0 +1,239 @@
+"""The job store: every job the daemon accepted, in SQLite (WAL) under the state directory.
+
+A job is written before its id is returned, and again at each state change, so a
+restart — clean or `kill -9` — finds every accepted job: queued ones run, ones that
+were running are marked interrupted (or run again when they allow retries).
+Recent jobs are also kept in memory for reads; finished ones are bounded by count
+and age. WAL with synchronous=NORMAL survives a crash of the daemon at the cost
+of a few microseconds per write; only a power cut can lose the last commits.
+
+A store that cannot be opened or fails its integrity check is moved aside (never
+deleted) and a fresh one started, with a log line saying where the old one went.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sqlite3
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+from taogpud.jobs import JobRecord, JobState
+from taogpud.logging import get_logger
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    finished_at REAL,
+    record TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
+CREATE INDEX IF NOT EXISTS jobs_by_finished ON jobs (finished_at);
+CREATE TABLE IF NOT EXISTS arrays (
+    id TEXT PRIMARY KEY,
+    ref TEXT NOT NULL
+);
+"""
+UNFINISHED = (JobState.queued.value, JobState.running.value)
+
+log = get_logger("taogpud.store")
+
+
+class JobStore:
+    def __init__(
+        self,
+        path: Path | None = None,
+        keep_finished: int = 10_000,
+        keep_finished_s: float = 7 * 86400,
+    ) -> None:
+        """`path` None keeps everything in memory only (tests of the scheduler alone)."""
+        self.path = path
+        self.keep_finished = keep_finished
+        self.keep_finished_s = keep_finished_s
+        self._recent: OrderedDict[str, JobRecord] = OrderedDict()
+        self._done: dict[str, asyncio.Event] = {}
+        self._finished_in_memory = 0
+        self._db = _open(path) if path is not None else None
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def add(self, job: JobRecord) -> None:
+        self._recent[job.id] = job
+        self._done[job.id] = asyncio.Event()
+        self._write(job)
+
+    def save(self, job: JobRecord) -> None:
+        self._write(job)
+
+    def mark_finished(self, job: JobRecord) -> None:
+        """Write the final record and wake every waiter; forget the oldest in memory."""
+        self._write(job)
+        event = self._done.get(job.id)
+        if event is not None:
+            event.set()
+        self._finished_in_memory += 1
+        if self._finished_in_memory > self.keep_finished:
+            self._forget_oldest_finished()
+
+    def prune(self, now: float | None = None) -> int:
+        """Delete finished jobs past the age limit or beyond the count limit; returns how many."""
+        if self._db is None:
+            return 0
+        cutoff = (now or time.time()) - self.keep_finished_s
+        with self._db:
+            aged = self._db.execute(
+                "DELETE FROM jobs WHERE finished_at IS NOT NULL AND finished_at < ?", (cutoff,)
+            ).rowcount
+            counted = self._db.execute(
+                "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE finished_at IS NOT NULL "
+                "ORDER BY finished_at DESC LIMIT -1 OFFSET ?)",
+                (self.keep_finished,),
+            ).rowcount
+        return aged + counted
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> JobRecord | None:
+        job = self._recent.get(job_id)
+        if job is not None or self._db is None:
+            return job
+        row = self._db.execute("SELECT record FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return JobRecord.model_validate_json(row[0]) if row else None
+
+    def recent(self, status: JobState | None = None, limit: int = 100) -> list[JobRecord]:
+        """Newest first."""
+        picked: list[JobRecord] = []
+        for job in reversed(self._recent.values()):
+            if status is None or job.status == status:
+                picked.append(job)
+                if len(picked) >= limit:
+                    break
+        return picked
+
+    async def wait(self, job_id: str, timeout_s: float) -> None:
+        event = self._done.get(job_id)
+        if event is None or event.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+
+    # -- restart --------------------------------------------------------------------------
+
+    def unfinished(self) -> list[JobRecord]:
+        """Jobs a previous run accepted and did not finish, oldest first, now in memory too."""
+        if self._db is None:
+            return []
+        rows = self._db.execute(
+            "SELECT record FROM jobs WHERE status IN (?, ?) ORDER BY created_at", UNFINISHED
+        ).fetchall()
+        jobs = [JobRecord.model_validate_json(row[0]) for row in rows]
+        for job in jobs:
+            self._recent[job.id] = job
+            self._done[job.id] = asyncio.Event()
+        return jobs
+
+    def load_recent(self, limit: int) -> None:
+        """Bring the newest finished jobs back into memory so `list` shows them after a restart."""
+        if self._db is None:
+            return
+        rows = self._db.execute(
+            "SELECT record FROM jobs WHERE finished_at IS NOT NULL "
+            "ORDER BY finished_at DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        for row in reversed(rows):
+            job = JobRecord.model_validate_json(row[0])
+            self._recent[job.id] = job
+            self._done[job.id] = _set_event()
+            self._finished_in_memory += 1
+
+    # -- arrays (uploaded inputs survive a daemon restart while /dev/shm keeps them) ------
+
+    def put_array(self, array_id: str, ref: dict[str, Any]) -> None:
+        if self._db is not None:
+            with self._db:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO arrays VALUES (?, ?)", (array_id, json.dumps(ref))
+                )
+
+    def delete_array(self, array_id: str) -> None:
+        if self._db is not None:
+            with self._db:
+                self._db.execute("DELETE FROM arrays WHERE id = ?", (array_id,))
+
+    def arrays(self) -> dict[str, dict[str, Any]]:
+        if self._db is None:
+            return {}
+        rows = self._db.execute("SELECT id, ref FROM arrays").fetchall()
+        return {array_id: json.loads(ref) for array_id, ref in rows}
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _write(self, job: JobRecord) -> None:
+        if self._db is None:
+            return
+        with self._db:
+            self._db.execute(
+                "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?)",
+                (job.id, job.status.value, job.created_at, job.finished_at, job.model_dump_json()),
+            )
+
+    def _forget_oldest_finished(self) -> None:
+        for job_id, job in self._recent.items():
+            if job.status.finished:
+                del self._recent[job_id]
+                self._done.pop(job_id, None)
+                self._finished_in_memory -= 1
+                return
+
+
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _connect(path)
+    except sqlite3.DatabaseError as exc:
+        aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
+        for suffix in ("", "-wal", "-shm"):
+            damaged = Path(f"{path}{suffix}")
+            if damaged.exists():
+                damaged.rename(Path(f"{aside}{suffix}"))
+        log.error(
+            "store.damaged",
+            path=str(path),
+            moved_to=str(aside),
+            error=str(exc),
+            hint="a fresh store was started; jobs in the damaged file are not run again",
+        )
+        return _connect(path)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, check_same_thread=False)  # `with db:` is one transaction
+    try:
+        if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+            raise sqlite3.DatabaseError("the integrity check failed")
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(SCHEMA)
+    except BaseException:
+        db.close()
+        raise
+    return db
