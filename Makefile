@@ -14,8 +14,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 check: venv
-	$(VENV)/bin/ruff check taogpud tests bench scripts
-	$(VENV)/bin/ruff format --check taogpud tests bench scripts
+	$(VENV)/bin/ruff check taogpud tests bench scripts packaging
+	$(VENV)/bin/ruff format --check taogpud tests bench scripts packaging
 	$(VENV)/bin/mypy
 
 test: check

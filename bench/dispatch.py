@@ -1,212 +1,120 @@
-"""Tiny-job dispatch: noop jobs submit → result through the public Python client.
+"""Tiny-job dispatch, submit → result: taogpud and every peer, 1 client and 8 clients.
 
-One run, one host, side by side: a bare asyncio Unix-socket echo of the same
-request bytes (the floor), taogpud with 1 client sequential, and taogpud with 8
-concurrent client processes. Prints a markdown table and writes it to
-bench/results/dispatch.md. Also says where a job's time goes, from the daemon's
-own traces (request duration in the server, queue and run time in the worker).
-
-    python bench/dispatch.py [--jobs 3000] [--clients 8]
+Each peer runs in a fresh spawned process (its imports, threads and cluster end with it);
+taogpud runs as a real daemon reached through its socket, as in the tests.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
-import multiprocessing
-import os
-import platform
-import shutil
-import socket
-import statistics
-import sys
-import tempfile
-import time
-from pathlib import Path
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO))
-
-from conftest import RunningDaemon, start_daemon  # noqa: E402
-
-from taogpud.client import Client  # noqa: E402
-
-RESULTS = REPO / "bench" / "results"
-SUBMIT_BODY = json.dumps({"task": "noop", "params": {}}).encode()
-REQUEST = (
-    b"POST /v1/jobs?wait_s=30 HTTP/1.1\r\nhost: taogpud\r\ncontent-type: application/json\r\n"
-    + f"content-length: {len(SUBMIT_BODY)}\r\n\r\n".encode()
-    + SUBMIT_BODY
+from bench.daemon_under_test import running
+from bench.load import Plan, isolated
+from bench.peers import (
+    dask_local,
+    echo,
+    process_per_job,
+    process_pool,
+    ray_local,
+    taogpuctl,
+    taogpud_client,
 )
+from bench.stats import DispatchRow
+
+CLIENTS = 8
+QUICK_DIVISOR = 5
+# Jobs per repeat: (1 client sequential, each of the 8 clients). Slow systems get fewer.
+COUNTS = {
+    "echo": (5000, 1000),
+    "taogpud": (2000, 500),
+    "taogpuctl": (10, 2),
+    "pool": (2000, 250),
+    "per_job": (20, 3),
+    "dask": (300, 60),
+    "ray": (1000, 150),
+}
+# The A/B row: the same daemon with request traces off and job traces below the level.
+QUIET_LOGS = {"logging": {"requestTrace": False, "level": "warning"}}
+QUIET_NAME = "taogpud, Python client, request/job traces off (A/B)"
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+@dataclass
+class DispatchResult:
+    rows: list[DispatchRow] = field(default_factory=list)
+    breakdown: dict[str, float] = field(default_factory=dict)  # from the daemon's traces
+    peer_footprints: dict[str, dict[str, float]] = field(default_factory=dict)  # start, RSS
 
 
-def summarise(name: str, latencies_s: list[float], wall_s: float) -> dict[str, Any]:
-    return {
-        "name": name,
-        "jobs": len(latencies_s),
-        "jobs_per_s": len(latencies_s) / wall_s,
-        "p50_ms": percentile(latencies_s, 0.50) * 1e3,
-        "p99_ms": percentile(latencies_s, 0.99) * 1e3,
-    }
-
-
-# -- the floor: a bare asyncio echo over a Unix socket ------------------------------------
-
-
-def echo_server(path: str, ready: Any) -> None:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-
-    async def main() -> None:
-        server = await asyncio.start_unix_server(handle, path)
-        ready.set()
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(main())
-
-
-def bench_echo(count: int) -> dict[str, Any]:
-    path = tempfile.mktemp(prefix="tgd-echo-", dir="/tmp")
-    ready = multiprocessing.get_context("spawn").Event()
-    server = multiprocessing.get_context("spawn").Process(
-        target=echo_server, args=(path, ready), daemon=True
+def plans(kind: str, repeats: int, quick: bool) -> tuple[Plan, Plan]:
+    divisor = QUICK_DIVISOR if quick else 1
+    sequential, per_client = (max(1, n // divisor) for n in COUNTS[kind])
+    return (
+        Plan(sequential, repeats, max(1, sequential // 4)),
+        Plan(per_client, repeats, max(1, per_client // 4)),
     )
-    server.start()
-    ready.wait(10)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
-    latencies = []
-    started = time.perf_counter()
-    for _ in range(count):
-        t0 = time.perf_counter()
-        sock.sendall(REQUEST)
-        received = 0
-        while received < len(REQUEST):
-            received += len(sock.recv(65536))
-        latencies.append(time.perf_counter() - t0)
-    wall = time.perf_counter() - started
-    sock.close()
-    server.kill()
-    Path(path).unlink(missing_ok=True)
-    return summarise("bare asyncio Unix-socket echo, same request bytes (floor)", latencies, wall)
 
 
-# -- taogpud ------------------------------------------------------------------------------
+def measure(repeats: int, quick: bool) -> DispatchResult:
+    result = DispatchResult()
+    _peer(result, "bare asyncio echo", echo.measure, plans("echo", repeats, quick))
+    _taogpud(result, repeats, quick)
+    _peer(result, process_pool.NAME, process_pool.measure, plans("pool", repeats, quick))
+    _peer(result, "process per job", process_per_job.measure, plans("per_job", repeats, quick))
+    _peer(result, dask_local.NAME, dask_local.measure, plans("dask", repeats, quick))
+    _peer(result, "Ray local", ray_local.measure, plans("ray", repeats, quick))
+    return result
 
 
-def run_jobs(socket_path: str, count: int) -> list[float]:
-    latencies = []
-    with Client(socket_path) as client:
-        for _ in range(count):
-            t0 = time.perf_counter()
-            job = client.submit("noop", wait_s=30)
-            latencies.append(time.perf_counter() - t0)
-            if job["status"] != "succeeded":
-                raise RuntimeError(f"noop job did not succeed: {job}")
-    return latencies
-
-
-def bench_sequential(daemon: RunningDaemon, count: int) -> dict[str, Any]:
-    run_jobs(str(daemon.socket_path), 200)  # warm the connection and the code paths
-    started = time.perf_counter()
-    latencies = run_jobs(str(daemon.socket_path), count)
-    return summarise("taogpud, 1 client sequential", latencies, time.perf_counter() - started)
-
-
-def bench_concurrent(daemon: RunningDaemon, count: int, clients: int) -> dict[str, Any]:
-    per_client = count // clients
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(clients) as pool:
-        pool.starmap(run_jobs, [(str(daemon.socket_path), 50)] * clients)  # warm-up
-        started = time.perf_counter()
-        results = pool.starmap(run_jobs, [(str(daemon.socket_path), per_client)] * clients)
-        wall = time.perf_counter() - started
-    latencies = [sample for result in results for sample in result]
-    return summarise(f"taogpud, {clients} concurrent clients", latencies, wall)
-
-
-def where_time_goes(daemon: RunningDaemon) -> dict[str, float]:
-    requests = [
-        e["duration_ms"] for e in daemon.events("api.request") if e.get("path") == "/v1/jobs"
-    ]
-    done = daemon.events("job.succeeded")
-    return {
-        "server_request_p50_ms": statistics.median(requests) if requests else float("nan"),
-        "queue_p50_ms": statistics.median(e["queue_ms"] for e in done),
-        "worker_run_p50_ms": statistics.median(e["run_ms"] for e in done),
-    }
-
-
-def host_line() -> str:
-    cpu = platform.processor() or platform.machine()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    system = f"{platform.system()} {platform.release()}"
-    return f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {system}"
-
-
-def render(rows: list[dict[str, Any]], breakdown: dict[str, float], floor: dict[str, Any]) -> str:
-    lines = [
-        "# Tiny-job dispatch (noop, submit → result through the Python client)",
-        "",
-        f"Host: {host_line()}. Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
-        "",
-        "| what | jobs | jobs/s | p50 ms | p99 ms | p50 vs floor |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        ratio = row["p50_ms"] / floor["p50_ms"]
-        lines.append(
-            f"| {row['name']} | {row['jobs']} | {row['jobs_per_s']:,.0f} | {row['p50_ms']:.3f} "
-            f"| {row['p99_ms']:.3f} | {ratio:.1f}× |"
+def _taogpud(result: DispatchResult, repeats: int, quick: bool) -> None:
+    one, many = plans("taogpud", repeats, quick)
+    with running() as daemon:
+        rows, result.breakdown = taogpud_client.measure(daemon, one, CLIENTS, many)
+        result.rows += rows
+        print(*(_line(row) for row in rows), sep="\n", flush=True)
+        cli_one, cli_many = plans("taogpuctl", repeats, quick)
+        socket_path = str(daemon.socket_path)
+        _peer(
+            result,
+            taogpuctl.NAME,
+            lambda: taogpuctl.measure(socket_path, cli_one, CLIENTS, cli_many),
         )
-    lines += [
-        "",
-        "Where a sequential job's time goes (medians, from the daemon's own traces):",
-        f"- in the API server, request in → response out: "
-        f"{breakdown['server_request_p50_ms']:.3f} ms",
-        f"- of which queued before a slot: {breakdown['queue_p50_ms']:.3f} ms",
-        f"- of which the task in the worker (from order to result): "
-        f"{breakdown['worker_run_p50_ms']:.3f} ms",
-        "- the rest of the client's round trip is the client itself and the socket",
-        "",
-    ]
-    return "\n".join(lines)
+    with running(settings=QUIET_LOGS) as daemon:
+        rows, _ = taogpud_client.measure(daemon, one, CLIENTS, many, QUIET_NAME)
+        result.rows += rows
+        print(*(_line(row) for row in rows), sep="\n", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--jobs", type=int, default=3000)
-    parser.add_argument("--clients", type=int, default=8)
-    args = parser.parse_args()
-    floor = bench_echo(args.jobs)
-    home = Path(tempfile.mkdtemp(prefix="tgd-bench-", dir="/tmp"))
-    daemon = start_daemon(home, None, {"scheduling": {"max_concurrent_tasks": 8}})
+def _peer(
+    result: DispatchResult,
+    name: str,
+    measure: Callable[..., Any],
+    plan_pair: tuple[Plan, Plan] | None = None,
+) -> None:
+    """Measure one peer (isolated when it has plans); a failure becomes a row saying why."""
     try:
-        sequential = bench_sequential(daemon, args.jobs)
-        breakdown = where_time_goes(daemon)
-        concurrent = bench_concurrent(daemon, args.jobs, args.clients)
-    finally:
-        daemon.stop()
-        shutil.rmtree(home, ignore_errors=True)
-    report = render([floor, sequential, concurrent], breakdown, floor)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "dispatch.md").write_text(report)
-    print(report)
+        if plan_pair is None:
+            found = measure()
+        else:
+            found = isolated(measure, plan_pair[0], CLIENTS, plan_pair[1])
+    except Exception as exc:  # a missing extra, a cluster that would not start: say so, go on
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+        traceback.print_exc()
+        result.rows.append(DispatchRow(name, 1, error=detail))
+        return
+    rows, footprint = found if isinstance(found, tuple) else (found, None)
+    if footprint is not None:
+        result.peer_footprints[rows[0].system] = footprint
+    result.rows += rows
+    print(*(_line(row) for row in rows), sep="\n", flush=True)
 
 
-if __name__ == "__main__":
-    main()
+def _line(row: DispatchRow) -> str:
+    if row.error or row.jobs_per_s is None or row.p50_ms is None:
+        return f"{row.system}: not measured: {row.error}"
+    return (
+        f"{row.system}, {row.clients} client(s): {row.jobs_per_s.text()} jobs/s, "
+        f"p50 {row.p50_ms.text('.3f')} ms"
+    )

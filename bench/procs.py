@@ -1,4 +1,4 @@
-"""Processes seen from /proc: resident memory, CPU time, descendants, and ending our own leftovers."""
+"""Processes seen from /proc: resident memory, CPU time, descendants, our own leftovers."""
 
 from __future__ import annotations
 

@@ -64,7 +64,9 @@ class DispatchRow:
     error: str = ""
 
     @classmethod
-    def from_runs(cls, system: str, clients: int, runs: list[LoadRun], note: str = "") -> DispatchRow:
+    def from_runs(
+        cls, system: str, clients: int, runs: list[LoadRun], note: str = ""
+    ) -> DispatchRow:
         return cls(
             system,
             clients,

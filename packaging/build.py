@@ -93,7 +93,9 @@ def make_venv(stage: Path, extras: list[str]) -> None:
         activate.unlink()  # they name the build directory; the service never activates
     cfg = root / "pyvenv.cfg"
     cfg.write_text(
-        re.sub(r"(?m)^command = .*$", f"command = {TARGET_PYTHON} -m venv {PREFIX}", cfg.read_text())
+        re.sub(
+            r"(?m)^command = .*$", f"command = {TARGET_PYTHON} -m venv {PREFIX}", cfg.read_text()
+        )
     )
     site = next((root / "lib").glob("python3.*")) / "site-packages"
     dists = runtime_distributions(extras)

@@ -29,8 +29,11 @@ class ArrayStoreFull(TaogpudError):
 
 
 class ArrayStore:
-    def __init__(self, budget_bytes: int, store: JobStore | None = None) -> None:
+    def __init__(
+        self, budget_bytes: int, store: JobStore | None = None, namespace: str = "default"
+    ) -> None:
         self.budget_bytes = budget_bytes
+        self.namespace = namespace  # shm.namespace_of(state directory)
         self._store = store  # remembers which images are ours across a daemon restart
         self._arrays: OrderedDict[str, ArrayRef] = OrderedDict()
         self._pins: dict[str, int] = {}
@@ -48,7 +51,7 @@ class ArrayStore:
                     self._add(array_id, ref)
                 else:
                     self._store.delete_array(array_id)
-        shm.sweep_orphans(keep={ref.name for ref in self._arrays.values()})
+        shm.sweep_orphans(self.namespace, keep={ref.name for ref in self._arrays.values()})
 
     def pin(self, array_ids: list[str]) -> None:
         for array_id in array_ids:
@@ -85,7 +88,7 @@ class ArrayStore:
                 "split the input, or raise the limit",
             )
         self._make_room(header_bytes + nbytes)
-        name, mapped = shm.create(header_bytes + nbytes, os.getpid())
+        name, mapped = shm.create(header_bytes + nbytes, self.namespace, os.getpid())
         try:
             written = await chunks.copy_into(mapped)
         except BaseException:

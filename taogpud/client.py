@@ -163,6 +163,7 @@ class Client:
         priority: int = 0,
         timeout_s: float | None = None,
         keep_outputs: bool = False,
+        max_retries: int = 0,
         wait_s: float | None = None,
     ) -> Job:
         """Queue a job; with `wait_s`, the daemon answers when it finished or after wait_s."""
@@ -175,6 +176,7 @@ class Client:
             "priority": priority,
             "timeout_s": timeout_s,
             "keep_outputs": keep_outputs,
+            "max_retries": max_retries,
         }
         path = "/v1/jobs" if wait_s is None else f"/v1/jobs?wait_s={_seconds(wait_s)}"
         return self._dict("POST", path, request, wait_s=wait_s or 0.0)
@@ -190,6 +192,7 @@ class Client:
         priority: int = 0,
         timeout_s: float | None = None,
         keep_outputs: bool = False,
+        max_retries: int = 0,
         wait_s: float | None = None,
         on_update: OnUpdate | None = None,
     ) -> Job:
@@ -211,6 +214,7 @@ class Client:
             priority=priority,
             timeout_s=timeout_s,
             keep_outputs=keep_outputs,
+            max_retries=max_retries,
             wait_s=first_wait_s,
         )
         if on_update is not None:

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -119,7 +120,7 @@ class Daemon:
         plan = plan_workers(self.snapshot)
         state_dir = self.args.state_dir or default_state_dir()
         store = JobStore(state_dir / STORE_NAME)
-        arrays = ArrayStore(_array_budget_bytes(), store)
+        arrays = ArrayStore(_array_budget_bytes(), store, shm.namespace_of(state_dir))
         arrays.restore()
         scheduler = Scheduler(
             Policy.from_snapshot(self.snapshot), store, arrays, state_dir / OUTPUTS_DIR_NAME
@@ -255,8 +256,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def raise_open_file_limit() -> None:
+    """Every client connection is a file descriptor; 1024 is too few for a shared daemon."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    raise_open_file_limit()
     try:
         snapshot = config.load(args.settings, args.config)
     except ConfigError as exc:

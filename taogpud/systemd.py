@@ -1,10 +1,12 @@
 """The systemd glue: tiny, and a no-op outside systemd (no NOTIFY_SOCKET, no LISTEN_FDS).
 
-- `Notifier`: READY, RELOADING (with MONOTONIC_USEC), STATUS, STOPPING and WATCHDOG
-  through sdnotify. sdnotify encodes Latin-1 and silently drops a message it cannot
-  encode, so STATUS= text is reduced to ASCII here. NOTIFY_SOCKET, WATCHDOG_USEC and
-  WATCHDOG_PID are taken out of the environment at start, so spawned workers can
-  never speak for the daemon.
+- `Notifier`: READY, RELOADING (with MONOTONIC_USEC), STATUS, STOPPING and WATCHDOG,
+  each one datagram to $NOTIFY_SOCKET (sd_notify(3)'s protocol). Not sdnotify: that
+  package reads only os.environ, encodes Latin-1 and drops what it cannot encode, and
+  hides every error behind a bare `except:` (leaking its socket when NOTIFY_SOCKET is
+  unusable). STATUS= is kept to one ASCII line. NOTIFY_SOCKET, WATCHDOG_USEC and
+  WATCHDOG_PID leave the environment at start, so spawned workers can never speak
+  for the daemon.
 - `heartbeat`: the loop tick that keeps STATUS= current and sends WATCHDOG=1 only
   while the loop runs *and* the workers answer; a wedged daemon is then killed and
   restarted by systemd (WatchdogSec=).
@@ -19,25 +21,37 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 
-import sdnotify
-
 SD_LISTEN_FDS_START = 3
 STATUS_TICK_S = 1.0  # how often STATUS= is refreshed (sent only when it changed)
+SEND_TIMEOUT_S = 2.0  # systemd reads its notify socket at once; never hang the loop long
 
 
 class Notifier:
     def __init__(self, environ: MutableMapping[str, str] | None = None) -> None:
         env = os.environ if environ is None else environ
-        self.enabled = bool(env.get("NOTIFY_SOCKET"))
+        address = env.get("NOTIFY_SOCKET", "")
+        # "@name" is an abstract socket: a NUL byte, then the name.
+        self._address = "\0" + address[1:] if address.startswith("@") else address
+        self.enabled = address.startswith(("/", "@"))
         self.watchdog_s = _watchdog_s(env) if self.enabled else None
-        self._notifier = sdnotify.SystemdNotifier() if self.enabled else None
+        self._sock: socket.socket | None = None
+        if self.enabled:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sock.settimeout(SEND_TIMEOUT_S)
         self.last_status = ""
         for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
             env.pop(name, None)
 
-    def send(self, *assignments: str) -> None:
-        if self._notifier is not None:
-            self._notifier.notify("\n".join(assignments))
+    def send(self, *assignments: str) -> bool:
+        """One datagram of NAME=value lines. False if it could not be sent (as sd_notify,
+        that is not an error the daemon can act on: systemd itself is gone or stuck)."""
+        if self._sock is None:
+            return False
+        try:
+            self._sock.sendto("\n".join(assignments).encode(), self._address)
+        except OSError:
+            return False
+        return True
 
     def ready(self, status: str | None = None) -> None:
         """READY=1: at start once every worker is warm, and at the end of a reload."""
@@ -56,6 +70,11 @@ class Notifier:
 
     def watchdog(self) -> None:
         self.send("WATCHDOG=1")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
     def _status(self, status: str | None) -> str:
         if status is not None:

@@ -103,12 +103,13 @@ class FakeProvider:
                     reply = Reply(401, {"error": {"message": message, "type": "auth_error"}})
                 else:
                     reply = provider.next_reply()
-                self._send(reply)
+                asked = body.get("model") if isinstance(body, dict) else None
+                self._send(reply, asked if isinstance(asked, str) else "claude-sonnet")
 
-            def _send(self, reply: Reply) -> None:
+            def _send(self, reply: Reply, model: str) -> None:
                 time.sleep(reply.delay_s)
                 if reply.body is None:
-                    payload = json.dumps(completion()).encode()
+                    payload = json.dumps(completion(model)).encode()  # echoes the model asked
                 elif isinstance(reply.body, dict):
                     payload = json.dumps(reply.body).encode()
                 else:

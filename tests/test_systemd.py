@@ -85,6 +85,7 @@ class Container:
             capture_output=True,
             text=True,
             timeout=timeout_s,
+            check=False,
         )
         if check and done.returncode != 0:
             raise AssertionError(f"{argv} exited {done.returncode}: {done.stderr}{done.stdout}")
@@ -135,7 +136,7 @@ def _boot(workdir: Path) -> Container:
         pid1 = _find_pid1(nspawn, console)
         container = Container(nspawn, pid1, console)
         private = container.root / "run/systemd/private"
-        _poll(lambda: private.exists(), BOOT_TIMEOUT_S, "systemd's private socket", console)
+        _poll(private.exists, BOOT_TIMEOUT_S, "systemd's private socket", console)
         container.run("systemctl", "is-system-running", "--wait", timeout_s=BOOT_TIMEOUT_S)
     except BaseException:
         _stop(nspawn)
@@ -151,11 +152,11 @@ def _find_pid1(nspawn: subprocess.Popen[bytes], console: Path) -> int:
         for pid in _descendants(nspawn.pid):
             try:
                 status = Path(f"/proc/{pid}/status").read_text()
-                exe = os.readlink(f"/proc/{pid}/exe")
+                exe = Path(f"/proc/{pid}/exe").readlink()
             except OSError:
                 continue
-            nspid = next((ln.split()[-1] for ln in status.splitlines() if ln.startswith("NSpid")), "")
-            if nspid == "1" and Path(exe).name == "systemd":
+            nspid = [ln.split()[-1] for ln in status.splitlines() if ln.startswith("NSpid")]
+            if nspid == ["1"] and exe.name == "systemd":
                 found.append(pid)
                 return True
         return False
@@ -343,7 +344,7 @@ def test_start_returns_after_ready_with_status(container: Container) -> None:
     status = container.show("StatusText")["StatusText"]
     assert "cpu: workers 1/1 warm (cpu:0)" in status, status
     assert "config generation 1" in status
-    assert "Status: \"cpu: workers 1/1 warm" in container.run(
+    assert 'Status: "cpu: workers 1/1 warm' in container.run(
         "systemctl", "status", "--no-pager", "taogpud.service", check=False
     )
 
@@ -388,6 +389,12 @@ def test_reload_applies_config_and_notifies(container: Container) -> None:
         container.run("systemctl", "log-level", "info")
     with container.client() as client:
         assert client.status()["config_generation"] > before["config_generation"]
+    lines = [e["MESSAGE"] for e in container.journal("-u", "taogpud", "_TRANSPORT=stdout")]
+    events = [json.loads(m) for m in lines if m.startswith("{")]
+    assert any(
+        e["event"] in ("config.reloaded", "config.unchanged") and e.get("trigger") == "SIGHUP"
+        for e in events
+    ), "systemctl reload did not reach the daemon as SIGHUP"
     manager = [
         e["MESSAGE"]
         for e in container.journal("-u", "taogpud.service", "_PID=1")

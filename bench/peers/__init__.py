@@ -1,1 +1,1 @@
-"""One module per system measured beside taogpud, each with a `measure(...)` for bench/dispatch.py."""
+"""One module per system measured beside taogpud, each with a `measure(...)` (bench/dispatch.py)."""

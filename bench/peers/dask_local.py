@@ -16,7 +16,9 @@ NAME = "dask.distributed LocalCluster, 2 worker processes"
 IDLE_S = 1.0
 
 
-def measure(plan: Plan, clients: int, concurrent: Plan) -> tuple[list[DispatchRow], dict[str, float]]:
+def measure(
+    plan: Plan, clients: int, concurrent: Plan
+) -> tuple[list[DispatchRow], dict[str, float]]:
     from distributed import LocalCluster
 
     started = time.monotonic()

@@ -22,4 +22,3 @@ def measure(plan: Plan, clients: int, concurrent: Plan) -> list[DispatchRow]:
         many = in_threads(lambda: call, clients, concurrent)
     note = f"{clients} threads: an executor cannot be shared across processes"
     return [DispatchRow.from_runs(NAME, 1, one), DispatchRow.from_runs(NAME, clients, many, note)]
-

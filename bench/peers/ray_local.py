@@ -9,6 +9,7 @@ on the machine, other people's too.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -31,7 +32,9 @@ class Noop:
         return noop()
 
 
-def measure(plan: Plan, clients: int, concurrent: Plan) -> tuple[list[DispatchRow], dict[str, float]]:
+def measure(
+    plan: Plan, clients: int, concurrent: Plan
+) -> tuple[list[DispatchRow], dict[str, float]]:
     temp_root = tempfile.mkdtemp(prefix="tgd-ray-", dir="/tmp")
     os.environ.update(RAY_TMPDIR=temp_root, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     try:
@@ -41,27 +44,40 @@ def measure(plan: Plan, clients: int, concurrent: Plan) -> tuple[list[DispatchRo
         shutil.rmtree(temp_root, ignore_errors=True)
 
 
-def _measure(plan: Plan, clients: int, concurrent: Plan) -> tuple[list[DispatchRow], dict[str, float]]:
+def _measure(
+    plan: Plan, clients: int, concurrent: Plan
+) -> tuple[list[DispatchRow], dict[str, float]]:
     import ray
 
     started = time.monotonic()
-    ray.init(num_cpus=2, namespace=NAMESPACE, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        num_cpus=2,
+        namespace=NAMESPACE,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+    )
     try:
         address = ray.get_runtime_context().gcs_address
-        actors = [
-            ray.remote(Noop).options(name=f"noop-{n}").remote()
-            for n in range(ACTORS)
-        ]
+        actors = [ray.remote(Noop).options(name=f"noop-{n}").remote() for n in range(ACTORS)]
         ray.get([actor.run.remote() for actor in actors])
         footprint = {"start_s": time.monotonic() - started}
         time.sleep(IDLE_S)
         footprint["idle_rss_mib"] = sum(map(rss_mib, [os.getpid(), *descendants(os.getpid())]))
         rows = []
-        for kind, name in (("actor", "Ray local, a warm actor"), ("task", "Ray local, plain tasks")):
+        for kind, name in (
+            ("actor", "Ray local, a warm actor"),
+            ("task", "Ray local, plain tasks"),
+        ):
             with open_caller(None, kind, 0) as call:
                 one = sequential(call, plan)
-            many = in_processes(open_caller, [(address, kind, n) for n in range(clients)], concurrent)
-            rows += [DispatchRow.from_runs(name, 1, one), DispatchRow.from_runs(name, clients, many)]
+            many = in_processes(
+                open_caller, [(address, kind, n) for n in range(clients)], concurrent
+            )
+            rows += [
+                DispatchRow.from_runs(name, 1, one),
+                DispatchRow.from_runs(name, clients, many),
+            ]
         return rows, footprint
     finally:
         ray.shutdown()
@@ -72,7 +88,12 @@ def open_caller(address: str | None, kind: str, slot: int) -> Iterator[Call]:
     import ray
 
     if address is not None:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False)
+        ray.init(
+            address=address,
+            namespace=NAMESPACE,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
     try:
         if kind == "actor":
             actor: Any = ray.get_actor(f"noop-{slot % ACTORS}")
@@ -83,4 +104,3 @@ def open_caller(address: str | None, kind: str, slot: int) -> Iterator[Call]:
     finally:
         if address is not None:
             ray.shutdown()
-

@@ -52,9 +52,12 @@ async def _taogpud_error(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.http_status, exc.body())
 
 
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     problems = [_describe(error) for error in exc.errors()]
+    content_type = request.headers.get("content-type", "")
+    if request.method == "POST" and "json" not in content_type and "octet" not in content_type:
+        problems.insert(0, f"the body must be JSON sent as application/json (got {content_type!r})")
     body = ErrorBody(
         "invalid_request",
         "; ".join(problems),

@@ -157,8 +157,10 @@ def write_output(folder: Path, name: str, array: Any) -> msg.OutputFile:
     host = np.ascontiguousarray(array)
     partial = folder / f".{name}.npy.partial"
     try:
+        # Written by hand, not np.save: numpy's writer drops errno, and ENOSPC must show.
         with partial.open("wb") as file:
-            np.save(file, host, allow_pickle=False)
+            file.write(shm.npy_header(tuple(host.shape), host.dtype.str))
+            file.write(host.data.cast("B") if host.ndim else host.tobytes())
         partial.rename(folder / f"{name}.npy")
     except BaseException:
         partial.unlink(missing_ok=True)

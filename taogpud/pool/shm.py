@@ -13,6 +13,7 @@ sweep what a killed one left behind.
 from __future__ import annotations
 
 import ast
+import hashlib
 import mmap
 import os
 import secrets
@@ -47,8 +48,14 @@ class ArrayRef:
         return {"shape": list(self.shape), "dtype": self.dtype, "nbytes": self.nbytes}
 
 
-def new_name(owner_pid: int) -> str:
-    return f"{PREFIX}{owner_pid}.{secrets.token_hex(8)}.npy"
+def new_name(namespace: str, owner_pid: int) -> str:
+    """taogpud.<namespace>.<pid>.<random>.npy: the namespace is the daemon's state directory."""
+    return f"{PREFIX}{namespace}.{owner_pid}.{secrets.token_hex(8)}.npy"
+
+
+def namespace_of(state_dir: Path) -> str:
+    """Daemons with different state directories (user-mode ones, tests) never sweep each other."""
+    return hashlib.sha256(str(state_dir.absolute()).encode()).hexdigest()[:12]
 
 
 def parse_header(head: bytes) -> tuple[tuple[int, ...], str, int]:
@@ -93,9 +100,9 @@ def npy_header(shape: tuple[int, ...], dtype_str: str) -> bytes:
     return NPY_MAGIC + b"\x01\x00" + len(body).to_bytes(2, "little") + body
 
 
-def create(total_bytes: int, owner_pid: int) -> tuple[str, mmap.mmap]:
+def create(total_bytes: int, namespace: str, owner_pid: int) -> tuple[str, mmap.mmap]:
     """A new shared file of total_bytes, mapped writable. The caller fills it."""
-    name = new_name(owner_pid)
+    name = new_name(namespace, owner_pid)
     fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.ftruncate(fd, max(total_bytes, 1))
@@ -118,11 +125,11 @@ def unlink(name: str) -> None:
     (SHM_DIR / name).unlink(missing_ok=True)
 
 
-def sweep_orphans(keep: set[str] | None = None) -> int:
-    """Remove arrays whose owning daemon is gone, except the names in `keep` (ours again)."""
+def sweep_orphans(namespace: str, keep: set[str] | None = None) -> int:
+    """Remove this namespace's arrays whose owning daemon is gone, except `keep` (ours again)."""
     removed = 0
-    for path in SHM_DIR.glob(f"{PREFIX}*.npy"):
-        owner = path.name.split(".")[1]
+    for path in SHM_DIR.glob(f"{PREFIX}{namespace}.*.npy"):
+        owner = path.name.split(".")[2]
         if path.name in (keep or set()):
             continue
         if owner.isdigit() and not Path(f"/proc/{owner}").exists():

@@ -1,0 +1,95 @@
+"""Issue 8's benchmarks in one command: taogpud beside dask, Ray, a process pool and a process
+per job, measured in one run on one host; writes bench/results/report.md and PNG charts.
+
+    python bench/run.py [--quick] [--repeats 3]
+
+Needs the bench extra (`pip install -e '.[bench]'`: dask, ray, matplotlib, py-spy); a peer
+that is not installed shows as "not measured". --quick: a fifth of the jobs and shorter
+profiles, for trying the harness; the report says which it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # `bench` as a package, here and in every spawned process
+# Ray and dask start their own interpreters: they must import bench.peers too.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+from bench import datapath, dispatch, footprint, host, where_time_goes  # noqa: E402
+from bench.advice import ADVICE  # noqa: E402
+from bench.charts import draw_all  # noqa: E402
+from bench.daemon_under_test import running  # noqa: E402
+from bench.procs import descendants  # noqa: E402
+from bench.pyspy_profile import py_spy  # noqa: E402
+from bench.report import RunFacts, render  # noqa: E402
+from bench.targets import evaluate  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+SIZES_MIB = [64, 512]
+PROFILE_RATE_HZ = 200
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer jobs, shorter profiles")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats per measurement (≥ 2)")
+    args = parser.parse_args()
+    command = "python bench/run.py" + (" --quick" if args.quick else "")
+    facts = RunFacts(
+        host.description(), host.now(), command, args.repeats, host.versions(), host.load_average()
+    )
+    started = time.monotonic()
+
+    print("== tiny-job dispatch", flush=True)
+    tiny = dispatch.measure(args.repeats, args.quick)
+    print("== data path", flush=True)
+    with running() as daemon:
+        sizes = datapath.measure(str(daemon.socket_path), SIZES_MIB, args.repeats)
+    print("== footprint", flush=True)
+    prints = footprint.measure(args.repeats)
+    targets = evaluate(tiny.rows, sizes, dispatch.CLIENTS)
+    scenarios = None
+    if any(target.verdict == "missed" for target in targets) and py_spy() is not None:
+        print("== a target was missed: profiling the daemon", flush=True)
+        with running() as daemon:
+            seconds = 2 if args.quick else 6
+            scenarios = where_time_goes.measure(
+                str(daemon.socket_path), daemon.proc.pid, seconds, PROFILE_RATE_HZ
+            )
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    facts.charts = draw_all(RESULTS, tiny.rows, sizes, dispatch.CLIENTS)
+    facts.load_after = host.load_average()
+    facts.duration_s = time.monotonic() - started
+    report = render(
+        facts,
+        targets,
+        tiny.rows,
+        tiny.breakdown,
+        sizes,
+        prints,
+        tiny.peer_footprints,
+        scenarios,
+        ADVICE,
+    )
+    (RESULTS / "report.md").write_text(report)
+    print(report)
+    _check_leftovers()
+
+
+def _check_leftovers() -> None:
+    left = descendants(os.getpid())
+    if left:
+        print(f"warning: processes this run started are still alive: {left}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

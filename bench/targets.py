@@ -1,0 +1,97 @@
+"""The issue-8 targets, each as a ratio of two numbers measured in the same run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench import datapath
+from bench.datapath import SizeResult
+from bench.peers import dask_local, taogpud_client
+from bench.stats import DispatchRow
+
+P50_BUDGET_MS = 0.5
+RAY_FACTOR, DASK_FACTOR = 3.0, 8.0
+CLIENTS_JOBS_PER_S = 5000.0
+UPLOAD_SHARE, UPLOAD_MIB = 0.5, 512
+
+
+@dataclass(frozen=True)
+class Target:
+    goal: str
+    measured: str
+    ratio: float | None  # measured against the goal: ≥ 1 is met
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.ratio is None:
+            return "not measured"
+        return "met" if self.ratio >= 1 else "missed"
+
+
+def evaluate(rows: list[DispatchRow], sizes: list[SizeResult], clients: int) -> list[Target]:
+    seq = _row(rows, taogpud_client.NAME, 1)
+    many = _row(rows, taogpud_client.NAME, clients)
+    ray = max(
+        (r for r in rows if r.system.startswith("Ray local") and r.clients == 1 and r.jobs_per_s),
+        key=lambda r: r.jobs_per_s.median if r.jobs_per_s else 0.0,
+        default=None,
+    )
+    dask = _row(rows, dask_local.NAME, 1)
+    return [
+        _p50(seq),
+        _versus(seq, ray, RAY_FACTOR, "the faster Ray row"),
+        _versus(seq, dask, DASK_FACTOR, "dask LocalCluster"),
+        _clients(many, clients),
+        _upload(sizes),
+    ]
+
+
+def _row(rows: list[DispatchRow], system: str, clients: int) -> DispatchRow | None:
+    for row in rows:
+        if row.system == system and row.clients == clients and row.jobs_per_s is not None:
+            return row
+    return None
+
+
+def _p50(seq: DispatchRow | None) -> Target:
+    goal = f"p50 tiny-job latency ≤ {P50_BUDGET_MS} ms (1 client, Python client)"
+    if seq is None or seq.p50_ms is None:
+        return Target(goal, "—", None)
+    p50 = seq.p50_ms.median
+    return Target(
+        goal, f"p50 {p50:.3f} ms", P50_BUDGET_MS / p50, f"{p50 / P50_BUDGET_MS:.2f}× the budget"
+    )
+
+
+def _versus(seq: DispatchRow | None, peer: DispatchRow | None, factor: float, label: str) -> Target:
+    name = peer.system if peer else label
+    goal = f"sequential throughput ≥ {factor:g}× {label}"
+    if seq is None or peer is None or seq.jobs_per_s is None or peer.jobs_per_s is None:
+        return Target(goal, "—", None)
+    times = seq.jobs_per_s.median / peer.jobs_per_s.median
+    ours, theirs = seq.jobs_per_s.median, peer.jobs_per_s.median
+    measured = f"{ours:,.0f} vs {theirs:,.0f} jobs/s ({name}): {times:.2f}×"
+    return Target(goal, measured, times / factor)
+
+
+def _clients(many: DispatchRow | None, clients: int) -> Target:
+    goal = f"{clients} clients ≥ {CLIENTS_JOBS_PER_S:,.0f} jobs/s"
+    if many is None or many.jobs_per_s is None:
+        return Target(goal, "—", None)
+    rate = many.jobs_per_s.median
+    return Target(goal, f"{rate:,.0f} jobs/s", rate / CLIENTS_JOBS_PER_S)
+
+
+def _upload(sizes: list[SizeResult]) -> Target:
+    goal = f"{UPLOAD_MIB} MiB upload ≥ {UPLOAD_SHARE:.0%} of raw-socket throughput"
+    found = next((s for s in sizes if s.size_mib == UPLOAD_MIB), None)
+    if found is None:
+        return Target(goal, "—", None)
+    raw = found.gib_per_s[datapath.RAW_UP].median
+    upload = found.gib_per_s[datapath.UPLOAD_ARRAY].median
+    from_bytes = found.gib_per_s[datapath.UPLOAD_BYTES].median
+    share = upload / raw
+    measured = f"{upload:.2f} vs {raw:.2f} GiB/s: {share:.0%}"
+    note = f"from ready .npy bytes: {from_bytes:.2f} GiB/s, {from_bytes / raw:.0%}"
+    return Target(goal, measured, share / UPLOAD_SHARE, note)

@@ -1,0 +1,292 @@
+"""Nothing lost: restarts (clean and kill -9), retries, outputs and inputs across restarts,
+a damaged store, a full disk, other users, idle connections and hostile requests."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import RunningDaemon, start_daemon
+from taogpud.client import ApiError, Client
+from taogpud.jobs import JobRecord, JobState
+from taogpud.store import JobStore
+
+NOBODY = 65534
+
+
+def terminal_states(client: Client, job_ids: list[str]) -> list[str]:
+    return [client.wait(job_id, timeout_s=60)["status"] for job_id in job_ids]
+
+
+# -- restarts --------------------------------------------------------------------------------
+
+
+def test_kill_9_under_load_loses_no_accepted_job(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """kill -9 mid-load: after a restart every accepted job is accounted for, none twice."""
+    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 2}})
+    with daemon.client() as client:
+        accepted = [client.submit("sleep", {"ms": 40})["id"] for _ in range(30)]
+    daemon.wait_for_event(lambda e: e.get("event") == "job.succeeded")
+    daemon.stop(signal.SIGKILL)
+    again = daemon.restart()
+    try:
+        with again.client() as client:
+            states = terminal_states(client, accepted)
+    finally:
+        again.stop()
+    assert len(states) == 30
+    assert set(states) <= {"succeeded", "interrupted"}
+    assert states.count("interrupted") <= 2  # at most the jobs running at the kill
+    assert states.count("succeeded") >= 28
+    recovered = again.events("store.recovered")[0]
+    assert recovered["jobs"] == 30 - sum(1 for e in daemon.events("job.succeeded"))
+
+
+def test_job_with_retries_runs_again_after_a_restart(daemon: RunningDaemon) -> None:
+    """A job running at kill -9 that allows retries runs again and succeeds; attempts=1."""
+    with daemon.client() as client:
+        job = client.submit("sleep", {"ms": 1500}, max_retries=1)
+    daemon.wait_for_event(lambda e: e.get("event") == "job.running" and e["job_id"] == job["id"])
+    daemon.stop(signal.SIGKILL)
+    again = daemon.restart()
+    try:
+        with again.client() as client:
+            finished = client.wait(job["id"], timeout_s=30)
+    finally:
+        again.stop()
+    assert finished["status"] == "succeeded"
+    assert finished["attempts"] == 1
+
+
+def test_job_with_retries_survives_a_worker_crash(daemon: RunningDaemon) -> None:
+    """kill -9 of the worker: a job with max_retries=1 runs again elsewhere and succeeds."""
+    with daemon.client() as client:
+        job = client.submit("sleep", {"ms": 1500}, max_retries=1)
+        running = daemon.wait_for_event(
+            lambda e: e.get("event") == "job.running" and e["job_id"] == job["id"]
+        )
+        os.kill(running["worker_pid"], signal.SIGKILL)
+        finished = client.wait(job["id"], timeout_s=30)
+    assert finished["status"] == "succeeded"
+    assert finished["attempts"] == 1
+    assert finished["worker_pid"] != running["worker_pid"]
+
+
+def test_outputs_and_queued_inputs_survive_a_restart(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """A kept output downloads after a restart; a queued job keeps its uploaded inputs."""
+    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 1}})
+    a, b = np.arange(1000, dtype=np.float32), np.ones(1000, dtype=np.float32)
+    with daemon.client() as client:
+        done = client.run("vector_add", {"size": 1000}, keep_outputs=True)
+        client.submit("sleep", {"ms": 300})
+        ids = {name: client.upload_array(array)["id"] for name, array in (("a", a), ("b", b))}
+        queued = client.submit("vector_add", inputs=ids, keep_outputs=True)
+    daemon.stop(signal.SIGTERM)
+    again = daemon.restart()
+    try:
+        with again.client() as client:
+            kept = np.load(io.BytesIO(client.download_output(done["id"], "c")))
+            ran = client.wait(queued["id"], timeout_s=30)
+            c = np.load(io.BytesIO(client.download_output(queued["id"], "c")))
+    finally:
+        again.stop()
+    assert kept.shape == (1000,)
+    assert ran["status"] == "succeeded"
+    np.testing.assert_array_equal(c, a + b)
+
+
+def test_damaged_store_is_moved_aside(daemon_factory: Callable[..., RunningDaemon]) -> None:
+    """A store that is not SQLite is kept aside, a fresh one starts, and the log says where."""
+    daemon = daemon_factory()
+    daemon.stop()
+    store = daemon.state_dir / "jobs.sqlite3"
+    store.write_bytes(b"this is not a database" * 100)
+    again = daemon.restart()
+    try:
+        with again.client() as client:
+            assert client.run("noop")["status"] == "succeeded"
+    finally:
+        again.stop()
+    damaged = again.events("store.damaged")[0]
+    assert Path(damaged["moved_to"]).read_bytes().startswith(b"this is not a database")
+    assert "fresh store" in damaged["hint"]
+
+
+def test_store_prunes_by_age_and_count(tmp_path: Path) -> None:
+    """Finished jobs past the age limit or beyond the newest N are deleted; unfinished stay."""
+    store = JobStore(tmp_path / "jobs.sqlite3", keep_finished=5, keep_finished_s=3600)
+    now = time.time()
+    for n in range(12):
+        job = JobRecord(id=f"j{n:02d}", task="noop", params={}, created_at=now - 7200)
+        job.status, job.finished_at = JobState.succeeded, now - (7200 if n < 3 else n)
+        store.add(job)
+    store.add(JobRecord(id="waiting", task="noop", params={}, created_at=now - 7200))
+    assert store.prune(now) == 3 + 4
+    store.close()
+    with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
+        left = sorted(row[0] for row in db.execute("SELECT id FROM jobs"))
+    assert left == ["j03", "j04", "j05", "j06", "j07", "waiting"]
+
+
+# -- a full disk -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_state_dir(daemon_home: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs as the state directory, so outputs can run out of space."""
+    mount = daemon_home / "small"
+    mount.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_no_space_for_outputs_fails_the_job_cleanly(
+    daemon_home: Path, small_state_dir: Path
+) -> None:
+    """Outputs larger than the disk: no_space_for_outputs, no partial file, the daemon serves on."""
+    home = daemon_home / "full"
+    home.mkdir()
+    (home / "state").symlink_to(small_state_dir)
+    daemon = start_daemon(home, None, None)
+    try:
+        with daemon.client() as client:
+            big = client.run("vector_add", {"size": 1_000_000}, keep_outputs=True)
+            small = client.run("vector_add", {"size": 1000}, keep_outputs=True)
+    finally:
+        daemon.stop()
+    assert big["status"] == "failed"
+    assert big["error"]["code"] == "no_space_for_outputs"
+    assert "state directory" in big["error"]["hint"]
+    assert small["status"] == "succeeded"
+    assert not (small_state_dir / "outputs" / big["id"]).exists()
+
+
+# -- who may do what -------------------------------------------------------------------------
+
+
+def as_nobody(daemon: RunningDaemon, code: str) -> subprocess.CompletedProcess[str]:
+    """Run `code` as uid 65534 against the daemon's socket; what it prints comes back.
+
+    The child imports as root and then drops to nobody: the interpreter may live where
+    nobody cannot read, and SO_PEERCRED records the uid at connect time."""
+    for folder in (daemon.home.parent, daemon.home):
+        folder.chmod(0o755)
+    daemon.socket_path.chmod(0o666)
+    script = (
+        "import os\nfrom taogpud.client import ApiError, Client\n"
+        f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
+        f"client = Client({str(daemon.socket_path)!r})\n{code}"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_other_users_may_not_touch_a_job(daemon: RunningDaemon) -> None:
+    """uid 65534 may not cancel root's job or read its outputs; its own job records its uid."""
+    with daemon.client() as client:
+        job = client.run("vector_add", {"size": 100}, keep_outputs=True)
+    result = as_nobody(
+        daemon,
+        f"""
+for call in (lambda: client.cancel({job["id"]!r}), lambda: client.download_output({job["id"]!r}, "c")):
+    try:
+        call()
+        print("allowed")
+    except ApiError as exc:
+        print(exc.code)
+print(client.run("noop")["peer"]["uid"])
+""",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["forbidden", "forbidden", str(NOBODY)]
+
+
+# -- overload and hostile clients ------------------------------------------------------------
+
+
+def test_a_thousand_idle_connections_do_not_block_others(daemon: RunningDaemon) -> None:
+    """1,000 connections that send nothing, and one that sends a byte a second: others are served."""
+    idle = []
+    try:
+        for _ in range(1000):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(daemon.socket_path))
+            idle.append(sock)
+        slow = idle[0]
+        slow.sendall(b"POST /v1/jobs HTTP/1.1\r\n")
+        with daemon.client() as client:
+            started = time.monotonic()
+            assert client.run("noop")["status"] == "succeeded"
+            assert client.health()["ok"]
+            served_s = time.monotonic() - started
+    finally:
+        for sock in idle:
+            sock.close()
+    assert served_s < 10  # generous: the point is that it was served at all
+
+
+def raw_exchange(daemon: RunningDaemon, request: bytes, close_early: bool = False) -> bytes:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(str(daemon.socket_path))
+    sock.sendall(request)
+    if close_early:
+        sock.close()
+        return b""
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+            if b"\r\n\r\n" in data and b"}" in data:
+                break
+    except TimeoutError:
+        pass
+    sock.close()
+    return data
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1") else 0
+
+
+def test_hand_made_bad_requests_get_answers_and_harm_nothing(daemon: RunningDaemon) -> None:
+    """Truncated bodies, wrong content types, huge headers, invalid UTF-8: 4xx, daemon serves on."""
+    body = b'{"task": "noop"}'
+    head = b"POST /v1/jobs HTTP/1.1\r\nhost: x\r\n"
+    truncated = head + b"content-type: application/json\r\ncontent-length: 100\r\n\r\n" + body
+    raw_exchange(daemon, truncated, close_early=True)
+    wrong_type = head + b"content-type: text/plain\r\ncontent-length: 16\r\n\r\n" + body
+    bad_utf8 = b'{"task": "\xff\xfe"}'
+    invalid = head + b"content-type: application/json\r\ncontent-length: 14\r\n\r\n" + bad_utf8
+    huge = b"GET /v1/health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * 200_000 + b"\r\n\r\n"
+    answers = [raw_exchange(daemon, r) for r in (wrong_type, invalid, huge)]
+    statuses = [status_of(a) for a in answers]
+    assert 400 <= statuses[0] < 500  # JSON under another content type is refused, not guessed
+    assert b"application/json" in answers[0]
+    assert 400 <= statuses[1] < 500
+    assert statuses[2] in (200, 400, 431)  # served, or refused whole: never a crash
+    with daemon.client() as client:
+        assert client.run("noop")["status"] == "succeeded"

@@ -1,0 +1,384 @@
+"""The systemd glue without systemd: sd_notify against a real datagram socket, the
+heartbeat, socket activation through systemd-socket-activate, and the journal's native
+protocol against a socket standing in for journald. No root needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon, to_toml
+
+from taogpud import journal, systemd
+from taogpud import logging as tlog
+from taogpud.client import Client
+
+SECRET = "tt-sk-glue-5e3a9c71d4"
+
+
+class NotifySocket:
+    """A datagram socket standing in for systemd's NOTIFY_SOCKET (or journald's socket)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.05)
+
+    def drain(self) -> list[bytes]:
+        got = []
+        while True:
+            try:
+                got.append(self.sock.recv(1 << 20))
+            except TimeoutError:
+                return got
+
+    def messages(self) -> list[dict[str, str]]:
+        return [dict(line.split("=", 1) for line in m.decode().split("\n")) for m in self.drain()]
+
+    def wait_for(
+        self, predicate: Callable[[dict[str, str]], bool], timeout_s: float = 30
+    ) -> list[dict[str, str]]:
+        """Every message up to and including the first that matches."""
+        seen: list[dict[str, str]] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for message in self.messages():
+                seen.append(message)
+                if predicate(message):
+                    return seen
+        raise AssertionError(f"no matching notification within {timeout_s} s: {seen}")
+
+
+@pytest.fixture
+def notify_socket(daemon_home: Path) -> Iterator[NotifySocket]:
+    stand_in = NotifySocket(daemon_home / "notify")
+    yield stand_in
+    stand_in.sock.close()
+
+
+# --- Notifier ---------------------------------------------------------------------------
+
+
+def test_notifier_is_a_no_op_outside_systemd() -> None:
+    """Without NOTIFY_SOCKET nothing is sent, no watchdog is armed, nothing raises."""
+    notifier = systemd.Notifier(environ={})
+    notifier.ready("x")
+    notifier.reloading()
+    notifier.watchdog()
+    assert (notifier.enabled, notifier.watchdog_s, notifier.send("READY=1")) == (False, None, False)
+
+
+def test_notifier_reaches_an_abstract_socket() -> None:
+    """NOTIFY_SOCKET=@name is the abstract socket "\\0name"; a dead socket is no error."""
+    name = f"taogpud-test-{os.getpid()}"
+    stand_in = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    stand_in.bind("\0" + name)
+    with stand_in:
+        notifier = systemd.Notifier(environ={"NOTIFY_SOCKET": "@" + name})
+        assert notifier.send("READY=1") is True
+        assert stand_in.recv(64) == b"READY=1"
+        notifier.close()
+    gone = systemd.Notifier(environ={"NOTIFY_SOCKET": "/nonexistent/notify"})
+    assert gone.enabled and gone.send("READY=1") is False
+    gone.close()
+
+
+def test_notifier_speaks_for_the_daemon_only(
+    notify_socket: NotifySocket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """READY=1 with an ASCII STATUS=; the notify and watchdog variables leave the environment."""
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify_socket.path))
+    monkeypatch.setenv("WATCHDOG_USEC", "4000000")
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    notifier = systemd.Notifier()
+    notifier.ready("cpu: workers 2/2 warm — café\nnext")
+    notifier.stopping("draining 1 running jobs")
+    notifier.watchdog()
+    notifier.close()
+    assert notify_socket.messages() == [
+        {"READY": "1", "STATUS": "cpu: workers 2/2 warm ? caf? next"},
+        {"STOPPING": "1", "STATUS": "draining 1 running jobs"},
+        {"WATCHDOG": "1"},
+    ]
+    assert notifier.watchdog_s == 4.0
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        assert name not in os.environ  # spawned workers cannot speak for the daemon
+
+
+def test_reloading_carries_the_monotonic_clock(
+    notify_socket: NotifySocket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RELOADING=1 comes with MONOTONIC_USEC (CLOCK_MONOTONIC, µs); READY=1 keeps the status."""
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify_socket.path))
+    notifier = systemd.Notifier()
+    notifier.status("generation 1")
+    before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    notifier.reloading()
+    notifier.ready()
+    notifier.close()
+    after = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    _, reloading, ready = notify_socket.messages()
+    assert reloading["RELOADING"] == "1"
+    assert before <= int(reloading["MONOTONIC_USEC"]) <= after
+    assert ready == {"READY": "1", "STATUS": "reloading configuration"}
+
+
+def test_watchdog_is_armed_only_for_this_process() -> None:
+    """WATCHDOG_USEC counts only when WATCHDOG_PID is ours (or absent)."""
+    env = {"NOTIFY_SOCKET": "/nonexistent", "WATCHDOG_USEC": "30000000"}
+    other = {**env, "WATCHDOG_PID": str(os.getpid() + 1)}
+    zero = {**env, "WATCHDOG_USEC": "0"}
+    periods = []
+    for environ in (dict(env), other, zero):
+        notifier = systemd.Notifier(environ=environ)
+        periods.append(notifier.watchdog_s)
+        notifier.close()
+    assert periods == [30.0, None, None]
+
+
+def test_heartbeat_sends_watchdog_only_while_healthy(
+    notify_socket: NotifySocket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each tick: STATUS= only when it changed, WATCHDOG=1 only when the health check passed."""
+    monkeypatch.setenv("NOTIFY_SOCKET", str(notify_socket.path))
+    monkeypatch.setenv("WATCHDOG_USEC", "200000")  # ticks every 50 ms
+    notifier = systemd.Notifier()
+    health = iter([True, True, False, False, True])
+    status = iter(["a", "a", "b", "b", "b"])
+
+    async def healthy(timeout_s: float) -> bool:
+        assert timeout_s == pytest.approx(0.05)
+        return next(health)
+
+    async def five_ticks() -> None:
+        task = asyncio.create_task(systemd.heartbeat(notifier, lambda: next(status), healthy))
+        await asyncio.sleep(0.22)
+        task.cancel()
+
+    asyncio.run(five_ticks())
+    notifier.close()
+    assert notify_socket.messages() == [
+        {"STATUS": "a"},
+        {"WATCHDOG": "1"},
+        {"WATCHDOG": "1"},
+        {"STATUS": "b"},
+        {"WATCHDOG": "1"},
+    ]
+
+
+# --- the daemon, notifying --------------------------------------------------------------
+
+
+def _write_pair(home: Path) -> tuple[Path, Path]:
+    home.mkdir(parents=True, exist_ok=True)
+    settings, config = home / "settings.json", home / "config.toml"
+    settings.write_text(json.dumps(CPU_SETTINGS))
+    config.write_text(to_toml(CPU_CONFIG))
+    return settings, config
+
+
+def test_daemon_notifies_ready_watchdog_and_reload(
+    daemon_factory: Callable[..., RunningDaemon], notify_socket: NotifySocket
+) -> None:
+    """READY=1 once warm, workers in STATUS=; WATCHDOG=1 ticks; SIGHUP: RELOADING=1, READY=1."""
+    env = {"NOTIFY_SOCKET": str(notify_socket.path), "WATCHDOG_USEC": "2000000"}
+    daemon = daemon_factory(env=env)
+    seen = notify_socket.wait_for(lambda m: "READY" in m)
+    assert seen[-1]["STATUS"].startswith("cpu: workers 2/2 warm (cpu:0 cpu:1), running 0, queued 0")
+    notify_socket.wait_for(lambda m: m == {"WATCHDOG": "1"}, timeout_s=5)
+    daemon.proc.send_signal(signal.SIGHUP)
+    seen = notify_socket.wait_for(lambda m: "READY" in m, timeout_s=15)
+    reloading = [m for m in seen if "RELOADING" in m]
+    assert reloading and "MONOTONIC_USEC" in reloading[0]
+    assert seen.index(reloading[0]) < len(seen) - 1  # READY=1 after RELOADING=1
+    child_env = Path(f"/proc/{daemon.events('worker.warm')[0]['pid']}/environ").read_bytes()
+    assert b"NOTIFY_SOCKET=" not in child_env and b"WATCHDOG_USEC=" not in child_env
+
+
+def test_daemon_withholds_watchdog_while_a_worker_does_not_answer(
+    daemon_factory: Callable[..., RunningDaemon], notify_socket: NotifySocket
+) -> None:
+    """A stopped worker answers no ping: WATCHDOG=1 stops until it answers again."""
+    env = {"NOTIFY_SOCKET": str(notify_socket.path), "WATCHDOG_USEC": "1000000"}
+    daemon = daemon_factory(env=env)
+    notify_socket.wait_for(lambda m: m == {"WATCHDOG": "1"}, timeout_s=10)
+    worker_pid = daemon.events("worker.warm")[0]["pid"]
+    os.kill(worker_pid, signal.SIGSTOP)
+    try:
+        time.sleep(0.6)  # a ping in flight when it stopped may still have been answered
+        notify_socket.drain()
+        time.sleep(1.5)
+        assert {"WATCHDOG": "1"} not in notify_socket.messages()
+        unresponsive = daemon.wait_for_event(
+            lambda e: e.get("event") == "daemon.workers_unresponsive", timeout_s=5
+        )
+    finally:
+        os.kill(worker_pid, signal.SIGCONT)
+    assert unresponsive["devices"] == ["cpu:0"]
+    notify_socket.wait_for(lambda m: m == {"WATCHDOG": "1"}, timeout_s=5)
+
+
+def test_daemon_serves_on_the_socket_systemd_passes(daemon_home: Path) -> None:
+    """Socket activation (systemd-socket-activate): the first connect starts the daemon on fd 3."""
+    tool = "/usr/bin/systemd-socket-activate"
+    if not Path(tool).exists():
+        pytest.skip("systemd-socket-activate is missing")
+    settings, config = _write_pair(daemon_home / "activated")
+    sock = daemon_home / "activated/s.sock"
+    command = [
+        tool, "--listen", str(sock), sys.executable, "-m", "taogpud",
+        "--settings", str(settings), "--config", str(config),
+        "--socket", str(daemon_home / "activated/unused.sock"),
+        "--state-dir", str(daemon_home / "activated/state"),
+    ]  # fmt: skip
+    log = (daemon_home / "activated/out.log").open("wb")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with Client(sock, timeout_s=60) as client:
+            assert client.health()["ok"] is True  # waited in the backlog while workers warmed
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+    assert not (daemon_home / "activated/unused.sock").exists()  # it bound nothing itself
+    assert sock.exists()  # and left the file to whoever made it
+
+
+# --- the journal ------------------------------------------------------------------------
+
+
+def parse_native(datagram: bytes) -> dict[str, bytes]:
+    """The journal's native protocol, read back."""
+    fields: dict[str, bytes] = {}
+    rest = datagram
+    while rest:
+        line, _, after = rest.partition(b"\n")
+        if b"=" in line:
+            name, _, value = line.partition(b"=")
+            fields[name.decode()] = value
+            rest = after
+        else:
+            (size,) = struct.unpack("<Q", after[:8])
+            fields[line.decode()] = after[8 : 8 + size]
+            rest = after[8 + size + 1 :]
+    return fields
+
+
+def test_native_protocol_encodes_newlines_as_binary_fields() -> None:
+    """A value with a newline goes as NAME, newline, 64-bit LE length, bytes; others NAME=value."""
+    encoded = journal.encode({"MESSAGE": "two\nlines", "JOB_ID": "j1"})
+    assert encoded == b"MESSAGE\n" + struct.pack("<Q", 9) + b"two\nlines\nJOB_ID=j1\n"
+    assert parse_native(encoded) == {"MESSAGE": b"two\nlines", "JOB_ID": b"j1"}
+
+
+def test_field_names_and_values() -> None:
+    """Keys become upper-case journal names; None is left out; booleans read as in JSON."""
+    fields = journal.entry_fields(
+        b"{}",
+        {
+            "event": "job.succeeded",
+            "level": "warning",
+            "timestamp": "t",
+            "job_id": "j1",
+            "fallback": True,
+            "device_uuid": None,
+            "run_ms": 1.5,
+            "_private": "x",
+            "h2d-ms": 2,
+        },
+    )
+    assert fields == {
+        "MESSAGE": b"{}",
+        "PRIORITY": "4",
+        "SYSLOG_IDENTIFIER": "taogpud",
+        "EVENT": "job.succeeded",
+        "JOB_ID": "j1",
+        "FALLBACK": "true",
+        "RUN_MS": "1.5",
+        "PRIVATE": "x",
+        "H2D_MS": "2",
+    }
+
+
+def test_journal_only_when_stdout_is_the_journal_stream(tmp_path: Path) -> None:
+    """JOURNAL_STREAM must name stdout's device and inode; otherwise nothing is sent natively."""
+    stat = os.fstat(sys.stdout.fileno())
+    assert journal.stdout_is_journal({"JOURNAL_STREAM": f"{stat.st_dev}:{stat.st_ino}"})
+    assert not journal.stdout_is_journal({"JOURNAL_STREAM": f"{stat.st_dev}:{stat.st_ino + 1}"})
+    assert not journal.stdout_is_journal({})
+    assert journal.open_writer({}) is None
+    streamed = {"JOURNAL_STREAM": f"{stat.st_dev}:{stat.st_ino}"}
+    assert journal.open_writer(streamed, path=str(tmp_path / "none")) is None
+
+
+@pytest.fixture
+def journald(daemon_home: Path) -> Iterator[NotifySocket]:
+    """A stand-in journald, plugged into the logging set-up as it is under systemd."""
+    stand_in = NotifySocket(daemon_home / "journal")
+    tlog.set_secrets(SECRET)
+    tlog._state.journal = journal.JournalWriter(str(stand_in.path))
+    yield stand_in
+    tlog._state.journal.close()
+    tlog._state.journal = None
+    tlog.set_secrets(None)
+    stand_in.sock.close()
+
+
+def _through_the_chain(event: str, **fields: Any) -> bytes | None:
+    """The configured processors after the level filter, as structlog runs them."""
+    event_dict: Any = {"event": event, "level": "info", **fields}
+    try:
+        event_dict = tlog.redact(None, "info", event_dict)
+        return tlog.render(None, "info", event_dict)
+    except structlog.DropEvent:
+        return None
+
+
+def test_job_event_goes_to_the_journal_once_and_redacted(journald: NotifySocket) -> None:
+    """A job event is one native entry (MESSAGE = the JSON line), with the key redacted."""
+    line = _through_the_chain(
+        "job.failed", job_id="j1", backend="cpu", error=f"bad key {SECRET}", api_key=SECRET
+    )
+    assert line is None  # not written to stdout as well
+    [datagram] = journald.drain()
+    assert SECRET.encode() not in datagram
+    fields = parse_native(datagram)
+    assert fields["JOB_ID"] == b"j1" and fields["BACKEND"] == b"cpu"
+    assert fields["API_KEY"] == b"<redacted>"
+    assert json.loads(fields["MESSAGE"])["error"] == "bad key <redacted>"
+
+
+def test_other_events_and_failed_sends_stay_on_stdout(
+    journald: NotifySocket, daemon_home: Path
+) -> None:
+    """Only job.* events go natively; when a send fails the line goes to stdout, not lost."""
+    assert _through_the_chain("daemon.ready", backend="cpu") is not None
+    assert journald.drain() == []
+    assert tlog._state.journal is not None
+    tlog._state.journal.path = str(daemon_home / "gone")
+    line = _through_the_chain("job.succeeded", job_id="j2")
+    assert line is not None and json.loads(line)["job_id"] == "j2"
+
+
+def test_redaction_runs_before_rendering_in_the_configured_chain() -> None:
+    """configure() puts `redact` before `render`, so the journal path sees redacted events."""
+    tlog.configure()
+    processors = structlog.get_config()["processors"]
+    assert processors.index(tlog.redact) < processors.index(tlog.render) == len(processors) - 1
