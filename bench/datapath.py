@@ -1,15 +1,19 @@
 """Data path: array upload and download through taogpud beside memcpy and a raw Unix socket.
 
 The same bytes (a float32 array's .npy image) in one run: numpy's copy into a warm buffer
-(memcpy), a raw AF_UNIX stream to a process that reads into a warm buffer and back, and
-taogpud's `Client.upload_array` (from a numpy array, and from ready .npy bytes) and
-`Client.download_output` of a kept output (vector_add's c). Throughput in GiB/s of payload.
+(memcpy); a raw AF_UNIX stream to another process and back, landing in a warm buffer (the
+ceiling) and in fresh memory (what an upload must fill: a new /dev/shm file; what a
+download returns: new bytes), since first-touch page faults cost as much as the copy on
+some hosts; and taogpud's `Client.upload_array` (from a numpy array, and from ready .npy
+bytes) and `Client.download_output` of a kept output (vector_add's c). GiB/s of payload.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import mmap
+import os
 import shutil
 import socket
 import tempfile
@@ -24,15 +28,24 @@ from bench.load import SPAWN
 from bench.stats import Spread
 
 GIB = 1 << 30
-UP, DOWN = 0, 1
+UP, DOWN, UP_FRESH = 0, 1, 2
 MEMCPY = "memcpy (numpy copyto into a warm buffer)"
-RAW_UP = "raw Unix socket, client → server"
-RAW_DOWN = "raw Unix socket, server → client"
+RAW_UP = "raw Unix socket, client → server, warm buffer"
+RAW_UP_FRESH = "raw Unix socket, client → server, into a new /dev/shm file"
+RAW_DOWN = "raw Unix socket, server → client, warm buffer"
+RAW_DOWN_FRESH = "raw Unix socket, server → client, into new memory"
 UPLOAD_ARRAY = "taogpud upload_array(ndarray)"
 UPLOAD_BYTES = "taogpud upload_array(.npy bytes)"
 DOWNLOAD = "taogpud download_output (kept output)"
-METHODS = (MEMCPY, RAW_UP, RAW_DOWN, UPLOAD_ARRAY, UPLOAD_BYTES, DOWNLOAD)
-VERSUS = {UPLOAD_ARRAY: RAW_UP, UPLOAD_BYTES: RAW_UP, DOWNLOAD: RAW_DOWN}
+METHODS = (
+    MEMCPY, RAW_UP, RAW_UP_FRESH, RAW_DOWN, RAW_DOWN_FRESH, UPLOAD_ARRAY, UPLOAD_BYTES, DOWNLOAD,
+)  # fmt: skip
+# What each taogpud path is held against: the raw socket with a warm, then a fresh landing.
+VERSUS = {
+    UPLOAD_ARRAY: (RAW_UP, RAW_UP_FRESH),
+    UPLOAD_BYTES: (RAW_UP, RAW_UP_FRESH),
+    DOWNLOAD: (RAW_DOWN, RAW_DOWN_FRESH),
+}
 
 
 @dataclass(frozen=True)
@@ -97,25 +110,31 @@ def _seconds(action: Callable[[], object]) -> float:
 
 
 def _raw_socket(npy: bytes, repeats: int) -> dict[str, list[float]]:
-    landing = bytearray(len(npy))
-    up, down = [], []
+    warm = bytearray(len(npy))
+    seconds: dict[str, list[float]] = {
+        m: [] for m in (RAW_UP, RAW_UP_FRESH, RAW_DOWN, RAW_DOWN_FRESH)
+    }
     with _raw_server() as path, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect(path)
-        header = len(npy).to_bytes(8, "little")
+        size = len(npy).to_bytes(8, "little")
         for _ in range(repeats):
-            up.append(_seconds(lambda: _send_up(sock, header, npy)))
-            down.append(_seconds(lambda: _fetch_down(sock, header, landing)))
-    return {RAW_UP: up, RAW_DOWN: down}
+            for method, kind in ((RAW_UP, UP), (RAW_UP_FRESH, UP_FRESH)):
+                seconds[method].append(_seconds(lambda kind=kind: _send_up(sock, kind, size, npy)))
+            seconds[RAW_DOWN].append(_seconds(lambda: _fetch_down(sock, size, warm)))
+            seconds[RAW_DOWN_FRESH].append(
+                _seconds(lambda: _fetch_down(sock, size, bytearray(len(npy))))
+            )
+    return seconds
 
 
-def _send_up(sock: socket.socket, header: bytes, payload: bytes) -> None:
-    sock.sendall(bytes([UP]) + header)
+def _send_up(sock: socket.socket, kind: int, size: bytes, payload: bytes) -> None:
+    sock.sendall(bytes([kind]) + size)
     sock.sendall(payload)
     _recv_exact(sock, 1)
 
 
-def _fetch_down(sock: socket.socket, header: bytes, landing: bytearray) -> None:
-    sock.sendall(bytes([DOWN]) + header)
+def _fetch_down(sock: socket.socket, size: bytes, landing: bytearray) -> None:
+    sock.sendall(bytes([DOWN]) + size)
     _recv_into(sock, memoryview(landing))
 
 
@@ -147,12 +166,31 @@ def _serve_raw(path: str, ready: Any) -> None:
             size = int.from_bytes(header[1:], "little")
             if len(buffer) < size:
                 buffer = bytearray(size)
+                buffer[:] = bytes(size)  # touch every page: this buffer stays warm
             view = memoryview(buffer)[:size]
             if header[0] == UP:
                 _recv_into(conn, view)
-                conn.sendall(b"k")
+            elif header[0] == UP_FRESH:
+                _recv_into_new_shm_file(conn, size)
             else:
                 conn.sendall(view)
+                continue
+            conn.sendall(b"k")
+
+
+def _recv_into_new_shm_file(conn: socket.socket, size: int) -> None:
+    """What an upload has to do: land the bytes in a new, never-touched /dev/shm file."""
+    path = Path("/dev/shm") / f"tgd-bench-raw.{os.getpid()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as mapped:
+            view = memoryview(mapped)
+            _recv_into(conn, view)
+            view.release()
+    finally:
+        os.close(fd)
+        path.unlink()
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:

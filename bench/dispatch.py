@@ -106,7 +106,7 @@ def _peer(
         return
     rows, footprint = found if isinstance(found, tuple) else (found, None)
     if footprint is not None:
-        result.peer_footprints[rows[0].system] = footprint
+        result.peer_footprints[name] = footprint
     result.rows += rows
     print(*(_line(row) for row in rows), sep="\n", flush=True)
 

@@ -49,10 +49,16 @@ def with_marker(marker: str) -> list[int]:
     for entry in PROC.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
-        with contextlib.suppress(OSError):
-            if marker.encode() in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
+        if marker.encode() in cmdline(int(entry.name)):
+            pids.append(int(entry.name))
     return pids
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def kill_all(pids: list[int]) -> None:

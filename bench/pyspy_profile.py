@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -23,6 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+OTHER = "other"
+# watchfiles waits in Rust on an anyio worker thread, waking every 50 ms; py-spy samples that
+# thread as busy whenever it is runnable (/proc puts the idle daemon near 0% CPU). Left out.
+WATCHER = "config watcher thread (a wait)"
 # Ordered: the first group whose marker is in a frame's file wins for that frame.
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
@@ -42,17 +47,19 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("/taogpud/pool/", "/taogpud/backends/", "/taogpud/tasks/", "/concurrent/futures/",
          "/numpy/"),
     ),
-    # watchfiles waits in Rust on an anyio worker thread; py-spy samples that wait as busy.
-    ("config watcher thread (a wait)", ("/watchfiles/", "/anyio/_backends/")),
+    (WATCHER, ("/watchfiles/", "/anyio/_backends/")),
     ("pydantic (models, JSON)", ("/pydantic/", "/pydantic_core/")),
     ("framework (FastAPI, Starlette, anyio)", ("/fastapi/", "/starlette/", "/anyio/")),
     ("HTTP server (uvicorn, httptools)", ("/uvicorn/", "/httptools/", "/h11/")),
     ("our API handlers", ("/taogpud/api/",)),
+    (
+        "client (taogpud.client, http.client)",
+        ("/taogpud/client.py", "/http/client.py", "/socket.py", "/email/"),
+    ),
     ("scheduler and jobs", ("/taogpud/",)),
-    ("client (http.client, socket)", ("/http/client.py", "/socket.py", "/bench/")),
+    ("benchmark load loop", ("/bench/", "/multiprocessing/synchronize.py")),
     ("event loop (uvloop, in C)", ("/asyncio/", "/uvloop/", "/selectors.py")),
 )  # fmt: skip
-OTHER = "other"
 FRAME = re.compile(r"^(?P<function>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 LIBRARY = re.compile(r"^.*/(?:site-packages|lib/python3\.\d+)/")
 ROOT_SHARE = 0.9  # frames on (nearly) every stack say nothing: main(), Runner.run, ...
@@ -86,6 +93,7 @@ class ProcessProfile:
     """One process's busy samples: shares by group (adding to 1) and the top frames."""
 
     samples: int
+    left_out: int  # samples of the config watcher's wait
     groups: dict[str, float]
     top: list[tuple[str, str, float]]  # (frame, its group, inclusive share)
     hot: list[tuple[str, str, float]]  # (leaf frame with its line, its group, share)
@@ -97,20 +105,28 @@ def py_spy() -> Path | None:
     return Path(found) if found else None
 
 
-def recorder(
-    pid: int, seconds: int, out: Path, rate_hz: int, children: bool
-) -> subprocess.Popen[bytes]:
-    """Start sampling `pid` for `seconds` into `out` (raw stacks); wait on the process."""
+def recorder(pid: int, out: Path, rate_hz: int, children: bool) -> subprocess.Popen[bytes]:
+    """Start sampling `pid` into `out` (raw stacks) until `stop`."""
     binary = py_spy()
     if binary is None:
         raise RuntimeError("py-spy is not installed: pip install -e '.[bench]'")
     command = [
-        str(binary), "record", "--pid", str(pid), "--duration", str(seconds),
-        "--rate", str(rate_hz), "--format", "raw", "--full-filenames", "--output", str(out),
+        str(binary), "record", "--pid", str(pid), "--rate", str(rate_hz), "--format", "raw",
+        "--full-filenames", "--output", str(out),
     ]  # fmt: skip
     if children:
         command.append("--subprocesses")
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def stop(recorders: list[subprocess.Popen[bytes]]) -> None:
+    """Ctrl-C each recorder: py-spy then writes what it sampled."""
+    for recorder in recorders:
+        recorder.send_signal(signal.SIGINT)
+    for recorder in recorders:
+        _, error = recorder.communicate(timeout=60)
+        if recorder.returncode != 0:
+            raise RuntimeError(f"py-spy failed: {error.decode(errors='replace')[-500:]}")
 
 
 def load(raw: Path, top_n: int = 15) -> dict[str, ProcessProfile]:
@@ -127,8 +143,10 @@ def load(raw: Path, top_n: int = 15) -> dict[str, ProcessProfile]:
     return {who: _summarise(found, top_n) for who, found in stacks.items() if found}
 
 
-def _summarise(stacks: list[Stack], top_n: int) -> ProcessProfile:
+def _summarise(found: list[Stack], top_n: int) -> ProcessProfile:
+    stacks = [stack for stack in found if _owner(stack.frames) != WATCHER]
     total = sum(stack.count for stack in stacks)
+    left_out = sum(stack.count for stack in found) - total
     groups: Counter[str] = Counter()
     inclusive: Counter[Frame] = Counter()
     hot: Counter[tuple[Frame, str]] = Counter()
@@ -153,7 +171,7 @@ def _summarise(stacks: list[Stack], top_n: int) -> ProcessProfile:
         for (frame, line), n in hot.most_common(top_n)
     ]
     shares = {name: count / total for name, count in groups.most_common()}
-    return ProcessProfile(total, shares, top[:top_n], hottest)
+    return ProcessProfile(total, left_out, shares, top[:top_n], hottest)
 
 
 def _owner(frames: list[Frame]) -> str:

@@ -121,22 +121,25 @@ def _datapath(sizes: list[SizeResult]) -> str:
     if not sizes:
         return "## 2. Data path\n\nNot measured."
     header = " | ".join(f"{s.size_mib} MiB, GiB/s" for s in sizes)
-    ratios = " | ".join(f"{s.size_mib} MiB vs raw" for s in sizes)
+    ratios = " | ".join(f"{s.size_mib} MiB vs raw: warm / fresh" for s in sizes)
     lines = [
         "## 2. Data path (arrays in and out)",
         "",
         "A float32 array's .npy image. Uploads from a numpy array include the client's "
         "`np.save` into memory; downloads are vector_add's kept output `c` over the same "
-        "bytes. Raw socket: the same bytes over AF_UNIX to and from another process's warm buffer.",
+        "bytes. Raw socket: the same bytes over AF_UNIX to and from another process, landing "
+        "in a warm buffer (the ceiling) or in fresh memory (what an upload fills: a new "
+        "/dev/shm file; what a download returns: new bytes), because first-touch page faults "
+        "can cost as much as the copy itself.",
         "",
         f"| path | {header} | {ratios} |",
         "|---|" + "---:|" * (2 * len(sizes)),
     ]
     for method in datapath.METHODS:
         cells = [s.gib_per_s[method].text(".2f") for s in sizes]
-        versus = datapath.VERSUS.get(method)
+        versus = datapath.VERSUS.get(method, ())
         shares = [
-            f"{s.gib_per_s[method].median / s.gib_per_s[versus].median:.0%}" if versus else ""
+            " / ".join(f"{s.gib_per_s[method].median / s.gib_per_s[v].median:.0%}" for v in versus)
             for s in sizes
         ]
         lines.append(f"| {method} | {' | '.join(cells)} | {' | '.join(shares)} |")
@@ -183,8 +186,11 @@ def _profile(
     lines += [
         "A target was missed, so the daemon was sampled with py-spy (`record -f raw`, "
         "subprocesses included) under three steady loads. CPU per unit is user + system time "
-        "from /proc over the sampling window; shares are of the daemon's busy samples (idle "
-        "waits are not sampled; a C call shows as its Python caller).",
+        "from /proc over the sampling window, which runs from one finished unit to another. "
+        "Shares are of busy samples: py-spy leaves idle threads out but counts a runnable "
+        "thread waiting for a CPU as busy, so on a loaded host they blur; the CPU columns "
+        "do not. A C call (SQLite, a socket write, uvloop itself) shows as its Python caller; "
+        "`Runner.run` as a leaf is uvloop's own C code, the socket and pipe I/O it does included.",
         "",
         "| load | units in window | units/s while sampled "
         "| CPU ms per unit: daemon | workers | clients |",
@@ -212,7 +218,8 @@ def _cpu_key(who: str) -> str:
 
 def _process_profile(who: str, profile: ProcessProfile, cpu_ms: float, unit: str) -> list[str]:
     lines = [
-        f"**{who}** ({profile.samples:,} busy samples; {cpu_ms * 1e3:,.0f} µs CPU per {unit}):",
+        f"**{who}** ({profile.samples:,} busy samples{_left_out(profile)}; "
+        f"{cpu_ms * 1e3:,.0f} µs CPU per {unit}):",
         "",
         f"| group (innermost frame wins) | share | ≈ µs per {unit} |",
         "|---|---:|---:|",
@@ -224,6 +231,12 @@ def _process_profile(who: str, profile: ProcessProfile, cpu_ms: float, unit: str
     lines += ["", "| hot lines (leaf) | group | share |", "|---|---|---:|"]
     lines += [f"| `{frame}` | {group} | {share:.1%} |" for frame, group, share in profile.hot]
     return [*lines, ""]
+
+
+def _left_out(profile: ProcessProfile) -> str:
+    return (
+        f", {profile.left_out:,} of the config watcher's wait left out" if profile.left_out else ""
+    )
 
 
 def _advice(scenarios: list[Scenario], advice: dict[str, str]) -> list[str]:

@@ -25,7 +25,7 @@ from bench import datapath, dispatch, footprint, host, where_time_goes  # noqa: 
 from bench.advice import ADVICE  # noqa: E402
 from bench.charts import draw_all  # noqa: E402
 from bench.daemon_under_test import running  # noqa: E402
-from bench.procs import descendants  # noqa: E402
+from bench.procs import cmdline, descendants  # noqa: E402
 from bench.pyspy_profile import py_spy  # noqa: E402
 from bench.report import RunFacts, render  # noqa: E402
 from bench.targets import evaluate  # noqa: E402
@@ -60,7 +60,7 @@ def main() -> None:
     if any(target.verdict == "missed" for target in targets) and py_spy() is not None:
         print("== a target was missed: profiling the daemon", flush=True)
         with running() as daemon:
-            seconds = 2 if args.quick else 6
+            seconds = 2.0 if args.quick else 6.0
             scenarios = where_time_goes.measure(
                 str(daemon.socket_path), daemon.proc.pid, seconds, PROFILE_RATE_HZ
             )
@@ -86,7 +86,8 @@ def main() -> None:
 
 
 def _check_leftovers() -> None:
-    left = descendants(os.getpid())
+    """Every process this run started should be gone (multiprocessing's tracker ends with us)."""
+    left = [pid for pid in descendants(os.getpid()) if b"resource_tracker" not in cmdline(pid)]
     if left:
         print(f"warning: processes this run started are still alive: {left}", file=sys.stderr)
 

@@ -24,6 +24,8 @@ from bench.pyspy_profile import ProcessProfile
 
 UPLOAD_MIB = 512
 WARM_TIMEOUT_S = 120.0
+MIN_UNITS = 3
+POLL_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -40,66 +42,88 @@ class Scenario:
         return self.units / self.seconds
 
 
-def measure(socket_path: str, daemon_pid: int, seconds: int, rate_hz: int) -> list[Scenario]:
-    runs: list[tuple[str, str, Callable[..., None], int, bool]] = [
-        ("tiny jobs, 1 client", "job", _tiny_jobs, 1, True),
-        ("tiny jobs, 8 clients", "job", _tiny_jobs, 8, False),
-        (f"{UPLOAD_MIB} MiB uploads, 1 client", "upload", _uploads, 1, True),
+def measure(socket_path: str, daemon_pid: int, seconds: float, rate_hz: int) -> list[Scenario]:
+    loads: list[tuple[str, str, Callable[..., None], int, int]] = [
+        ("tiny jobs, 1 client", "job", _tiny_jobs, 1, 1),
+        ("tiny jobs, 8 clients", "job", _tiny_jobs, 8, 0),
+        (f"{UPLOAD_MIB} MiB uploads, 1 client", "upload", _uploads, 1, 1),
     ]
     with tempfile.TemporaryDirectory(prefix="tgd-prof-") as folder:
         return [
-            _scenario(name, unit, load, clients, profile_client, socket_path, daemon_pid,
-                      seconds, rate_hz, Path(folder) / f"{n}")
-            for n, (name, unit, load, clients, profile_client) in enumerate(runs)
+            _scenario(Load(name, unit, body, clients, profiled_clients), socket_path, daemon_pid,
+                      seconds, rate_hz, Path(folder) / str(n))
+            for n, (name, unit, body, clients, profiled_clients) in enumerate(loads)
         ]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Load:
+    name: str
+    unit: str
+    body: Callable[..., None]  # (socket_path, stop, counter): one unit after another
+    clients: int
+    profiled_clients: int  # how many of the clients py-spy samples too
+
+
 def _scenario(
-    name: str,
-    unit: str,
-    load: Callable[..., None],
-    clients: int,
-    profile_client: bool,
-    socket_path: str,
-    daemon_pid: int,
-    seconds: int,
-    rate_hz: int,
-    out: Path,
+    load: Load, socket_path: str, daemon_pid: int, seconds: float, rate_hz: int, out: Path
 ) -> Scenario:
+    """Sample from one finished unit to another, for at least `seconds` and MIN_UNITS units."""
     stop = SPAWN.Event()
-    counters = [SPAWN.Value("q", 0, lock=False) for _ in range(clients)]
-    loads = [SPAWN.Process(target=load, args=(socket_path, stop, c)) for c in counters]
-    for process in loads:
+    counters = [SPAWN.Value("q", 0, lock=False) for _ in range(load.clients)]
+    clients = [SPAWN.Process(target=load.body, args=(socket_path, stop, c)) for c in counters]
+    for process in clients:
         process.start()
     try:
-        _wait_warm(counters, loads)
+        _wait_warm(counters, clients)
         pids = {
             "daemon": [daemon_pid],
             "workers": descendants(daemon_pid),
-            "clients": [p.pid for p in loads if p.pid is not None],
+            "clients": [p.pid for p in clients if p.pid is not None],
         }
-        before, done_before, started = _cpu(pids), _total(counters), time.monotonic()
-        recorders = [pyspy_profile.recorder(daemon_pid, seconds, out.with_suffix(".daemon"),
-                                            rate_hz, children=True)]  # fmt: skip
-        if profile_client:
-            recorders.append(pyspy_profile.recorder(
-                pids["clients"][0], seconds, out.with_suffix(".client"), rate_hz, children=False
-            ))  # fmt: skip
-        for recorder in recorders:
-            _, error = recorder.communicate(timeout=seconds + 60)
-            if recorder.returncode != 0:
-                raise RuntimeError(f"py-spy failed: {error.decode(errors='replace')[-500:]}")
-        after, done, elapsed = (
-            _cpu(pids),
-            _total(counters) - done_before,
-            time.monotonic() - started,
-        )
+        recorders = [pyspy_profile.recorder(daemon_pid, out.with_suffix(".daemon"), rate_hz, True)]
+        recorders += [
+            pyspy_profile.recorder(pid, out.with_suffix(f".client{n}"), rate_hz, False)
+            for n, pid in enumerate(pids["clients"][: load.profiled_clients])
+        ]
+        try:
+            first = _on_next_unit(counters, pids)
+            last = _on_next_unit(counters, pids, after=first, seconds=seconds)
+        finally:
+            pyspy_profile.stop(recorders)
     finally:
         stop.set()
-        for process in loads:
-            process.join(60)
-    per_unit = {who: (after[who] - before[who]) * 1e3 / max(done, 1) for who in pids}
-    return Scenario(name, unit, done, elapsed, per_unit, _profiles(out))
+        for process in clients:
+            process.join(120)
+    units = last.units - first.units
+    cpu = {who: (last.cpu[who] - first.cpu[who]) * 1e3 / units for who in pids}
+    return Scenario(load.name, load.unit, units, last.at - first.at, cpu, _profiles(out))
+
+
+@dataclass(frozen=True)
+class Mark:
+    at: float
+    units: int
+    cpu: dict[str, float]
+
+
+def _on_next_unit(
+    counters: list[Any],
+    pids: dict[str, list[int]],
+    after: Mark | None = None,
+    seconds: float = 0.0,
+) -> Mark:
+    """A mark just after a unit finishes (and, with `after`, once enough time and units passed)."""
+    deadline = time.monotonic() + WARM_TIMEOUT_S + seconds
+    seen = _total(counters)
+    while time.monotonic() < deadline:
+        now, done = time.monotonic(), _total(counters)
+        enough = after is None or (now - after.at >= seconds and done - after.units >= MIN_UNITS)
+        if done != seen and enough:
+            return Mark(now, done, {who: sum(map(cpu_s, found)) for who, found in pids.items()})
+        seen = done
+        time.sleep(POLL_S)
+    raise RuntimeError("the load stopped making progress")
 
 
 def _profiles(out: Path) -> dict[str, ProcessProfile]:
@@ -107,25 +131,21 @@ def _profiles(out: Path) -> dict[str, ProcessProfile]:
     profiles = {"daemon": found["main"]}
     if "children" in found:
         profiles["workers"] = found["children"]
-    if out.with_suffix(".client").exists():
-        profiles["client"] = pyspy_profile.load(out.with_suffix(".client"))["main"]
+    if out.with_suffix(".client0").exists():
+        profiles["client"] = pyspy_profile.load(out.with_suffix(".client0"))["main"]
     return profiles
-
-
-def _cpu(pids: dict[str, list[int]]) -> dict[str, float]:
-    return {who: sum(map(cpu_s, found)) for who, found in pids.items()}
 
 
 def _total(counters: list[Any]) -> int:
     return sum(counter.value for counter in counters)
 
 
-def _wait_warm(counters: list[Any], loads: list[Any]) -> None:
+def _wait_warm(counters: list[Any], clients: list[Any]) -> None:
     deadline = time.monotonic() + WARM_TIMEOUT_S
-    while any(counter.value < 2 for counter in counters):
-        if time.monotonic() > deadline or not all(p.is_alive() for p in loads):
+    while any(counter.value < 1 for counter in counters):
+        if time.monotonic() > deadline or not all(p.is_alive() for p in clients):
             raise RuntimeError("a load process did not get going")
-        time.sleep(0.05)
+        time.sleep(POLL_S)
 
 
 # -- the loads, each in its own process until `stop` ---------------------------------------

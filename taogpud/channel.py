@@ -347,10 +347,13 @@ class Channel:
         return outcome
 
     def _timed_out(self, exc: Exception, url: str, budget_s: float) -> _Attempt:
-        what = "connecting to" if isinstance(exc, httpx.ConnectTimeout) else "an answer from"
+        if isinstance(exc, httpx.ConnectTimeout):
+            detail = f"connecting to {_host(url)} took longer than {budget_s:.3g} s"
+        else:
+            detail = f"no answer from {_host(url)} within {budget_s:.3g} s"
         return _Attempt(
             "timeout",
-            f"no {what} {_host(url)} within {budget_s:g} s",
+            detail,
             "check the network path to the host (proxy, firewall), or raise provider.timeoutMs "
             "and api.request_timeout_s together",
             retry=True,
@@ -440,11 +443,15 @@ class Channel:
         answered = document.get("model")
         content = message.get("content")
         said = f": {self._scrub(str(content))[:40]!r}" if content else ""
+        if self.settings.api_key is None:
+            said += " (no key was sent: this server needs none)"
         return _Attempt(
             "ok",
             f"answered{said}",
             http_status=status,
-            answered_model=answered if isinstance(answered, str) else None,
+            answered_model=self._scrub(answered)[:SNIPPET_CHARS]
+            if isinstance(answered, str)
+            else None,
         )
 
     def _bad_answer(self, status: int, what: str) -> _Attempt:

@@ -163,7 +163,7 @@ def check_api_channel(result: PingResult | None, skipped_because: str = "") -> C
         return Check(
             name,
             "pass",
-            f"{model} answered in {result.latency_ms:.0f} ms at {result.url} "
+            f"{model} answered in {result.latency_ms or 0:.0f} ms at {result.url} "
             f"(key from {result.key_source}{tries})",
         )
     return Check(name, "fail", f"{result.status}: {result.detail}", result.hint)

@@ -82,8 +82,7 @@ def assert_no_key(*texts: Any) -> None:
 
 
 def test_ok_answer_is_the_guides_request_with_the_key(provider: FakeProvider) -> None:
-    """200 with a completion → ok with latency and model; the server got the guide's exact
-    request at {base}/v1/chat/completions with `Authorization: Bearer <key>`."""
+    """200 → ok with latency and model; the server got the guide's request and Bearer key."""
     result = ping(settings_for(provider.base_url))
     assert result.ok and result.status == "ok"
     assert result.attempts == 1 and result.http_status == 200
@@ -113,8 +112,7 @@ def test_role_picks_the_model(provider: FakeProvider, role: ModelRole, model: st
 
 @pytest.mark.parametrize("status", [401, 403])
 def test_refused_key_is_rejected_key_and_not_retried(provider: FakeProvider, status: int) -> None:
-    """401/403 with a key → rejected_key, one attempt, with the server's message — scrubbed
-    of the key the server echoed back."""
+    """401/403 with a key → rejected_key, one attempt, the server's echo of the key redacted."""
     echo = {"error": {"message": f"Incorrect API key provided: {KEY}"}}
     provider.default = Reply(status, echo)
     result = ping(settings_for(provider.base_url, retries=3))
@@ -125,8 +123,7 @@ def test_refused_key_is_rejected_key_and_not_retried(provider: FakeProvider, sta
 
 
 def test_wrong_key_echoed_by_the_server_never_shows() -> None:
-    """A server that rejects the key and echoes the whole Authorization header: the detail
-    says rejected_key and carries <redacted> where the key was."""
+    """A server echoing the whole Authorization header: rejected_key, <redacted> in its place."""
     with fake_provider("another-key-entirely") as server:
         server.require_auth = True
         result = ping(settings_for(server.base_url))
@@ -136,8 +133,7 @@ def test_wrong_key_echoed_by_the_server_never_shows() -> None:
 
 
 def test_no_key_lists_the_sources_tried(tmp_path: Path) -> None:
-    """No key anywhere → the request goes out without Authorization; the 401 becomes no_key
-    naming the credential, the env var and settings.json apiKey, with no value."""
+    """No key: nothing sent as Authorization; the 401 is no_key naming the three sources."""
     settings_file = tmp_path / "settings.json"
     settings_file.write_text(json.dumps({"gpu": {"backend": "cpu"}}))
     config_file = tmp_path / "config.toml"
@@ -161,6 +157,14 @@ def test_credential_directory_is_named_when_set(tmp_path: Path) -> None:
     tried = key_sources_tried(snapshot, {"CREDENTIALS_DIRECTORY": "/run/credentials/x"})
     assert tried[0].startswith("the systemd credential /run/credentials/x/taotoken_api_key")
     assert "the embedded defaults" in tried[2]
+
+
+def test_no_key_and_a_server_that_needs_none_is_ok(provider: FakeProvider) -> None:
+    """A local server without auth (vLLM, Ollama): nothing sent as Authorization, ok, said so."""
+    result = ping(settings_for(provider.base_url, key=None))
+    assert result.ok and result.key_source == "none"
+    assert not provider.seen[0].has_auth
+    assert "no key was sent" in result.detail
 
 
 # --- retries --------------------------------------------------------------------------
@@ -235,8 +239,7 @@ def test_unresolvable_name_is_dns() -> None:
 
 
 def test_utm_params_are_refused_before_sending(provider: FakeProvider) -> None:
-    """A base URL with utm_* (config refuses it at load; the channel checks again) → utm_params,
-    nothing sent, the parameter named."""
+    """A base URL with utm_* → utm_params, nothing sent, the parameter named."""
     result = ping(settings_for(f"{provider.base_url}?utm_source=guide&x=1"))
     assert result.status == "utm_params" and result.attempts == 0
     assert "utm_source" in result.detail and "utm_source" in result.hint
@@ -257,6 +260,14 @@ def test_404_page_is_bad_url_and_a_doubled_v1_is_pointed_out(provider: FakeProvi
     assert result.status == "bad_url" and result.http_status == 404
     assert provider.seen[0].path == "/api/v1/v1/chat/completions"
     assert "drop the /v1" in result.hint
+
+
+def test_redirect_is_bad_url_naming_where_to(provider: FakeProvider) -> None:
+    """A 301 is not followed: bad_url, naming the target without its query."""
+    provider.default = Reply(301, b"", {"Location": "https://example.invalid/api/v1?utm_x=1"})
+    result = ping(settings_for(provider.base_url))
+    assert result.status == "bad_url" and "https://example.invalid/api/v1" in result.detail
+    assert "utm_x" not in result.detail
 
 
 def test_404_from_the_api_is_http_error(provider: FakeProvider) -> None:
@@ -290,8 +301,7 @@ def test_answered_model_is_reported(provider: FakeProvider) -> None:
 
 @pytest.mark.parametrize("suffix", ["\n", " x", "é"], ids=["newline", "space", "non-ascii"])
 def test_key_no_header_can_carry_is_not_sent(provider: FakeProvider, suffix: str) -> None:
-    """A key with a newline, space or non-ASCII character is refused before sending (httpx
-    and h11 would put the header value in their exception text)."""
+    """A key with a newline, space or non-ASCII char is not sent (h11 would echo it)."""
     bad_key = KEY + suffix
     result = ping(settings_for(provider.base_url, key=bad_key))
     assert result.status == "rejected_key" and result.attempts == 0
@@ -300,8 +310,7 @@ def test_key_no_header_can_carry_is_not_sent(provider: FakeProvider, suffix: str
 
 
 def test_the_key_never_appears_in_results_logs_or_reprs(provider: FakeProvider) -> None:
-    """Across ok, 401 (echoing the key), 500 (echoing it), garbage (echoing it), refused and
-    timeout: no result, log event, repr or str carries the key."""
+    """Across ok, 401, 500, garbage, refused, timeout: no result, log event or repr has the key."""
     echo = f"auth was Bearer {KEY}".encode()
     provider.script = [OK, Reply(401, echo), Reply(500, echo), Reply(200, echo)]
     results: list[PingResult] = []

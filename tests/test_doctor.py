@@ -83,8 +83,7 @@ def provider() -> Iterator[FakeProvider]:
 
 
 def test_api_ping_through_the_daemon(daemon_factory: Factory, provider: FakeProvider) -> None:
-    """The daemon sends the guide's ping with its key (the shell has none): exit 0, ok with
-    latency and model; --model reasoning asks models.reasoning; the human line says ok."""
+    """The daemon pings with its key (the shell has none): exit 0, ok, latency, model per role."""
     daemon = channel_daemon(daemon_factory, provider)
     result = ctl("api", "ping", "--json", socket_path=daemon.socket_path)
     assert result.returncode == 0, result.stderr
@@ -104,8 +103,7 @@ def test_api_ping_through_the_daemon(daemon_factory: Factory, provider: FakeProv
 
 
 def test_api_ping_rejected_key_exits_1(daemon_factory: Factory) -> None:
-    """A provider that refuses the key and echoes it back: exit 1, rejected_key, and the echo
-    is redacted in the answer and absent from the daemon's log."""
+    """A provider refusing and echoing the key: exit 1, rejected_key, the echo redacted."""
     with fake_provider("not-the-daemons-key") as server:
         server.require_auth = True
         daemon = channel_daemon(daemon_factory, server)
@@ -120,8 +118,7 @@ def test_api_ping_rejected_key_exits_1(daemon_factory: Factory) -> None:
 
 
 def test_api_ping_without_a_key_lists_the_sources(daemon_factory: Factory) -> None:
-    """A daemon with no key anywhere: the 401 is no_key naming the credential, the env var and
-    settings.json apiKey; exit 1."""
+    """A daemon with no key: the 401 is no_key naming credential, env var and apiKey; exit 1."""
     with fake_provider(KEY) as server:
         server.require_auth = True
         daemon = channel_daemon(daemon_factory, server, key=None)
@@ -147,8 +144,7 @@ def test_api_ping_classifies_a_dead_channel(
 
 
 def test_api_ping_usage_and_unreachable(tmp_path: Path, daemon: RunningDaemon) -> None:
-    """No daemon on the socket → exit 3; an unknown --model → exit 2; the route refuses an
-    unknown role with the {code, message, hint} shape."""
+    """No daemon → exit 3; an unknown --model → exit 2; the route answers invalid_request."""
     gone = ctl("api", "ping", socket_path=tmp_path / "nothing.sock")
     assert gone.returncode == 3 and gone.stderr.startswith("taogpuctl: no daemon socket")
     bad = ctl("api", "ping", "--model", "fastest", socket_path=daemon.socket_path)
@@ -164,8 +160,7 @@ def test_api_ping_usage_and_unreachable(tmp_path: Path, daemon: RunningDaemon) -
 def test_doctor_on_a_cpu_daemon_is_complete(
     daemon_factory: Factory, provider: FakeProvider
 ) -> None:
-    """On the CPU daemon: every check once, in order, each with name/status/detail/hint; no
-    fails (exit 0); the probes say backend=cpu on both devices; the human checklist matches."""
+    """CPU daemon: every check once, in order, §11 shape, no fails (exit 0), backend=cpu."""
     daemon = channel_daemon(daemon_factory, provider)
     result = ctl("doctor", "--json", socket_path=daemon.socket_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -197,8 +192,7 @@ def test_doctor_on_a_cpu_daemon_is_complete(
 def test_doctor_on_cuda_with_fallback_fails_loudly(
     daemon_factory: Factory, provider: FakeProvider
 ) -> None:
-    """cuda configured with allowFallbackToCpu=true on a GPU-less host: the daemon runs on CPU
-    workers, and doctor fails the probe (fallback=true, the reason) and the driver: exit 1."""
+    """cuda + allowFallbackToCpu on a GPU-less host: probe fails (fallback=true), exit 1."""
     daemon = channel_daemon(daemon_factory, provider, CUDA_FALLBACK_SETTINGS, CUDA_CONFIG)
     result = ctl("doctor", "--json", socket_path=daemon.socket_path)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -220,8 +214,7 @@ def test_doctor_on_cuda_with_fallback_fails_loudly(
 def test_doctor_key_from_a_credential_and_a_shell_that_does_not_need_it(
     daemon_factory: Factory, provider: FakeProvider, tmp_path: Path
 ) -> None:
-    """The daemon's key comes from $CREDENTIALS_DIRECTORY/taotoken_api_key: api_key passes naming
-    the credential; a shell that also exports TAOTOKEN_API_KEY is told nothing uses it."""
+    """Key from the systemd credential: api_key passes; the shell's copy is said unused."""
     credentials = tmp_path / "credentials"
     credentials.mkdir()
     (credentials / "taotoken_api_key").write_text(KEY + "\n")
@@ -257,8 +250,7 @@ def test_doctor_key_only_in_the_shell_is_the_guides_pitfall(
 
 
 def test_doctor_without_a_daemon_still_reports(tmp_path: Path) -> None:
-    """No daemon: exit 1 with the full list — daemon fails, the daemon-only checks skip, the
-    offline ones (files, host, WSL) run here; never a traceback."""
+    """No daemon: exit 1, the full list, daemon fails, offline checks run, no traceback."""
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"gpu": {"backend": "cpu"}}))
     config = tmp_path / "config.toml"

@@ -190,8 +190,7 @@ def test_probe_on_a_cpu_config_passes_with_backend_cpu() -> None:
     ],
 )
 def test_probe_failures(fields: dict[str, Any], status: str, words: str) -> None:
-    """A failed probe, one still queued, a worker that disagrees with its record, or a cpu
-    probe without fallback on a cuda config: each is said, at its level."""
+    """Failed, still queued, worker disagreeing, cpu on cuda config: each said at its level."""
     result = check_probe(CUDA, [job(**fields)], inventory(card()))
     assert result.status == status and words in result.detail
 
@@ -216,8 +215,7 @@ def test_cpu_jobs_without_fallback_allowed_fail() -> None:
 
 
 def test_cpu_fallback_jobs_allowed_warn_and_cpu_configs_pass() -> None:
-    """With allowFallbackToCpu=true the fallback jobs warn; on a cpu config they pass; no
-    finished jobs is a skip."""
+    """Allowed fallback jobs warn; cpu configs pass; no finished jobs skips."""
     fell = job(backend="cpu", device="cpu:0", fallback=True)
     assert check_recent_backends(CUDA_FALLBACK, [fell]).status == "warn"
     assert "cpu (fallback) 1" in check_recent_backends(CUDA_FALLBACK, [fell]).detail
@@ -271,8 +269,7 @@ def test_cpu_fallback_jobs_allowed_warn_and_cpu_configs_pass() -> None:
 def test_cuda_driver_against_the_cupy_runtime(
     target: Target, seen: nvml.Inventory, runtime: CudaRuntime, status: str, words: str
 ) -> None:
-    """Driver's CUDA ≥ CuPy's: pass (12.x as the guide recommends); a minor behind: warn; a major
-    behind: fail on cuda; no driver: fail on cuda, skip on cpu."""
+    """Driver CUDA vs CuPy's: ≥ pass, minor behind warn, major behind fail on cuda."""
     result = check_cuda_driver(target, seen, runtime)
     assert result.status == status, result
     assert words in result.detail + result.hint
@@ -306,8 +303,7 @@ def test_cuda_arch_on_mixed_cards_suggests_auto_and_auto_passes() -> None:
 
 
 def test_cuda_arch_follows_cuda_visible_devices_and_missing_ids_fail() -> None:
-    """CUDA_VISIBLE_DEVICES=1 makes NVML's card 1 CUDA's device 0; an id beyond the cards fails;
-    no GPU or a cpu config skips."""
+    """CUDA_VISIBLE_DEVICES reorders cards; a missing id fails; no GPU or cpu skips."""
     both = inventory(card(0, "8.0", UUID_0), card(1, "8.9", UUID_1))
     visible = Target("cuda", False, [0], "sm_89", 0.85, cuda_visible_devices="1")
     assert check_cuda_arch(visible, both).status == "pass"
@@ -324,8 +320,7 @@ def test_cuda_arch_follows_cuda_visible_devices_and_missing_ids_fail() -> None:
 
 
 def test_memory_cap_above_what_is_free_warns_and_names_the_holders() -> None:
-    """0.85 × 24 GiB = 20.4 GiB but only 10 GiB free, another process holds 13 GiB → warn,
-    naming its pid, name and size, and the fraction that fits."""
+    """Cap above free memory → warn naming the holders (pid, name, GiB) and a fitting fraction."""
     holder = nvml.GpuProcess(777, 13 * GIB, "blender")
     result = check_gpu_memory(CUDA, inventory(card(free_gib=10, processes=(holder,))), set())
     assert result.status == "warn"
@@ -358,8 +353,7 @@ def test_memory_held_by_our_own_workers_counts_as_ours() -> None:
     ],
 )
 def test_wsl_from_proc_version(text: str, target: Target, status: str, words: str) -> None:
-    """/proc/version naming microsoft-standard-WSL2 → WSL2 (4 % loss normal); an old
-    "-Microsoft" kernel → WSL1, no GPU; anything else → not WSL."""
+    """/proc/version: WSL2 passes (4 % loss normal), WSL1 has no GPU, else not WSL."""
     result = check_wsl(text, target)
     assert result.status == status and words in result.detail
 
@@ -389,8 +383,7 @@ def test_api_key_by_source() -> None:
 def test_shell_env_is_never_needed(
     shell: bool, daemon: str | None, status: str, words: str
 ) -> None:
-    """The shell's TAOTOKEN_API_KEY against the daemon's source: the only failure is the guide's
-    pitfall — the shell has the key and the service does not."""
+    """The shell never needs the key; only shell-has-it, service-does-not fails."""
     result = check_shell_env(shell, "TAOTOKEN_API_KEY", daemon)
     assert result.status == status and words in result.detail
 
@@ -419,8 +412,7 @@ def test_config_pair_uses_the_configs_own_rules(tmp_path: Path) -> None:
 
 
 def test_config_files_against_the_running_pair(tmp_path: Path) -> None:
-    """Files that differ from the daemon's running pair warn with the keys; errors fail; a file
-    this user cannot read is a skip."""
+    """Files differing from the running pair warn; errors fail; unreadable files skip."""
     running = write_pair(tmp_path, {"gpu": {"backend": "cpu"}}, CPU_TOML).redacted()
     edited = write_pair(tmp_path, {"gpu": {"backend": "cpu", "memoryFraction": 0.5}}, CPU_TOML)
     result = check_config_files("files", list(edited.warnings), running, edited.redacted())
@@ -472,8 +464,7 @@ def test_cupy_runtime_version_reads_without_a_gpu() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not HERE.devices, reason=f"needs an NVIDIA GPU: {HERE.reason}")
 def test_nvml_on_a_gpu_host_lists_cards_and_the_doctor_agrees() -> None:
-    """On a GPU host: every card has a UUID, compute capability and memory; with cuda_arch
-    "auto" the arch check passes and the driver check does not fail."""
+    """GPU host: cards have UUID, capability, memory; cuda_arch auto passes, driver no fail."""
     for gpu in HERE.devices:
         assert gpu.uuid and gpu.compute_capability and gpu.memory_total_bytes > 0
     facts = HostFacts(HERE, cuda_runtime(), "")

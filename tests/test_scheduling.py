@@ -25,13 +25,15 @@ FINISHED_EVENTS = {
 
 
 def most_running(daemon: RunningDaemon) -> int:
-    running, most = 0, 0
+    """The most jobs running at once, by job id: a job leaves at any finished event."""
+    running: set[str] = set()
+    most = 0
     for event in daemon.events():
         if event.get("event") == "job.running":
-            running += 1
-            most = max(most, running)
-        elif event.get("event") in FINISHED_EVENTS and event.get("run_ms") is not None:
-            running -= 1
+            running.add(event["job_id"])
+            most = max(most, len(running))
+        elif event.get("event") in FINISHED_EVENTS:
+            running.discard(event.get("job_id", ""))
     return most
 
 

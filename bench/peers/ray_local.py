@@ -25,6 +25,11 @@ from bench.stats import DispatchRow
 NAMESPACE = "taogpud-bench"
 ACTORS = 2  # one per CPU, like taogpud's two workers
 IDLE_S = 1.0
+CLIENT_NOTES = {
+    "actor": "client i calls actor i mod 2",
+    "task": "each client process is a Ray job, and a Ray worker serves one job: "
+    "8 jobs on 2 CPUs trade workers",
+}
 
 
 class Noop:
@@ -76,7 +81,7 @@ def _measure(
             )
             rows += [
                 DispatchRow.from_runs(name, 1, one),
-                DispatchRow.from_runs(name, clients, many),
+                DispatchRow.from_runs(name, clients, many, CLIENT_NOTES[kind]),
             ]
         return rows, footprint
     finally:
