@@ -44,9 +44,9 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("arrays (shared memory)", ("/taogpud/arrays.py", "/taogpud/pool/shm.py")),
     (
         "worker process: task, backend",
-        ("/taogpud/pool/", "/taogpud/backends/", "/taogpud/tasks/", "/concurrent/futures/",
-         "/numpy/"),
+        ("/taogpud/pool/", "/taogpud/backends/", "/taogpud/tasks/", "/concurrent/futures/"),
     ),
+    ("numpy (arrays)", ("/numpy/",)),
     (WATCHER, ("/watchfiles/", "/anyio/_backends/")),
     ("pydantic (models, JSON)", ("/pydantic/", "/pydantic_core/")),
     ("framework (FastAPI, Starlette, anyio)", ("/fastapi/", "/starlette/", "/anyio/")),

@@ -240,20 +240,23 @@ def _left_out(profile: ProcessProfile) -> str:
 
 
 def _advice(scenarios: list[Scenario], advice: dict[str, str]) -> list[str]:
-    """One line per group that takes a real share of the daemon in any load, with its cost."""
-    worst: dict[str, tuple[float, str, float]] = {}
+    """A line per group that takes a real share of some process, where and what it costs."""
+    seen: dict[str, dict[str, tuple[float, str]]] = {}  # group → who → (share, text)
     for s in scenarios:
-        daemon = s.profiles.get("daemon")
-        if daemon is None:
-            continue
-        for group, share in daemon.groups.items():
-            if share >= ADVICE_MIN_SHARE and share > worst.get(group, (0.0, "", 0.0))[0]:
-                worst[group] = (share, s.name, share * s.cpu_ms_per_unit["daemon"] * 1e3)
+        for who, profile in s.profiles.items():
+            cpu_ms = s.cpu_ms_per_unit.get(_cpu_key(who), 0.0)
+            for group, share in profile.groups.items():
+                best = seen.setdefault(group, {}).get(who, (0.0, ""))
+                if share >= ADVICE_MIN_SHARE and share > best[0]:
+                    cost = f"≈ {share * cpu_ms * 1e3:,.0f} µs per {s.unit}"
+                    seen[group][who] = (share, f"{share:.0%} of the {who} in *{s.name}* ({cost})")
+    found = [
+        (max(v[0] for v in by.values()), g, by) for g, by in seen.items() if by and g in advice
+    ]
     lines = []
-    for group, (share, where, micros) in sorted(worst.items(), key=lambda item: -item[1][0]):
-        text = advice.get(group, "no suggestion recorded for this group")
-        lines.append(f"- **{group}**: {share:.0%} of the daemon in *{where}* (≈ {micros:,.0f} µs "
-                     f"per unit). {text}")  # fmt: skip
+    for _, group, by_who in sorted(found, key=lambda item: -item[0]):
+        where = "; ".join(text for _, text in by_who.values())
+        lines.append(f"- **{group}** — {where}. {advice[group]}")
     return lines or ["No group took more than a small share: the time is spread thin."]
 
 

@@ -206,7 +206,11 @@ async def _heartbeat(notifier: systemd.Notifier, state: DaemonState) -> None:
             log.warning("daemon.workers_unresponsive", devices=devices, timeout_s=timeout_s)
         return not stuck
 
-    await systemd.heartbeat(notifier, state.status_line, healthy)
+    try:
+        await systemd.heartbeat(notifier, state.status_line, healthy)
+    except Exception:  # no more WATCHDOG=1: systemd restarts us; say why first
+        log.exception("daemon.heartbeat_failed")
+        raise
 
 
 async def _housekeeping(state: DaemonState) -> None:

@@ -1,6 +1,7 @@
 """The job store: every job the daemon accepted, in SQLite (WAL) under the state directory.
 
-A job is written before its id is returned, and again at each state change, so a
+A job is written before its id is returned (the API flushes before it answers),
+and again at each state change (within one pass of the event loop), so a
 restart — clean or `kill -9` — finds every accepted job: queued ones run, ones that
 were running are marked interrupted (or run again when they allow retries).
 Recent jobs are also kept in memory for reads; finished ones are bounded by count
@@ -59,6 +60,8 @@ class JobStore:
         self._recent: OrderedDict[str, JobRecord] = OrderedDict()
         self._done: dict[str, asyncio.Event] = {}
         self._finished_in_memory = 0
+        self._dirty: dict[str, JobRecord] = {}  # written at the next flush
+        self._flush_scheduled = False
         self._db = _open(path) if path is not None else None
 
     # -- writes ---------------------------------------------------------------------------
@@ -85,6 +88,7 @@ class JobStore:
         """Delete finished jobs past the age limit or beyond the count limit; returns how many."""
         if self._db is None:
             return 0
+        self.flush()
         cutoff = (now or time.time()) - self.keep_finished_s
         with self._db:
             aged = self._db.execute(
@@ -175,6 +179,7 @@ class JobStore:
         return {array_id: json.loads(ref) for array_id, ref in rows}
 
     def close(self) -> None:
+        self.flush()
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -182,13 +187,34 @@ class JobStore:
     # -- internals ------------------------------------------------------------------------
 
     def _write(self, job: JobRecord) -> None:
+        """Mark the job for the next flush, which runs before the loop does anything else.
+
+        Changes made in one pass of the event loop (a submit and its start, or a burst of
+        finishes) share one transaction; the API flushes before it answers with a job."""
         if self._db is None:
             return
+        self._dirty[job.id] = job
+        if self._flush_scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a tool or a test using the store alone): write now
+            self.flush()
+            return
+        self._flush_scheduled = True
+        loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self._db is None or not self._dirty:
+            return
+        rows = [
+            (job.id, job.status.value, job.created_at, job.finished_at, job.model_dump_json())
+            for job in self._dirty.values()
+        ]
+        self._dirty.clear()
         with self._db:
-            self._db.execute(
-                "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?)",
-                (job.id, job.status.value, job.created_at, job.finished_at, job.model_dump_json()),
-            )
+            self._db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?)", rows)
 
     def _forget_oldest_finished(self) -> None:
         for job_id, job in self._recent.items():

@@ -511,6 +511,38 @@ def test_watchdog_restarts_when_a_worker_stops_answering(container: Container) -
 
 # --- the key ----------------------------------------------------------------------------
 
+# The README's drop-in for a key encrypted with systemd-creds. The empty LoadCredential=
+# first: systemd 252 ignores a second credential with the same name.
+ENCRYPTED_DROPIN = """\
+[Service]
+LoadCredential=
+LoadCredentialEncrypted=taotoken_api_key
+"""
+
+
+def test_encrypted_credential_through_a_drop_in(container: Container) -> None:
+    """A key encrypted by systemd-creds, loaded by the README's drop-in, reaches the daemon."""
+    _ensure_running(container)
+    plain, encrypted = (
+        "/etc/credstore/taotoken_api_key",
+        "/etc/credstore.encrypted/taotoken_api_key",
+    )
+    container.run("systemd-creds", "encrypt", "--name=taotoken_api_key", plain, encrypted)
+    container.run("mv", plain, "/root/taotoken_api_key")  # only the encrypted key is left
+    dropin = container.root / "etc/systemd/system/taogpud.service.d/credential.conf"
+    dropin.write_text(ENCRYPTED_DROPIN)
+    try:
+        container.run("systemctl", "daemon-reload")
+        container.run("systemctl", "restart", "taogpud.service")
+        with container.client() as client:
+            assert client.info()["key_source"] == "credential"
+        assert SECRET.encode() not in (container.root / encrypted.lstrip("/")).read_bytes()
+    finally:
+        dropin.unlink()
+        container.run("mv", "/root/taotoken_api_key", plain)
+        container.run("systemctl", "daemon-reload")
+        container.run("systemctl", "restart", "taogpud.service")
+
 
 def test_credential_reaches_the_daemon_and_never_the_journal(container: Container) -> None:
     """The key comes from LoadCredential= (key_source=credential) and is in no journal entry."""

@@ -34,6 +34,7 @@ async def submit(
     job = daemon.scheduler.submit(body, peer_of(request))
     if wait_s:
         await daemon.store.wait(job.id, wait_s)
+    daemon.store.flush()  # stored before its id is returned
     return _job_response(job, 201)
 
 
