@@ -9,12 +9,11 @@ from __future__ import annotations
 
 ADVICE: dict[str, str] = {
     "job store (SQLite)": (
-        "Every job is written three times (queued, running, finished), each write its own "
-        "transaction (`JobStore._write`: the `with self._db:` commit and the execute are the "
-        "hot lines) with the whole record re-serialised by `model_dump_json`. Commit once per "
-        "event-loop tick for every job that changed in it (answer the submit after that "
-        "commit, so an accepted job is still durable): under 8 clients that is one commit for "
-        "many jobs instead of three per job."
+        "The hot lines are the store's commit (a WAL append: write syscalls) and each "
+        "record's `model_dump_json`. Fewer, larger transactions (every state change of a "
+        "loop pass in one, as long as a submit is answered only after its commit) and one "
+        "JSON dump per state change, shared by the store, the response and the trace, "
+        "shrink it."
     ),
     "logging and traces": (
         "Four JSON lines per tiny job (job.queued, job.running, job.succeeded and api.request), "

@@ -171,16 +171,18 @@ def _serve_raw(path: str, ready: Any) -> None:
             view = memoryview(buffer)[:size]
             if header[0] == UP:
                 _recv_into(conn, view)
+                conn.sendall(b"k")
             elif header[0] == UP_FRESH:
                 _recv_into_new_shm_file(conn, size)
             else:
                 conn.sendall(view)
-                continue
-            conn.sendall(b"k")
 
 
 def _recv_into_new_shm_file(conn: socket.socket, size: int) -> None:
-    """What an upload has to do: land the bytes in a new, never-touched /dev/shm file."""
+    """What an upload has to do: land the bytes in a new, never-touched /dev/shm file.
+
+    Acknowledged before the file is dropped: freeing its pages is not part of the transfer.
+    """
     path = Path("/dev/shm") / f"tgd-bench-raw.{os.getpid()}"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -188,6 +190,7 @@ def _recv_into_new_shm_file(conn: socket.socket, size: int) -> None:
         with mmap.mmap(fd, size) as mapped:
             view = memoryview(mapped)
             _recv_into(conn, view)
+            conn.sendall(b"k")
             view.release()
     finally:
         os.close(fd)

@@ -34,7 +34,7 @@ COUNTS = {
     "pool": (2000, 250),
     "per_job": (20, 3),
     "dask": (300, 60),
-    "ray": (1000, 150),
+    "ray": (1000, 100),
 }
 # The A/B row: the same daemon with request traces off and job traces below the level.
 QUIET_LOGS = {"logging": {"requestTrace": False, "level": "warning"}}

@@ -248,7 +248,7 @@ def _advice(scenarios: list[Scenario], advice: dict[str, str]) -> list[str]:
             for group, share in profile.groups.items():
                 best = seen.setdefault(group, {}).get(who, (0.0, ""))
                 if share >= ADVICE_MIN_SHARE and share > best[0]:
-                    cost = f"≈ {share * cpu_ms * 1e3:,.0f} µs per {s.unit}"
+                    cost = f"≈ {_micros(share * cpu_ms * 1e3)} per {s.unit}"
                     seen[group][who] = (share, f"{share:.0%} of the {who} in *{s.name}* ({cost})")
     found = [
         (max(v[0] for v in by.values()), g, by) for g, by in seen.items() if by and g in advice
@@ -258,6 +258,10 @@ def _advice(scenarios: list[Scenario], advice: dict[str, str]) -> list[str]:
         where = "; ".join(text for _, text in by_who.values())
         lines.append(f"- **{group}** — {where}. {advice[group]}")
     return lines or ["No group took more than a small share: the time is spread thin."]
+
+
+def _micros(value: float) -> str:
+    return f"{value:,.0f} µs" if value < 10_000 else f"{value / 1e3:,.0f} ms"
 
 
 def _charts(charts: list[tuple[str, str]]) -> str:

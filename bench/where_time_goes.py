@@ -43,17 +43,17 @@ class Scenario:
 
 
 def measure(socket_path: str, daemon_pid: int, seconds: float, rate_hz: int) -> list[Scenario]:
-    loads: list[tuple[str, str, Callable[..., None], int, int]] = [
-        ("tiny jobs, 1 client", "job", _tiny_jobs, 1, 1),
-        ("tiny jobs, 8 clients", "job", _tiny_jobs, 8, 0),
-        (f"{UPLOAD_MIB} MiB uploads, 1 client", "upload", _uploads, 1, 1),
+    loads = [
+        Load("tiny jobs, 1 client", "job", _tiny_jobs, 1, profiled_clients=1),
+        Load("tiny jobs, 8 clients", "job", _tiny_jobs, 8, profiled_clients=0),
+        # Uploads never reach the workers: their samples would be idle noise.
+        Load(f"{UPLOAD_MIB} MiB uploads, 1 client", "upload", _uploads, 1, 1, workers=False),
     ]
     with tempfile.TemporaryDirectory(prefix="tgd-prof-") as folder:
         return [
-            _scenario(Load(name, unit, body, clients, profiled_clients), socket_path, daemon_pid,
-                      seconds, rate_hz, Path(folder) / str(n))
-            for n, (name, unit, body, clients, profiled_clients) in enumerate(loads)
-        ]  # fmt: skip
+            _scenario(load, socket_path, daemon_pid, seconds, rate_hz, Path(folder) / str(n))
+            for n, load in enumerate(loads)
+        ]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class Load:
     body: Callable[..., None]  # (socket_path, stop, counter): one unit after another
     clients: int
     profiled_clients: int  # how many of the clients py-spy samples too
+    workers: bool = True  # whether py-spy samples the daemon's workers too
 
 
 def _scenario(
@@ -81,7 +82,8 @@ def _scenario(
             "workers": descendants(daemon_pid),
             "clients": [p.pid for p in clients if p.pid is not None],
         }
-        recorders = [pyspy_profile.recorder(daemon_pid, out.with_suffix(".daemon"), rate_hz, True)]
+        daemon_out = out.with_suffix(".daemon")
+        recorders = [pyspy_profile.recorder(daemon_pid, daemon_out, rate_hz, load.workers)]
         recorders += [
             pyspy_profile.recorder(pid, out.with_suffix(f".client{n}"), rate_hz, False)
             for n, pid in enumerate(pids["clients"][: load.profiled_clients])

@@ -41,7 +41,7 @@ import socket
 import ssl
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -53,7 +53,7 @@ from pydantic_core import PydanticCustomError
 
 from taogpud import __version__
 from taogpud.config import ConfigSnapshot, KeySource
-from taogpud.config import _check_api_url as check_api_url  # the one place the URL rule lives
+from taogpud.config import check_api_url  # the one place the URL rule lives
 from taogpud.config_rules import CREDENTIAL_NAME, REDACTED
 from taogpud.logging import get_logger
 
@@ -145,7 +145,8 @@ def key_sources_tried(snapshot: ConfigSnapshot, environ: Mapping[str, str]) -> t
     """Where the key was looked for, in order, each with why it gave nothing; no values."""
     directory = environ.get("CREDENTIALS_DIRECTORY")
     if directory:
-        credential = f"the systemd credential {Path(directory) / CREDENTIAL_NAME} (not there)"
+        path = Path(directory) / CREDENTIAL_NAME
+        credential = f"the systemd credential {path} (missing or empty)"
     else:
         credential = (
             f"the systemd credential {CREDENTIAL_NAME} "
@@ -219,7 +220,6 @@ class _Attempt:
     http_status: int | None = None
     latency_ms: float | None = None
     answered_model: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Channel:

@@ -86,7 +86,7 @@ def _normalise_level(value: object) -> object:
     return value
 
 
-def _check_api_url(url: str) -> str:
+def check_api_url(url: str) -> str:
     try:
         parts = urlsplit(url)
         scheme, host, query = parts.scheme, parts.hostname, parse_qsl(parts.query)
@@ -115,7 +115,7 @@ Int = Annotated[int, BeforeValidator(_not_bool)]
 Number = Annotated[float, BeforeValidator(_not_bool)]
 Name = Annotated[str, Field(min_length=1)]
 ApiUrl = Annotated[
-    str, AfterValidator(_check_api_url), Field(json_schema_extra=_allowed("an http(s) URL"))
+    str, AfterValidator(check_api_url), Field(json_schema_extra=_allowed("an http(s) URL"))
 ]
 LogLevel = Annotated[
     Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(_normalise_level)

@@ -19,8 +19,16 @@ from schemathesis.checks import not_a_server_error
 BASE_URL = "http://taogpud"
 # Settings for a daemon under fuzz: tiny memory caps so no generated job can eat the host,
 # a short drain so the daemon stops quickly however many sleeps were queued.
-FUZZ_SETTINGS: dict[str, Any] = {"gpu": {"memoryFraction": 0.01}}
-FUZZ_CONFIG: dict[str, Any] = {"scheduling": {"drain_timeout_s": 1, "queue_limit": 50}}
+# The API channel points at a closed loopback port (9, discard): pings stay on this machine.
+CLOSED_URL = "http://127.0.0.1:9/api"
+FUZZ_SETTINGS: dict[str, Any] = {
+    "gpu": {"memoryFraction": 0.01},
+    "provider": {"baseUrl": CLOSED_URL, "maxRetries": 0},
+}
+FUZZ_CONFIG: dict[str, Any] = {
+    "scheduling": {"drain_timeout_s": 1, "queue_limit": 50},
+    "api": {"base_url": CLOSED_URL},
+}
 
 
 @dataclass

@@ -67,6 +67,14 @@ def ping(
     return asyncio.run(go())
 
 
+def channel_repr(settings: ChannelSettings) -> str:
+    async def go() -> str:
+        async with Channel(settings, trust_env=False) as channel:
+            return repr(channel)
+
+    return asyncio.run(go())
+
+
 @pytest.fixture
 def provider() -> Iterator[FakeProvider]:
     with fake_provider(KEY) as server:
@@ -324,7 +332,7 @@ def test_the_key_never_appears_in_results_logs_or_reprs(provider: FakeProvider) 
     assert statuses == ["ok", "rejected_key", "http_error", "bad_answer", "refused", "timeout"]
     assert events and any(event["event"] == "channel.ping" for event in events)
     assert_no_key(*events, *[r.model_dump_json() for r in results], *results)
-    assert_no_key(settings, repr(settings), Channel(settings, trust_env=False))
+    assert_no_key(settings, repr(settings), channel_repr(settings))
 
 
 def test_scrubber_catches_escaped_forms() -> None:

@@ -21,6 +21,7 @@ import pytest
 from conftest import RunningDaemon
 from fake_provider import FakeProvider, fake_provider
 
+from taogpud.backends.cuda import probe_cuda
 from taogpud.client import ApiError
 from taogpud.doctor import ORDER
 
@@ -151,7 +152,8 @@ def test_api_ping_usage_and_unreachable(tmp_path: Path, daemon: RunningDaemon) -
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     with daemon.client() as client, pytest.raises(ApiError) as raised:
         client.channel_ping("fastest")
-    assert raised.value.code == "invalid_request" and raised.value.http_status == 400
+    assert raised.value.code == "invalid_request" and raised.value.http_status in (400, 422)
+    assert "query.model" in raised.value.message
 
 
 # --- doctor -----------------------------------------------------------------------------------
@@ -288,3 +290,25 @@ def test_doctor_route_through_the_client(daemon: RunningDaemon) -> None:
     checks = checks_of(report)
     assert checks["api_channel"]["status"] == "skip" and checks["probe_job"]["status"] == "skip"
     assert report["daemon"]["pid"] == daemon.proc.pid
+
+
+GPU_PROBLEM = probe_cuda([0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU_PROBLEM is not None, reason=f"needs a GPU: {str(GPU_PROBLEM)[:100]}")
+def test_doctor_on_a_gpu_daemon_sees_the_probe_on_the_gpu(daemon_factory: Factory) -> None:
+    """GPU host, cuda config: the probe says device=gpu:0 backend=cuda and the arch check passes."""
+    settings = {"gpu": {"backend": "cuda"}}
+    config = {
+        "runtime": {"device_type": "gpu"},
+        "backend": {"cuda": {"enabled": True, "cuda_arch": "auto"}},
+        "memory": {"pool_size_mb": 64},
+    }
+    daemon = daemon_factory(settings, config)
+    result = ctl("doctor", "--no-ping", "--json", socket_path=daemon.socket_path)
+    checks = checks_of(json.loads(result.stdout))
+    assert checks["probe_job"]["status"] in {"pass", "warn"}, checks["probe_job"]
+    assert "device=gpu:0 backend=cuda" in checks["probe_job"]["detail"]
+    assert checks["cuda_arch"]["status"] == "pass"
+    assert checks["cuda_driver"]["status"] != "fail", checks["cuda_driver"]

@@ -4,7 +4,7 @@ The container is systemd-nspawn on the host's own tree (`--volatile=yes`: a tmpf
 /usr and /var as copy-on-write overlays so dpkg can install into them). The daemon is
 installed there from the .deb that packaging/build.py makes, as a user would install it,
 with the CPU pair in /etc/taogpud and the API key in /etc/credstore; one container serves
-the whole module. Tests talk to the socket from the host through /proc/<PID 1>/root and
+the whole file. Tests talk to the socket from the host through /proc/<PID 1>/root and
 run systemctl/journalctl inside with nsenter (the host has no bus to the container).
 See ../shared/notes/systemd-e2e.md for why each nspawn option is there.
 
@@ -13,6 +13,7 @@ Needs root and systemd-nspawn (`apt-get install systemd-container`); skipped oth
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ from taogpud.client import Client
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "tt-sk-credential-8c1f0e2d9b7a"  # the API key the credential holds
 BOOT_TIMEOUT_S = 60.0
+OVERLAY_TEMP = Path("/var/tmp/nspawn-temp-*")  # where nspawn puts --overlay=LOWER::TARGET uppers
 # The security exposure of taogpud.service, checked offline. The unit scores 1.5: every
 # sandbox setting a GPU daemon can keep is on, and each exception (devices, network for
 # the API channel, /proc/driver, W^X for the NVIDIA driver, uids for SO_PEERCRED) costs
@@ -69,6 +71,7 @@ class Container:
     nspawn: subprocess.Popen[bytes]
     pid1: int
     console: Path
+    overlays_before: set[Path]  # nspawn's temporary dirs in /var/tmp that are not ours
 
     @property
     def root(self) -> Path:
@@ -130,11 +133,13 @@ def _boot(workdir: Path) -> Container:
         f"--bind-ro={workdir}",
         "--boot", "--", "systemd.mask=systemd-firstboot.service",
     ]  # fmt: skip
+    overlays_before = _overlays()
     with console.open("wb") as out:
         nspawn = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    pid1 = None
     try:
         pid1 = _find_pid1(nspawn, console)
-        container = Container(nspawn, pid1, console)
+        container = Container(nspawn, pid1, console, overlays_before)
         private = container.root / "run/systemd/private"
         _poll(private.exists, BOOT_TIMEOUT_S, "systemd's private socket", console)
         try:
@@ -143,9 +148,13 @@ def _boot(workdir: Path) -> Container:
             jobs = container.run("systemctl", "list-jobs", "--no-pager", check=False)
             raise AssertionError(f"boot did not finish in {BOOT_TIMEOUT_S} s:\n{jobs}") from exc
     except BaseException:
-        _stop(nspawn)
+        _stop(nspawn, pid1, overlays_before)
         raise
     return container
+
+
+def _overlays() -> set[Path]:
+    return set(OVERLAY_TEMP.parent.glob(OVERLAY_TEMP.name))
 
 
 def _find_pid1(nspawn: subprocess.Popen[bytes], console: Path) -> int:
@@ -196,8 +205,9 @@ def _poll(
     raise AssertionError(f"no {what} within {timeout_s} s:\n{console.read_text()[-3000:]}")
 
 
-def _stop(nspawn: subprocess.Popen[bytes], pid1: int | None = None) -> None:
-    """Power the container off; TERM, then KILL, nspawn if it does not go."""
+def _stop(nspawn: subprocess.Popen[bytes], pid1: int | None, overlays_before: set[Path]) -> None:
+    """Power the container off; else TERM nspawn; else KILL the container's PID 1 (and so
+    its whole PID namespace, which would outlive nspawn) and nspawn."""
     if pid1 is not None and nspawn.poll() is None:
         subprocess.run(
             ["nsenter", "-t", str(pid1), "-a", "systemctl", "poweroff", "--no-block"],
@@ -205,14 +215,27 @@ def _stop(nspawn: subprocess.Popen[bytes], pid1: int | None = None) -> None:
             timeout=10,
             check=False,
         )
-    for signum in (None, signal.SIGTERM, signal.SIGKILL):
-        if signum is not None and nspawn.poll() is None:
-            nspawn.send_signal(signum)
-        try:
-            nspawn.wait(10)
+        if _exited(nspawn, 20):
             return
-        except subprocess.TimeoutExpired:
-            continue
+    nspawn.terminate()
+    if _exited(nspawn, 10):
+        return
+    if pid1 is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid1, signal.SIGKILL)
+    nspawn.kill()
+    nspawn.wait()
+    # A killed nspawn leaves its overlays' upper directories behind in /var/tmp.
+    for leftover in _overlays() - overlays_before:
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _exited(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    try:
+        process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _build_deb(out: Path) -> Path:
@@ -243,7 +266,9 @@ def _install(container: Container, deb: Path) -> None:
     container.run("dpkg", "-i", "--force-confold", str(deb), timeout_s=120)
 
 
-@pytest.fixture(scope="module")
+# Session scope, not module: under xdist this file's tests share a worker (xdist_group) but
+# may be interleaved with other files' tests, and a module fixture would boot again each time.
+@pytest.fixture(scope="session")
 def container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     reason = _skip_reason()
     if reason:
@@ -255,7 +280,7 @@ def container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
         _install(booted, deb)
         yield booted
     finally:
-        _stop(booted.nspawn, booted.pid1)
+        _stop(booted.nspawn, booted.pid1, booted.overlays_before)
 
 
 def _main_pid(container: Container) -> int:

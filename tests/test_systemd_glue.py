@@ -216,7 +216,8 @@ def test_daemon_withholds_watchdog_while_a_worker_does_not_answer(
     env = {"NOTIFY_SOCKET": str(notify_socket.path), "WATCHDOG_USEC": "1000000"}
     daemon = daemon_factory(env=env)
     notify_socket.wait_for(lambda m: m == {"WATCHDOG": "1"}, timeout_s=10)
-    worker_pid = daemon.events("worker.warm")[0]["pid"]
+    warm = daemon.events("worker.warm")[0]
+    worker_pid = warm["pid"]
     os.kill(worker_pid, signal.SIGSTOP)
     try:
         time.sleep(0.6)  # a ping in flight when it stopped may still have been answered
@@ -228,7 +229,7 @@ def test_daemon_withholds_watchdog_while_a_worker_does_not_answer(
         )
     finally:
         os.kill(worker_pid, signal.SIGCONT)
-    assert unresponsive["devices"] == ["cpu:0"]
+    assert unresponsive["devices"] == [warm["device"]]
     notify_socket.wait_for(lambda m: m == {"WATCHDOG": "1"}, timeout_s=5)
 
 

@@ -56,7 +56,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     problems = [_describe(error) for error in exc.errors()]
     content_type = request.headers.get("content-type", "")
-    if request.method == "POST" and "json" not in content_type and "octet" not in content_type:
+    has_body = request.headers.get("content-length", "0") != "0"
+    if has_body and "json" not in content_type and "octet" not in content_type:
         problems.insert(0, f"the body must be JSON sent as application/json (got {content_type!r})")
     body = ErrorBody(
         "invalid_request",
