@@ -52,8 +52,11 @@ from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticCustomError
 
 from taogpud import __version__
-from taogpud.config import ConfigSnapshot, KeySource
-from taogpud.config import check_api_url  # the one place the URL rule lives
+from taogpud.config import (
+    ConfigSnapshot,
+    KeySource,
+    check_api_url,  # the one place the URL rule lives
+)
 from taogpud.config_rules import CREDENTIAL_NAME, REDACTED
 from taogpud.logging import get_logger
 
