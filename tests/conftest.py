@@ -24,6 +24,7 @@ import pytest
 from taogpud.client import Client, DaemonUnreachable
 
 READY_TIMEOUT_S = 60.0
+KEYS_GIVEN: set[str] = set()  # every API key a test handed a daemon: no log may contain one
 
 # The setup guide's files switched to the CPU, with two CPU devices so placement can be seen.
 CPU_SETTINGS: dict[str, Any] = {"gpu": {"backend": "cpu"}, "logging": {"level": "info"}}
@@ -140,6 +141,8 @@ def launch(
         "--state-dir", str(home / "state"),
     ]  # fmt: skip
     child_env = {**os.environ, **(env or {})}
+    if len(child_env.get("TAOTOKEN_API_KEY", "")) >= 8:
+        KEYS_GIVEN.add(child_env["TAOTOKEN_API_KEY"])
     out_path, err_path = home / f"stdout-{run}.log", home / f"stderr-{run}.log"
     with out_path.open("wb") as out, err_path.open("wb") as err:
         proc = subprocess.Popen(command, stdout=out, stderr=err, env=child_env, cwd=home)
@@ -168,9 +171,14 @@ def _wait_ready(daemon: RunningDaemon) -> None:
 
 @pytest.fixture
 def daemon_home() -> Iterator[Path]:
+    """A short folder for daemons (sun_path); afterwards no log in it may hold a given API key."""
     home = Path(tempfile.mkdtemp(prefix="tgd-", dir="/tmp"))
     yield home
+    leaks = [
+        log.name for log in home.rglob("*.log") for key in KEYS_GIVEN if key in log.read_text()
+    ]
     shutil.rmtree(home, ignore_errors=True)
+    assert leaks == [], f"an API key was written to {leaks}"
 
 
 @pytest.fixture

@@ -553,7 +553,7 @@ def test_encrypted_credential_through_a_drop_in(container: Container) -> None:
         "/etc/credstore.encrypted/taotoken_api_key",
     )
     container.run("systemd-creds", "encrypt", "--name=taotoken_api_key", plain, encrypted)
-    container.run("mv", plain, "/root/taotoken_api_key")  # only the encrypted key is left
+    container.run("mv", plain, "/run/taotoken_api_key.plain")  # only the encrypted key is left
     dropin = container.root / "etc/systemd/system/taogpud.service.d/credential.conf"
     dropin.write_text(ENCRYPTED_DROPIN)
     try:
@@ -564,7 +564,7 @@ def test_encrypted_credential_through_a_drop_in(container: Container) -> None:
         assert SECRET.encode() not in (container.root / encrypted.lstrip("/")).read_bytes()
     finally:
         dropin.unlink()
-        container.run("mv", "/root/taotoken_api_key", plain)
+        container.run("mv", "/run/taotoken_api_key.plain", plain)
         container.run("systemctl", "daemon-reload")
         container.run("systemctl", "restart", "taogpud.service")
 
