@@ -36,12 +36,12 @@ sys.path.insert(0, str(REPO))
 
 from conftest import RunningDaemon, start_daemon  # noqa: E402
 from fuzzing import FUZZ_CONFIG, FUZZ_SETTINGS, fuzz  # noqa: E402
+from traces import most_running  # noqa: E402
 
 from taogpud.client import ApiError, Client, DaemonUnreachable  # noqa: E402
 
 MAX_CONCURRENT = 3
 CLIENTS = 8
-FINISHED = {"job.succeeded", "job.failed", "job.cancelled", "job.timed_out", "job.interrupted"}
 
 
 @dataclass
@@ -116,19 +116,8 @@ def hang_ups(daemon: RunningDaemon, count: int) -> None:
         sock.close()
 
 
-def most_running(logs: list[Path]) -> int:
-    """The most jobs running at once, by job id: a job leaves at any finished event."""
-    most = 0
-    for log in logs:
-        running: set[str] = set()
-        for line in log.read_text().splitlines():
-            record = json.loads(line) if line.startswith("{") else {}
-            if record.get("event") == "job.running":
-                running.add(record["job_id"])
-                most = max(most, len(running))
-            elif record.get("event") in FINISHED:
-                running.discard(record.get("job_id", ""))
-    return most
+def parsed(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
 
 
 def phase(
@@ -207,7 +196,8 @@ def render(results: list[dict[str, Any]], fuzzed: Any, home: Path, daemon: Runni
     lines += [f"| {r['phase']} | {r['accepted']} | {r['accounted']} |" for r in results]
     lines += [
         "",
-        f"most jobs ever running: {most_running(sorted(home.glob('stdout-*.log')))} "
+        f"most jobs ever running: "
+        f"{max(most_running(parsed(log)) for log in home.glob('stdout-*.log'))} "
         f"(max_concurrent_tasks {MAX_CONCURRENT})",
         f"p99 submit→result with {CLIENTS} clients: {p99:.1f} ms over {len(latencies)} jobs",
         f"schemathesis: {fuzzed.cases} cases, {len(fuzzed.failures)} failures",

@@ -13,10 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon, deep_merge, to_toml
+from traces import FINISHED_EVENTS
 
 from taogpud.client import Client
-
-FINISHED = {"job.succeeded", "job.failed", "job.cancelled", "job.timed_out", "job.interrupted"}
 
 
 def ctl(daemon: RunningDaemon) -> list[str]:
@@ -66,17 +65,18 @@ def wait_failed_reload(client: Client, after: float, timeout_s: float = 20.0) ->
 
 def running_counts_after(daemon: RunningDaemon, generation: int) -> list[int]:
     """How many jobs ran right after each job started once `generation` was in force."""
-    running, counts, live = 0, [], False
+    running: set[str] = set()
+    counts, live = [], False
     for event in daemon.events():
         name = event.get("event")
         if name == "config.reloaded" and event["generation"] == generation:
             live = True
         elif name == "job.running":
-            running += 1
+            running.add(event["job_id"])
             if live:
-                counts.append(running)
-        elif name in FINISHED and event.get("run_ms") is not None:
-            running -= 1
+                counts.append(len(running))
+        elif name in FINISHED_EVENTS:
+            running.discard(event.get("job_id", ""))
     return counts
 
 

@@ -12,29 +12,9 @@ from typing import Any
 
 import pytest
 from conftest import RunningDaemon
+from traces import most_running
 
 from taogpud.client import ApiError
-
-FINISHED_EVENTS = {
-    "job.succeeded",
-    "job.failed",
-    "job.cancelled",
-    "job.timed_out",
-    "job.interrupted",
-}
-
-
-def most_running(daemon: RunningDaemon) -> int:
-    """The most jobs running at once, by job id: a job leaves at any finished event."""
-    running: set[str] = set()
-    most = 0
-    for event in daemon.events():
-        if event.get("event") == "job.running":
-            running.add(event["job_id"])
-            most = max(most, len(running))
-        elif event.get("event") in FINISHED_EVENTS:
-            running.discard(event.get("job_id", ""))
-    return most
 
 
 def submit_all(
@@ -57,7 +37,7 @@ def test_cap_of_three_holds_for_twenty_sleep_jobs(
     ids = submit_all(daemon, 20, "sleep", {"ms": 60})
     jobs = wait_all(daemon, ids)
     assert [j["status"] for j in jobs] == ["succeeded"] * 20
-    assert most_running(daemon) == 3
+    assert most_running(daemon.events()) == 3
     with daemon.client() as client:
         assert client.status()["max_concurrent_tasks"] == 3
 
@@ -67,7 +47,7 @@ def test_stream_count_caps_each_device(daemon_factory: Callable[..., RunningDaem
     daemon = daemon_factory(config={"runtime": {"cpu_devices": 1}})
     ids = submit_all(daemon, 8, "sleep", {"ms": 60})
     assert {j["status"] for j in wait_all(daemon, ids)} == {"succeeded"}
-    assert most_running(daemon) == 2
+    assert most_running(daemon.events()) == 2
 
 
 def test_round_robin_alternates_devices(daemon: RunningDaemon) -> None:
