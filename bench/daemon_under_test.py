@@ -1,5 +1,8 @@
 """A real taogpud for the benchmarks, started the way the tests start one (tests/conftest.py).
 
+A stopped daemon keeps its uploads in /dev/shm for its next start on the same state
+directory; a benchmark's never restarts, so they are removed when it stops.
+
 The CPU pair of the tests: 2 CPU devices, one warm worker process each with 2 slots,
 `max_concurrent_tasks = 8`, logging as shipped (info, one trace line per request).
 """
@@ -21,6 +24,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from conftest import RunningDaemon, deep_merge, start_daemon  # noqa: E402
 
 from taogpud.client import Client  # noqa: E402
+from taogpud.pool import shm  # noqa: E402
 
 BENCH_CONFIG: dict[str, Any] = {"scheduling": {"max_concurrent_tasks": 8}}
 READY_POLL_S = 0.005
@@ -35,7 +39,13 @@ def running(
         try:
             yield daemon
         finally:
-            daemon.stop()
+            stop(daemon)
+
+
+def stop(daemon: RunningDaemon) -> None:
+    """Stop it and drop the arrays it kept in /dev/shm: nobody restarts on its state directory."""
+    daemon.stop()
+    shm.sweep_orphans(shm.namespace_of(daemon.home / "state"))
 
 
 def time_to_ready() -> tuple[float, RunningDaemon, Path]:
@@ -67,4 +77,4 @@ def _home() -> Iterator[Path]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-__all__ = ["Client", "RunningDaemon", "running", "time_to_ready"]
+__all__ = ["Client", "RunningDaemon", "running", "stop", "time_to_ready"]

@@ -6,7 +6,7 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from bench.daemon_under_test import time_to_ready
+from bench.daemon_under_test import stop, time_to_ready
 from bench.procs import rss_mib
 from bench.stats import Spread
 
@@ -33,7 +33,7 @@ def measure(repeats: int) -> Footprint:
                 for worker in client.status()["workers"]:
                     worker_rss.setdefault(worker["device"], []).append(rss_mib(worker["pid"]))
         finally:
-            daemon.stop()
+            stop(daemon)
             shutil.rmtree(home, ignore_errors=True)
     return Footprint(
         Spread.of(ready),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer jobs, shorter profiles")
     parser.add_argument("--repeats", type=int, default=3, help="repeats per measurement (≥ 2)")
     args = parser.parse_args()
+    # SIGTERM ends the run through its finally blocks: daemons, clusters and /dev/shm cleaned up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     command = "python bench/run.py" + (" --quick" if args.quick else "")
     facts = RunFacts(
         host.description(), host.now(), command, args.repeats, host.versions(), host.load_average()
