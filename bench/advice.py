@@ -44,9 +44,10 @@ ADVICE: dict[str, str] = {
         "response) and httptools parsing: little to win here short of fewer requests."
     ),
     "event loop (uvloop, in C)": (
-        "uvloop's own C code: epoll, socket and pipe reads, and running callbacks. It grows "
-        "with wake-ups per job (the request, the worker's result, the waiter's Event); fewer "
-        "tasks and futures per job shrink it."
+        "uvloop's own C code: epoll, socket and pipe reads, running callbacks. For uploads it "
+        "is reading the body into a new bytes object per chunk (which `_Chunks._put` then "
+        "copies again); for tiny jobs it grows with the wake-ups per job (the request, the "
+        "worker's result, the waiter's Event), so fewer tasks and futures per job shrink it."
     ),
     "pydantic (models, JSON)": (
         "`JobRecord` is dumped to JSON for every store write and again for the response: "

@@ -54,7 +54,13 @@ def _throughput(path: Path, rows: list[DispatchRow], clients: int) -> None:
         spreads = [_find(rows, system, count, "jobs_per_s") for system in systems]
         values = [s.median if s else 0.0 for s in spreads]
         positions = [n + offset for n in range(len(systems))]
-        axes.barh(positions, values, BAR_HEIGHT, xerr=_errors(spreads), label=f"{count} client(s)")
+        axes.barh(
+            positions,
+            values,
+            BAR_HEIGHT,
+            xerr=_errors(spreads),
+            label="1 client" if count == 1 else f"{count} clients",
+        )
     _finish(axes, systems, "jobs/s (log scale; bars: median, whiskers: min–max)")
     _save(figure, path)
 

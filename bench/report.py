@@ -185,8 +185,9 @@ def _profile(
         )
     lines += [
         "A target was missed, so the daemon was sampled with py-spy (`record -f raw`, "
-        "subprocesses included) under three steady loads. CPU per unit is user + system time "
-        "from /proc over the sampling window, which runs from one finished unit to another. "
+        "subprocesses included) under three steady loads. Rate and CPU per unit (user + "
+        "system time from /proc) come from a window without py-spy, from one finished unit "
+        "to another; the shares from a second window with py-spy attached. "
         "Shares are of busy samples: py-spy leaves idle threads out but counts a runnable "
         "thread waiting for a CPU as busy, so on a loaded host they blur; the CPU columns "
         "do not. A C call (SQLite, a socket write, uvloop itself) shows as its Python caller; "
@@ -219,13 +220,13 @@ def _cpu_key(who: str) -> str:
 def _process_profile(who: str, profile: ProcessProfile, cpu_ms: float, unit: str) -> list[str]:
     lines = [
         f"**{who}** ({profile.samples:,} busy samples{_left_out(profile)}; "
-        f"{cpu_ms * 1e3:,.0f} µs CPU per {unit}):",
+        f"{_micros(cpu_ms * 1e3)} CPU per {unit}):",
         "",
-        f"| group (innermost frame wins) | share | ≈ µs per {unit} |",
+        f"| group (innermost frame wins) | share | ≈ CPU per {unit} |",
         "|---|---:|---:|",
     ]
     for group, share in profile.groups.items():
-        lines.append(f"| {group} | {share:.1%} | {share * cpu_ms * 1e3:,.0f} |")
+        lines.append(f"| {group} | {share:.1%} | {_micros(share * cpu_ms * 1e3)} |")
     lines += ["", "| top frames, inclusive | group | share |", "|---|---|---:|"]
     lines += [f"| `{frame}` | {group} | {share:.1%} |" for frame, group, share in profile.top]
     lines += ["", "| hot lines (leaf) | group | share |", "|---|---|---:|"]
@@ -250,11 +251,15 @@ def _advice(scenarios: list[Scenario], advice: dict[str, str]) -> list[str]:
                 if share >= ADVICE_MIN_SHARE and share > best[0]:
                     cost = f"≈ {_micros(share * cpu_ms * 1e3)} per {s.unit}"
                     seen[group][who] = (share, f"{share:.0%} of the {who} in *{s.name}* ({cost})")
+    # The daemon's groups first, then the workers', then the client's; each by its top share.
+    rank = {"daemon": 0, "workers": 1, "client": 2}
     found = [
-        (max(v[0] for v in by.values()), g, by) for g, by in seen.items() if by and g in advice
+        (min(rank.get(who, 3) for who in by), -max(v[0] for v in by.values()), g, by)
+        for g, by in seen.items()
+        if by and g in advice
     ]
     lines = []
-    for _, group, by_who in sorted(found, key=lambda item: -item[0]):
+    for *_, group, by_who in sorted(found):
         where = "; ".join(text for _, text in by_who.values())
         lines.append(f"- **{group}** — {where}. {advice[group]}")
     return lines or ["No group took more than a small share: the time is spread thin."]

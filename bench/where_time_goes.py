@@ -1,9 +1,10 @@
 """Where the time goes: the daemon under load, its CPU per job from /proc, its stacks from py-spy.
 
-Three loads, each held steady while py-spy samples: tiny jobs from 1 client, tiny jobs
-from 8 clients, and 512 MiB uploads from 1 client. CPU per unit of work (a job, an upload)
-comes from /proc (user + system time of the daemon, its workers and the clients over the
-same window); py-spy says how the daemon's busy time splits.
+Three steady loads: tiny jobs from 1 client, tiny jobs from 8 clients, and 512 MiB uploads
+from 1 client. Each is watched twice: first alone, for the rate and the CPU per unit of
+work (a job, an upload: user + system time of the daemon, its workers and the clients from
+/proc), then with py-spy attached, for how the busy time splits (py-spy stops the process
+for each sample, which costs CPU of its own, so the CPU figures come from the first window).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class Load:
 def _scenario(
     load: Load, socket_path: str, daemon_pid: int, seconds: float, rate_hz: int, out: Path
 ) -> Scenario:
-    """Sample from one finished unit to another, for at least `seconds` and MIN_UNITS units."""
+    """Each window runs from one finished unit to another, `seconds` and MIN_UNITS at least."""
     stop = SPAWN.Event()
     counters = [SPAWN.Value("q", 0, lock=False) for _ in range(load.clients)]
     clients = [SPAWN.Process(target=load.body, args=(socket_path, stop, c)) for c in counters]
@@ -82,6 +83,8 @@ def _scenario(
             "workers": descendants(daemon_pid),
             "clients": [p.pid for p in clients if p.pid is not None],
         }
+        first = _on_next_unit(counters, pids)
+        last = _on_next_unit(counters, pids, after=first, seconds=seconds)
         daemon_out = out.with_suffix(".daemon")
         recorders = [pyspy_profile.recorder(daemon_pid, daemon_out, rate_hz, load.workers)]
         recorders += [
@@ -89,8 +92,8 @@ def _scenario(
             for n, pid in enumerate(pids["clients"][: load.profiled_clients])
         ]
         try:
-            first = _on_next_unit(counters, pids)
-            last = _on_next_unit(counters, pids, after=first, seconds=seconds)
+            sampled = _on_next_unit(counters, pids)
+            _on_next_unit(counters, pids, after=sampled, seconds=seconds)
         finally:
             pyspy_profile.stop(recorders)
     finally:

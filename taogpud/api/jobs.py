@@ -5,14 +5,17 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
+from pydantic import ValidationError
 
 from taogpud.access import check_access
 from taogpud.api.deps import Daemon
 from taogpud.api.models import JobRequest
 from taogpud.api.peer import peer_of
-from taogpud.errors import OutputNotFound
+from taogpud.errors import OutputNotFound, RequestError
 from taogpud.jobs import JobRecord, JobState
+from taogpud.state import DaemonState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -20,17 +23,45 @@ MAX_WAIT_S = 60.0  # one long-poll; clients loop for longer waits
 JSON = "application/json"
 
 
+async def _job_request(request: Request) -> JobRequest:
+    raw = await request.body()
+    content_type = request.headers.get("content-type", "")
+    if "json" not in content_type:
+        raise RequestError(
+            f"the body must be JSON sent as application/json (got {content_type!r})",
+            "send the job as JSON with content-type: application/json",
+        )
+    try:
+        return JobRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        ) from None
+
+
 def _job_response(job: JobRecord, status_code: int = 200) -> Response:
     return Response(job.model_dump_json(), status_code=status_code, media_type=JSON)
 
 
-@router.post("", response_model=JobRecord, status_code=201)
+@router.post(
+    "",
+    response_model=JobRecord,
+    status_code=201,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": JobRequest.model_json_schema()}},
+        }
+    },
+)
 async def submit(
-    body: JobRequest,
     request: Request,
-    daemon: Daemon,
     wait_s: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None,
 ) -> Response:
+    # The hot path: the body is validated here in one pydantic call instead of through
+    # FastAPI's body and dependency machinery, which cost a tenth of the daemon's CPU per job.
+    daemon: DaemonState = request.app.state.daemon
+    body = await _job_request(request)
     job = daemon.scheduler.submit(body, peer_of(request))
     if wait_s:
         await daemon.store.wait(job.id, wait_s)
