@@ -64,6 +64,8 @@ ADVICE: dict[str, str] = {
         "ASGI message (uvicorn, Starlette's stream and our counting wrapper are the rest)."
     ),
     "worker process: task, backend": (
+        "(The workers' shares are mostly their two threads, the pipe reader and the slot, "
+        "waiting to run after each wake-up; their CPU per job is the firmer number.) "
         "In the worker, every order goes through a `ThreadPoolExecutor.submit` to a slot "
         "thread (a Condition, a queue and a thread switch: `concurrent/futures/thread.py` "
         "lines are hot) for a task that itself takes microseconds. Run a job on the pipe "

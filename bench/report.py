@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from bench import datapath, gpu
@@ -12,6 +13,7 @@ from bench.stats import DispatchRow
 from bench.targets import Target
 from bench.where_time_goes import Scenario
 
+CPUS = os.cpu_count() or 1
 ADVICE_MIN_SHARE = 0.08  # groups below this share of the daemon's time get no advice line
 
 
@@ -193,16 +195,24 @@ def _profile(
         "do not. A C call (SQLite, a socket write, uvloop itself) shows as its Python caller; "
         "`Runner.run` as a leaf is uvloop's own C code, the socket and pipe I/O it does included.",
         "",
-        "| load | units in window | units/s while sampled "
-        "| CPU ms per unit: daemon | workers | clients |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| load | units in window | units/s | CPU ms per unit: daemon | workers | clients "
+        "| ceiling: daemon's loop | ceiling: all CPUs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in scenarios:
         cpu = s.cpu_ms_per_unit
         lines.append(
             f"| {s.name} | {s.units:,} {s.unit}s | {s.units_per_s:,.1f} | {cpu['daemon']:.3f} "
-            f"| {cpu['workers']:.3f} | {cpu['clients']:.3f} |"
+            f"| {cpu['workers']:.3f} | {cpu['clients']:.3f} | {_ceiling(cpu['daemon'])} "
+            f"| {_ceiling(sum(cpu.values()) / CPUS)} |"
         )
+    lines += [
+        "",
+        "Ceilings, in units/s: the daemon's event loop is one thread, so it cannot pass "
+        "1 / (its CPU per unit); and daemon, workers and clients share this host's "
+        f"{CPUS} CPUs, so together they cannot pass {CPUS} / (all their CPU per unit). "
+        "A target above a ceiling needs less CPU per unit, not a quieter host.",
+    ]
     for s in scenarios:
         lines += ["", f"### {s.name}", ""]
         for who, profile in s.profiles.items():
@@ -211,6 +221,10 @@ def _profile(
             )
     lines += ["", "### What to change, by the numbers above", "", *_advice(scenarios, advice)]
     return "\n".join(lines)
+
+
+def _ceiling(cpu_ms: float) -> str:
+    return f"{1e3 / cpu_ms:,.0f}" if cpu_ms > 0 else "—"
 
 
 def _cpu_key(who: str) -> str:

@@ -73,6 +73,13 @@ class ArrayStore:
             if self._store is not None:
                 self._store.delete_array(array_id)
 
+    def release_unused(self) -> int:
+        """At a clean stop: keep only the uploads queued jobs still need (the store knows them)."""
+        unused = [array_id for array_id in self._arrays if array_id not in self._pins]
+        for array_id in unused:
+            self.remove(array_id)
+        return len(unused)
+
     async def upload(self, body: AsyncIterator[bytes], max_bytes: int) -> tuple[str, ArrayRef]:
         """Stream a request body (.npy) straight into shared memory."""
         chunks = _Chunks(body)

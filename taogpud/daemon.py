@@ -173,6 +173,7 @@ class Daemon:
         server.should_exit = True
         await serving
         await state.pool.stop(WORKER_STOP_TIMEOUT_S)
+        state.arrays.release_unused()  # /dev/shm is memory: keep only what queued jobs need
         self._remove_socket_file()
         log.info("daemon.stopped", interrupted=left, jobs_total=state.scheduler.jobs_total)
 

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from taogpud.client import Client, DaemonUnreachable
+from taogpud.pool import shm
 
 READY_TIMEOUT_S = 60.0
 KEYS_GIVEN: set[str] = set()  # every API key a test handed a daemon: no log may contain one
@@ -177,6 +178,9 @@ def daemon_home() -> Iterator[Path]:
     leaks = [
         log.name for log in home.rglob("*.log") for key in KEYS_GIVEN if key in log.read_text()
     ]
+    for state_dir in home.glob("*/state"):  # what a killed daemon left in /dev/shm
+        for image in shm.SHM_DIR.glob(f"{shm.PREFIX}{shm.namespace_of(state_dir)}.*"):
+            image.unlink(missing_ok=True)
     shutil.rmtree(home, ignore_errors=True)
     assert leaks == [], f"an API key was written to {leaks}"
 

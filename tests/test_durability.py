@@ -20,6 +20,7 @@ from conftest import RunningDaemon, start_daemon
 
 from taogpud.client import Client
 from taogpud.jobs import JobRecord, JobState
+from taogpud.pool import shm
 from taogpud.store import JobStore
 
 NOBODY = 65534
@@ -88,7 +89,7 @@ def test_job_with_retries_survives_a_worker_crash(daemon: RunningDaemon) -> None
 def test_outputs_and_queued_inputs_survive_a_restart(
     daemon_factory: Callable[..., RunningDaemon],
 ) -> None:
-    """A kept output downloads after a restart; a queued job keeps its uploaded inputs."""
+    """A kept output survives a restart; a queued job keeps its inputs; nothing else stays."""
     daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 1}})
     a, b = np.arange(1000, dtype=np.float32), np.ones(1000, dtype=np.float32)
     with daemon.client() as client:
@@ -96,7 +97,10 @@ def test_outputs_and_queued_inputs_survive_a_restart(
         client.submit("sleep", {"ms": 300})
         ids = {name: client.upload_array(array)["id"] for name, array in (("a", a), ("b", b))}
         queued = client.submit("vector_add", inputs=ids, keep_outputs=True)
+        client.upload_array(a)  # used by no job: released at the clean stop
     daemon.stop(signal.SIGTERM)
+    namespace = shm.namespace_of(daemon.state_dir)
+    assert len(list(shm.SHM_DIR.glob(f"{shm.PREFIX}{namespace}.*"))) == 2  # a and b, kept
     again = daemon.restart()
     try:
         with again.client() as client:
