@@ -29,8 +29,10 @@ test-gpu: venv
 demo: venv
 	$(PY) scripts/demo.py
 
+# Not part of the tests: installs dask, Ray and matplotlib to measure beside them.
 bench: venv
-	$(PY) bench/dispatch.py
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) bench/run.py
 
 # dist/taogpud_<version>_<arch>.deb: the units, sysusers/tmpfiles, /etc/taogpud and the app
 # in a venv under /opt/taogpud, copied from this venv (no network). EXTRAS= for CPU only.
