@@ -16,6 +16,7 @@ and every API answer for the API key.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -117,7 +118,12 @@ def hang_ups(daemon: RunningDaemon, count: int) -> None:
 
 
 def parsed(log: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    """The JSON lines of a log; a daemon killed with -9 may have left its last one half-written."""
+    records = []
+    for line in log.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            records.append(json.loads(line))
+    return [record for record in records if isinstance(record, dict)]
 
 
 def phase(
