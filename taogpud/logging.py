@@ -107,7 +107,6 @@ def configure(level: str = "info", request_trace: bool = True) -> None:
     _state.journal = journal.open_writer()
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
             filter_level,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
