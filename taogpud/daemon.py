@@ -70,36 +70,18 @@ class Daemon:
         self._owns_socket_file = True
 
     async def run(self) -> int:
-        # Bind first: a second daemon on a live socket fails before it spawns anything.
-        # Clients that connect while workers warm wait in the backlog.
-        inherited = systemd.listen_socket()
-        self._owns_socket_file = inherited is None  # systemd's socket unit owns its file
-        sock = inherited or bind_unix_socket(self.socket_path)
-        try:
-            state = self._build_state()
-        except BaseException:
-            self._remove_socket_file()
-            raise
-        self._reloader = Reloader(state, self.notifier, self.args.settings, self.args.config)
-        state.reload = self._reloader.reload
-        self._install_signal_handlers()
-        try:
-            await state.pool.start(WARM_TIMEOUT_S)
-            server, serving = await self._serve(state, sock)
-        except BaseException:
-            state.pool.kill_all()
-            self._remove_socket_file()
-            raise
-        state.scheduler.recover(state.store.unfinished())
-        state.store.load_recent(RECENT_JOBS_SHOWN)
-        watching = asyncio.get_running_loop().create_task(self._watch(self._reloader))
+        state, server, serving = await self._startup()
+        reloader = Reloader(state, self.notifier, self.args.settings, self.args.config)
+        self._reloader, state.reload = reloader, reloader.reload
+        loop = asyncio.get_running_loop()
+        watching = loop.create_task(self._watch(reloader))
+        background = [
+            loop.create_task(coroutine)
+            for coroutine in (_heartbeat(self.notifier, state), _housekeeping(state))
+        ]
         state.phase = "ready"
         log.info("daemon.ready", socket=str(self.socket_path), **_summary(state))
         self.notifier.ready(state.status_line())
-        background = [
-            asyncio.get_running_loop().create_task(coroutine)
-            for coroutine in (_heartbeat(self.notifier, state), _housekeeping(state))
-        ]
         await self._stop_requested.wait()
         self._stop_watching.set()
         await watching
@@ -108,6 +90,31 @@ class Daemon:
             task.cancel()
         state.store.close()
         return 0
+
+    async def _startup(self) -> tuple[DaemonState, _Server, asyncio.Task[None]]:
+        """Bind, warm every worker, take back what the store holds, then serve.
+
+        Binding comes first: a second daemon on a live socket fails before it spawns
+        anything, and clients that connect while the workers warm wait in the backlog."""
+        inherited = systemd.listen_socket()
+        self._owns_socket_file = inherited is None  # systemd's socket unit owns its file
+        sock = inherited or bind_unix_socket(self.socket_path)
+        try:
+            state = self._build_state()
+        except BaseException:
+            self._remove_socket_file()
+            raise
+        self._install_signal_handlers()
+        try:
+            await state.pool.start(WARM_TIMEOUT_S)
+            state.scheduler.recover(state.store.unfinished())
+            state.store.load_recent(RECENT_JOBS_SHOWN)
+            server, serving = await self._serve(state, sock)
+        except BaseException:
+            state.pool.kill_all()
+            self._remove_socket_file()
+            raise
+        return state, server, serving
 
     async def _watch(self, reloader: Reloader) -> None:
         paths = reloader.watched_paths()
