@@ -50,21 +50,25 @@ class Reloader:
         self.notifier = notifier
         self._args = (settings_arg, config_arg)
         self._lock = asyncio.Lock()
-        self._queued = False
+        self._waiting_triggers: list[str] = []  # requests not yet picked up by a reload
         self._tasks: set[asyncio.Task[ReloadView]] = set()
 
     def request(self, trigger: str) -> None:
-        """From a signal handler or the watcher: reload soon; requests while one waits merge."""
-        if self._queued:
+        """From a signal handler or the watcher: reload soon. Requests that come while one
+        waits join it (it reads the files after them) and are named in its trigger."""
+        self._waiting_triggers.append(trigger)
+        if len(self._waiting_triggers) > 1:
             return
-        self._queued = True
-        task = asyncio.get_running_loop().create_task(self.reload(trigger))
+        task = asyncio.get_running_loop().create_task(self.reload(""))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def reload(self, trigger: str) -> ReloadView:
+        """`trigger` "" takes the waiting requests' names ("watch+SIGHUP")."""
         async with self._lock:
-            self._queued = False
+            if not trigger:
+                trigger = "+".join(dict.fromkeys(self._waiting_triggers)) or "request"
+                self._waiting_triggers.clear()
             self.notifier.reloading()
             try:
                 view = await self._reload(trigger)

@@ -421,7 +421,7 @@ def test_reload_applies_config_and_notifies(container: Container) -> None:
     lines = [e["MESSAGE"] for e in container.journal("-u", "taogpud", "_TRANSPORT=stdout")]
     events = [json.loads(m) for m in lines if m.startswith("{")]
     assert any(
-        e["event"] in ("config.reloaded", "config.unchanged") and e.get("trigger") == "SIGHUP"
+        e["event"] in ("config.reloaded", "config.unchanged") and "SIGHUP" in e.get("trigger", "")
         for e in events
     ), "systemctl reload did not reach the daemon as SIGHUP"
     manager = [
