@@ -109,7 +109,7 @@ class ChangeView(BaseModel):
 class ReloadView(BaseModel):
     ok: bool
     at: float | None = None  # unix time the reload finished; None: none since start
-    trigger: str | None = None  # "watch" | "SIGHUP" | "api"
+    trigger: str | None = None  # "watch" | "SIGHUP" | "api", or requests joined: "watch+SIGHUP"
     generation: int | None = None  # the generation in force after it
     changes: list[ChangeView] = Field(default_factory=list)
     restarted_workers: bool = False
