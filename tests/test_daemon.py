@@ -376,3 +376,19 @@ def test_second_daemon_on_the_same_socket_refuses(daemon: RunningDaemon) -> None
     assert "already serving" in result.stderr
     with daemon.client() as client:
         assert client.health()["ok"]
+
+
+def test_uploads_keep_shape_and_dtype(daemon: RunningDaemon) -> None:
+    """0-d, empty, 2-D, bool and strided complex arrays upload with their shape and dtype."""
+    arrays = [
+        np.array(5.0),
+        np.zeros(0, dtype=np.int16),
+        np.ones((3, 4)),
+        np.array([True, False]),
+        np.arange(6, dtype=np.complex64)[::2],
+    ]
+    with daemon.client() as client:
+        views = [client.upload_array(array) for array in arrays]
+    assert [v["shape"] for v in views] == [list(a.shape) for a in arrays]
+    assert [v["dtype"] for v in views] == [a.dtype.str for a in arrays]
+    assert [v["nbytes"] for v in views] == [a.nbytes for a in arrays]

@@ -154,7 +154,7 @@ def write_output(folder: Path, name: str, array: Any) -> msg.OutputFile:
 
     if not OUTPUT_NAME.fullmatch(name):
         raise ValueError(f"output name {name!r} is not allowed (letters, digits, _ . - only)")
-    host = np.ascontiguousarray(array)
+    host = np.asarray(array, order="C")  # keeps 0-d (ascontiguousarray would not)
     partial = folder / f".{name}.npy.partial"
     try:
         # Written by hand, not np.save: numpy's writer drops errno, and ENOSPC must show.
