@@ -14,6 +14,7 @@ import os
 import secrets
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from taogpud.errors import RequestError, TaogpudError
 from taogpud.pool import shm
@@ -95,7 +96,7 @@ class ArrayStore:
                 "split the input, or raise the limit",
             )
         self._make_room(header_bytes + nbytes)
-        name, mapped = shm.create(header_bytes + nbytes, self.namespace, os.getpid())
+        name, mapped = self._create(header_bytes + nbytes)
         try:
             written = await chunks.copy_into(mapped)
         except BaseException:
@@ -129,6 +130,15 @@ class ArrayStore:
                 yield mapped[start : min(start + CHUNK_BYTES, total)]
         finally:
             mapped.close()
+
+    def _create(self, total_bytes: int) -> tuple[str, Any]:
+        try:
+            return shm.create(total_bytes, self.namespace, os.getpid())
+        except OSError as exc:  # /dev/shm itself is full (other users of it, a small tmpfs)
+            raise ArrayStoreFull(
+                f"no room in {shm.SHM_DIR} for {total_bytes} bytes: {exc.strerror}",
+                "free memory in /dev/shm, or send a smaller array",
+            ) from None
 
     def _make_room(self, needed: int) -> None:
         for array_id in [a for a in self._arrays if a not in self._pins]:
