@@ -295,3 +295,16 @@ def test_hand_made_bad_requests_get_answers_and_harm_nothing(daemon: RunningDaem
     assert statuses[2] in (200, 400, 431)  # served, or refused whole: never a crash
     with daemon.client() as client:
         assert client.run("noop")["status"] == "succeeded"
+
+
+def test_full_dev_shm_is_a_clear_error(
+    small_state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload bigger than the room left in /dev/shm (here a 2 MiB tmpfs) is array_store_full."""
+    from taogpud.arrays import ArrayStore, ArrayStoreFull
+
+    monkeypatch.setattr(shm, "SHM_DIR", small_state_dir)
+    with pytest.raises(ArrayStoreFull) as full:
+        ArrayStore(budget_bytes=1 << 30)._create(4 << 20)
+    assert "no room" in full.value.message
+    assert list(small_state_dir.iterdir()) == []  # nothing half-made is left
