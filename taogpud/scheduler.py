@@ -127,13 +127,8 @@ class Scheduler:
         return job
 
     def _check_inputs(self, task: tasks.Task, inputs: dict[str, str]) -> None:
+        tasks.check_input_names(task, inputs)
         for name, array_id in inputs.items():
-            if name not in task.inputs:
-                accepted = ", ".join(task.inputs) or "none"
-                raise RequestError(
-                    f"task {task.name} has no input named {name!r}",
-                    f"inputs it accepts: {accepted}",
-                )
             if self.arrays.get(array_id) is None:
                 raise MissingInput(
                     f"input {name!r}: no array with id {array_id!r}",
