@@ -14,17 +14,15 @@ import contextlib
 import io
 import mmap
 import os
-import shutil
 import socket
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.daemon_under_test import Client
-from bench.load import SPAWN
+from bench.load import socket_server
 from bench.stats import Spread
 
 GIB = 1 << 30
@@ -139,21 +137,8 @@ def _fetch_down(sock: socket.socket, size: bytes, landing: bytearray) -> None:
     _recv_into(sock, memoryview(landing))
 
 
-@contextlib.contextmanager
-def _raw_server() -> Iterator[str]:
-    folder = tempfile.mkdtemp(prefix="tgd-raw-", dir="/tmp")
-    path = str(Path(folder) / "raw.sock")
-    ready = SPAWN.Event()
-    server = SPAWN.Process(target=_serve_raw, args=(path, ready), daemon=True)
-    server.start()
-    try:
-        if not ready.wait(30):
-            raise RuntimeError("the raw socket server did not start")
-        yield path
-    finally:
-        server.kill()
-        server.join()
-        shutil.rmtree(folder, ignore_errors=True)
+def _raw_server() -> contextlib.AbstractContextManager[str]:
+    return socket_server(_serve_raw, "raw")
 
 
 def _serve_raw(path: str, ready: Any) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import shutil
+import tempfile
 import threading
 import time
 import traceback
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from bench.stats import LoadRun
@@ -175,3 +178,21 @@ def _run_isolated(sender: Connection, function: Callable[..., Any], args: tuple[
 def just(call: Call) -> Iterator[Call]:
     """An opener's body for callers that need no set-up."""
     yield call
+
+
+@contextlib.contextmanager
+def socket_server(serve: Callable[[str, Any], None], name: str) -> Iterator[str]:
+    """Run `serve(path, ready)` in a spawned process on a fresh Unix socket; yield its path."""
+    folder = tempfile.mkdtemp(prefix=f"tgd-{name}-", dir="/tmp")
+    path = str(Path(folder) / f"{name}.sock")
+    ready = SPAWN.Event()
+    server = SPAWN.Process(target=serve, args=(path, ready), daemon=True)
+    server.start()
+    try:
+        if not ready.wait(30):
+            raise RuntimeError(f"the {name} server did not start")
+        yield path
+    finally:
+        server.kill()
+        server.join()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -13,15 +13,13 @@ import dataclasses
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from taogpud.errors import RequestError, TaogpudError
 from taogpud.pool import shm
 from taogpud.pool.shm import ArrayRef, BadArray
 from taogpud.store import JobStore
-
-CHUNK_BYTES = 1 << 20
 
 
 class ArrayStoreFull(TaogpudError):
@@ -120,16 +118,6 @@ class ArrayStore:
         self.used_bytes += ref.header_bytes + ref.nbytes
         if self._store is not None:
             self._store.put_array(array_id, dataclasses.asdict(ref))
-
-    def read(self, ref: ArrayRef) -> Iterator[bytes]:
-        """The whole .npy image, in chunks, for a download."""
-        mapped = shm.open_map(ref)
-        try:
-            total = ref.header_bytes + ref.nbytes
-            for start in range(0, total, CHUNK_BYTES):
-                yield mapped[start : min(start + CHUNK_BYTES, total)]
-        finally:
-            mapped.close()
 
     def _create(self, total_bytes: int) -> tuple[str, Any]:
         try:

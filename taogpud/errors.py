@@ -13,10 +13,9 @@
     ├── NotPermitted               forbidden       403   the caller may not touch this job
     ├── Rejected                   too_large       413   the job can never fit a device (admission)
     ├── QueueFull                  queue_full      429   the bounded queue is full; retry later
-    ├── Draining                   draining        503   the daemon is stopping; no new jobs
-    └── JobConflict                job_conflict    409   the job is not in a state that allows this
+    └── Draining                   draining        503   the daemon is stopping; no new jobs
 
-Job failures are not exceptions of the daemon: they are `JobError` values
+Job failures are not exceptions of the daemon: they are `JobErrorView` values
 recorded on the job (`out_of_device_memory`, `task_failed`, `worker_crashed`,
 `timed_out`, `cancelled`, `interrupted`).
 """
@@ -140,8 +139,3 @@ class QueueFull(TaogpudError):
 class Draining(TaogpudError):
     code = "draining"
     http_status = 503
-
-
-class JobConflict(TaogpudError):
-    code = "job_conflict"
-    http_status = 409

@@ -76,7 +76,6 @@ class Scheduler:
         self.pool: WorkerPool | None = None
         self.accepting = True
         self.running_total = 0
-        self.most_running = 0  # high-water mark, for status and the soak check
         self.jobs_total = 0  # accepted since start
         self.finished_counts: Counter[tuple[str, str, str]] = Counter()  # (task, backend, status)
         self._queue: list[tuple[tuple[int, int], JobRecord]] = []  # ((-priority, seq), job)
@@ -266,7 +265,6 @@ class Scheduler:
         worker.running.add(job.id)
         worker.reserved_bytes += job.estimate_bytes
         self.running_total += 1
-        self.most_running = max(self.most_running, self.running_total)
         self._idle.clear()
 
     # -- cancel and timeouts --------------------------------------------------------------

@@ -98,6 +98,12 @@ class RunningDaemon:
             f"no matching event within {timeout_s} s; log:\n{self.log_path.read_text()[-4000:]}"
         )
 
+    def wait_running(self, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """The job.running trace line of `job_id`, once the daemon has written it."""
+        return self.wait_for_event(
+            lambda e: e.get("event") == "job.running" and e.get("job_id") == job_id, timeout_s
+        )
+
     def stop(self, signum: int = signal.SIGTERM, timeout_s: float = 60.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signum)

@@ -297,9 +297,7 @@ def test_killed_worker_fails_its_job_and_is_replaced(daemon: RunningDaemon) -> N
     """kill -9 of a worker mid-job: that job fails worker_crashed, a new worker takes over."""
     with daemon.client() as client:
         job = client.submit("sleep", {"ms": 30_000}, device=0)
-        running = daemon.wait_for_event(
-            lambda e: e.get("event") == "job.running" and e["job_id"] == job["id"]
-        )
+        running = daemon.wait_running(job["id"])
         os.kill(running["worker_pid"], signal.SIGKILL)
         failed = client.wait(job["id"], timeout_s=30)
         daemon.wait_for_event(
@@ -317,7 +315,7 @@ def test_sigterm_lets_running_jobs_finish(daemon: RunningDaemon) -> None:
     """SIGTERM: the 4 running jobs finish, the daemon exits 0 and removes its socket."""
     with daemon.client() as client:
         running = [client.submit("sleep", {"ms": 500})["id"] for _ in range(4)]
-    daemon.wait_for_event(lambda e: e.get("event") == "job.running" and e["job_id"] == running[-1])
+    daemon.wait_running(running[-1])
     assert daemon.stop(signal.SIGTERM) == 0
     finished = {
         e["job_id"]: e["event"]

@@ -60,7 +60,7 @@ def test_job_with_retries_runs_again_after_a_restart(daemon: RunningDaemon) -> N
     """A job running at kill -9 that allows retries runs again and succeeds; attempts=1."""
     with daemon.client() as client:
         job = client.submit("sleep", {"ms": 1500}, max_retries=1)
-    daemon.wait_for_event(lambda e: e.get("event") == "job.running" and e["job_id"] == job["id"])
+    daemon.wait_running(job["id"])
     daemon.stop(signal.SIGKILL)
     again = daemon.restart()
     try:
@@ -76,9 +76,7 @@ def test_job_with_retries_survives_a_worker_crash(daemon: RunningDaemon) -> None
     """kill -9 of the worker: a job with max_retries=1 runs again elsewhere and succeeds."""
     with daemon.client() as client:
         job = client.submit("sleep", {"ms": 1500}, max_retries=1)
-        running = daemon.wait_for_event(
-            lambda e: e.get("event") == "job.running" and e["job_id"] == job["id"]
-        )
+        running = daemon.wait_running(job["id"])
         os.kill(running["worker_pid"], signal.SIGKILL)
         finished = client.wait(job["id"], timeout_s=30)
     assert finished["status"] == "succeeded"

@@ -199,7 +199,7 @@ def test_rolling_restart_finishes_running_jobs_first(daemon: RunningDaemon) -> N
     with daemon.client() as client:
         old_pids = {w["device"]: w["pid"] for w in client.status()["workers"]}
         jobs = [client.submit("sleep", {"ms": 400})["id"] for _ in range(4)]
-        daemon.wait_for_event(lambda e: e.get("event") == "job.running" and e["job_id"] == jobs[-1])
+        daemon.wait_running(jobs[-1])
         write_config(daemon, {"runtime": {"thread_num": 2}})
         status = wait_generation(client, 2)
         finished = [client.wait(job_id) for job_id in jobs]

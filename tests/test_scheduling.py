@@ -135,9 +135,7 @@ def test_cancel_running_job_stops_it(daemon: RunningDaemon) -> None:
     """A running sleep of 60 s is cancelled at once; its slot is free for the next job."""
     with daemon.client() as client:
         job = client.submit("sleep", {"ms": 60_000}, device=0)
-        daemon.wait_for_event(
-            lambda e: e.get("event") == "job.running" and e["job_id"] == job["id"]
-        )
+        daemon.wait_running(job["id"])
         cancelled = client.cancel(job["id"])
         after = client.run("noop", device=0)
     assert cancelled["status"] == "cancelled"

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import socket
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from bench.load import SPAWN, Call, Plan, in_processes, sequential
+from bench.load import Call, Plan, in_processes, sequential, socket_server
 from bench.peers.tiny import SUBMIT_REQUEST
 from bench.stats import DispatchRow
 
@@ -27,21 +24,8 @@ def measure(plan: Plan, clients: int, concurrent: Plan) -> list[DispatchRow]:
     return [DispatchRow.from_runs(NAME, 1, one, note), DispatchRow.from_runs(NAME, clients, many)]
 
 
-@contextlib.contextmanager
-def serving() -> Iterator[str]:
-    folder = tempfile.mkdtemp(prefix="tgd-echo-", dir="/tmp")
-    path = str(Path(folder) / "echo.sock")
-    ready = SPAWN.Event()
-    server = SPAWN.Process(target=_serve, args=(path, ready), daemon=True)
-    server.start()
-    try:
-        if not ready.wait(30):
-            raise RuntimeError("the echo server did not start")
-        yield path
-    finally:
-        server.kill()
-        server.join()
-        shutil.rmtree(folder, ignore_errors=True)
+def serving() -> contextlib.AbstractContextManager[str]:
+    return socket_server(_serve, "echo")
 
 
 @contextlib.contextmanager

@@ -119,12 +119,11 @@ def create(total_bytes: int, namespace: str, owner_pid: int) -> tuple[str, mmap.
         os.close(fd)
 
 
-def open_map(ref: ArrayRef, writable: bool = False) -> mmap.mmap:
-    flags = os.O_RDWR if writable else os.O_RDONLY
-    fd = os.open(ref.path, flags)
+def open_map(ref: ArrayRef) -> mmap.mmap:
+    """The image mapped read-only: a worker reads its inputs, never writes them."""
+    fd = os.open(ref.path, os.O_RDONLY)
     try:
-        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-        return mmap.mmap(fd, max(ref.header_bytes + ref.nbytes, 1), access=access)
+        return mmap.mmap(fd, max(ref.header_bytes + ref.nbytes, 1), access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
 
