@@ -24,6 +24,7 @@ import uvicorn
 from taogpud import config, systemd
 from taogpud import logging as tlog
 from taogpud.api.app import create_app
+from taogpud.api.hot import HotPath
 from taogpud.api.listen import bind_unix_socket
 from taogpud.api.peer import PeerCredProtocol
 from taogpud.arrays import ArrayStore
@@ -149,7 +150,7 @@ class Daemon:
         self, state: DaemonState, sock: socket.socket
     ) -> tuple[_Server, asyncio.Task[None]]:
         server_config = uvicorn.Config(
-            create_app(state),
+            HotPath(create_app(state), state),
             http=PeerCredProtocol,
             lifespan="off",
             log_config=None,

@@ -192,6 +192,42 @@ def test_wrong_content_type_and_missing_fields(daemon: RunningDaemon) -> None:
     assert "task" in body["message"]
 
 
+@pytest.mark.parametrize(
+    ("query", "headers", "status", "words"),
+    [
+        ("?wait_s=61", None, 400, "wait_s"),
+        ("?wait_s=soon", None, 400, "wait_s"),
+        ("?wait_s=1&wait_s=2&x=1", None, 201, ""),
+        ("", {"content-type": "text/plain"}, 400, "application/json"),
+    ],
+)
+def test_submits_off_the_fast_path_get_the_framework_answer(
+    daemon: RunningDaemon, query: str, headers: dict[str, str] | None, status: int, words: str
+) -> None:
+    """POST /v1/jobs skips FastAPI only when well-formed (api/hot.py); any other query or
+    content type is answered by the FastAPI route, with its usual errors."""
+    body = b'{"task": "noop"}'
+    answered, answer = raw_request(daemon, "POST", f"/v1/jobs{query}", body, headers)
+    assert answered == status, answer
+    if status >= 400:
+        assert_error_shape(answer, "invalid_request")
+        assert words in answer["message"]
+    else:
+        assert answer["task"] == "noop"
+
+
+def test_fast_path_submits_are_traced_like_other_requests(daemon: RunningDaemon) -> None:
+    """A submit that succeeds and one refused by the scheduler each log one api.request."""
+    with daemon.client() as client:
+        job = client.submit("noop", wait_s=10)
+        with pytest.raises(ApiError):
+            client.submit("no_such_task")
+    assert job["status"] == "succeeded"
+    submits = [e for e in daemon.events("api.request") if e["path"] == "/v1/jobs"]
+    assert [(e["method"], e["status"]) for e in submits] == [("POST", 201), ("POST", 404)]
+    assert all(e["duration_ms"] >= 0 and e["uid"] == os.getuid() for e in submits)
+
+
 def test_unknown_task_suggests_the_close_one(daemon: RunningDaemon) -> None:
     """`vectr_add` is unknown_task (404) with a did-you-mean."""
     with daemon.client() as client, pytest.raises(ApiError) as refused:

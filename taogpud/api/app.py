@@ -84,7 +84,12 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("api.unexpected_error", path=request.url.path)
+    return internal_error(request.url.path, exc)
+
+
+def internal_error(path: str, exc: Exception) -> JSONResponse:
+    """A bug: logged with its traceback (call from the except block), answered as a 500."""
+    log.exception("api.unexpected_error", path=path)
     body = ErrorBody(
         "internal_error",
         f"{type(exc).__name__}: {exc}",
