@@ -11,8 +11,6 @@ thread (or per process). Nothing here imports numpy unless an array object is up
 
 from __future__ import annotations
 
-import http.client
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,12 +21,13 @@ from urllib.parse import quote, urlencode
 import orjson
 
 from taogpud import paths
+from taogpud.client_http import MalformedResponse, UnixHTTPConnection
 from taogpud.pool.shm import npy_header
 
-# Why stdlib http.client and not httpx: measured on this kind of host, httpx spends ~416 µs of
-# CPU per request against ~120 µs for http.client over the same socket, and the control socket's
-# hot path (submit → result of a tiny job) must stay well under 1 ms per job.
-# (notes/library-facts.md, "HTTP/1.1 over a Unix socket".)
+# Why not httpx: measured on this kind of host, httpx spends ~416 µs of CPU per request against
+# ~120 µs for http.client over the same socket (notes/library-facts.md, "HTTP/1.1 over a Unix
+# socket"), and client_http.py's httptools connection less again; the control socket's hot
+# path (submit → result of a tiny job) must stay well under 1 ms per job.
 
 WAIT_CHUNK_S = 1.0  # the longest single long-poll: progress is reported at least this often
 PING_WAIT_S = 600.0  # an uncapped channel ping: the daemon bounds it by its own config
@@ -70,31 +69,13 @@ def is_finished(job: Job) -> bool:
     return job.get("status") in FINISHED_STATES
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    """An HTTP/1.1 connection whose transport is an AF_UNIX stream socket."""
-
-    def __init__(self, socket_path: str, timeout_s: float) -> None:
-        super().__init__("localhost", timeout=timeout_s)
-        self.socket_path = socket_path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self.socket_path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-
-
 class Client:
     """One keep-alive connection to the daemon. Not thread-safe: one Client per thread."""
 
     def __init__(self, socket_path: str | Path | None = None, timeout_s: float = 60.0) -> None:
         self.socket_path = str(paths.default_socket() if socket_path is None else socket_path)
         self.timeout_s = timeout_s
-        self._conn = _UnixHTTPConnection(self.socket_path, timeout_s)
+        self._conn = UnixHTTPConnection(self.socket_path, timeout_s)
 
     # --- daemon and catalog ---------------------------------------------------------------
 
@@ -260,7 +241,7 @@ class Client:
         decoded = _decode_json(status, data)
         return _expect(decoded, dict, "/v1/arrays")
 
-    def download_output(self, job_id: str, name: str) -> bytes:
+    def download_output(self, job_id: str, name: str) -> bytes | bytearray:
         """The bytes of a .npy file: one output the job kept (submit with keep_outputs)."""
         path = f"/v1/jobs/{_segment(job_id)}/outputs/{_segment(name)}"
         status, data = self._request("GET", path)
@@ -304,7 +285,7 @@ class Client:
         body: Body = None,
         content_type: str = JSON_TYPE,
         wait_s: float = 0.0,
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, bytes | bytearray]:
         """One exchange; a kept-alive connection the daemon closed is reopened once.
 
         The retry covers the idle-close race only: on a fresh connection a refused or missing
@@ -323,22 +304,13 @@ class Client:
 
     def _exchange(
         self, method: str, path: str, body: Body, content_type: str, wait_s: float
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, bytes | bytearray]:
         read_timeout_s = self.timeout_s + wait_s  # a long-poll answers only after wait_s
-        self._conn.timeout = read_timeout_s
-        if self._conn.sock is not None:
-            self._conn.sock.settimeout(read_timeout_s)
-        headers = {"Content-Type": content_type} if body is not None else {}
-        if isinstance(body, list):  # parts: http.client sends each, the length is ours to say
-            headers["Content-Length"] = str(sum(len(part) for part in body))
         try:
-            self._conn.request(method, path, body=body, headers=headers)
-            response = self._conn.getresponse()
-            return response.status, response.read()
+            return self._conn.request(method, path, body, content_type, read_timeout_s)
         except ConnectionError:
             raise  # _request decides: reopen a kept-alive connection once, else unreachable
-        except http.client.HTTPException as exc:
-            self._conn.close()
+        except MalformedResponse as exc:
             raise _malformed_response(self.socket_path, exc) from exc
         except OSError as exc:
             self._conn.close()
@@ -391,7 +363,7 @@ def _expect(value: object, kind: type[T], path: str) -> T:
     return value
 
 
-def _decode_json(status: int, data: bytes) -> Any:
+def _decode_json(status: int, data: bytes | bytearray) -> Any:
     if status >= 400:
         raise _api_error(status, data)
     try:
@@ -405,7 +377,7 @@ def _decode_json(status: int, data: bytes) -> Any:
         ) from None
 
 
-def _api_error(http_status: int, body: bytes) -> ApiError:
+def _api_error(http_status: int, body: bytes | bytearray) -> ApiError:
     """An ApiError from an error response, whatever its body holds."""
     fields = _error_fields(body)
     if fields is not None:
@@ -419,7 +391,7 @@ def _api_error(http_status: int, body: bytes) -> ApiError:
     )
 
 
-def _error_fields(body: bytes) -> tuple[str, str, str] | None:
+def _error_fields(body: bytes | bytearray) -> tuple[str, str, str] | None:
     """{code, message, hint}, also when a framework wrapped it as {"detail": {...}}."""
     try:
         parsed = orjson.loads(body)
@@ -444,15 +416,15 @@ def _describe_validation(details: list[Any]) -> str:
     return "; ".join(parts) or "the request is invalid"
 
 
-def _snippet(data: bytes, limit: int = 200) -> str:
+def _snippet(data: bytes | bytearray, limit: int = 200) -> str:
     text = data.decode("utf-8", "replace").strip().replace("\n", " ")
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def _malformed_response(socket_path: str, exc: http.client.HTTPException) -> ApiError:
+def _malformed_response(socket_path: str, exc: MalformedResponse) -> ApiError:
     return ApiError(
         "bad_response",
-        f"{socket_path} answered something that is not HTTP/1.1 ({type(exc).__name__})",
+        f"{socket_path} answered something that is not HTTP/1.1 ({exc})",
         "is that socket really taogpud's? check --socket / TAOGPUD_SOCKET",
     )
 

@@ -178,6 +178,50 @@ def test_reconnects_once_when_daemon_closed_the_connection(
     assert server.connections == 2
 
 
+def test_large_body_arrives_whole_and_the_connection_stays(
+    stub_server: Callable[[Reply], _StubServer],
+) -> None:
+    """A 3 MiB answer (read in place, past client_http's large-body threshold) comes back
+    byte for byte, and the next request reuses the connection."""
+    payload = np.random.default_rng(7).bytes(3 * 2**20 + 13)
+    server = stub_server((200, "application/octet-stream", payload))
+    with Client(server.server_address) as client:
+        assert bytes(client.download_output("j1", "c")) == payload
+        assert bytes(client.download_output("j1", "c")) == payload
+    assert server.connections == 1
+
+
+@pytest.mark.parametrize(
+    ("answer", "words"),
+    [
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "HttpParserError"),
+        (b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"ok"', "middle of a response"),
+    ],
+)
+def test_an_answer_that_is_not_http_is_a_bad_response(
+    socket_dir: Path, answer: bytes, words: str
+) -> None:
+    """Something that is not HTTP/1.1, or a response cut short, is ApiError bad_response
+    naming the socket, never a parser traceback or a hang."""
+    path = str(socket_dir / "odd.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def answer_once() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(answer)
+        conn.close()
+
+    threading.Thread(target=answer_once, daemon=True).start()
+    with Client(path, timeout_s=10) as client, pytest.raises(ApiError) as caught:
+        client.health()
+    listener.close()
+    assert caught.value.code == "bad_response"
+    assert path in caught.value.message and words in caught.value.message
+
+
 def test_finished_states_match_job_states() -> None:
     """The client's finished set mirrors JobState.finished exactly."""
     assert {state.value for state in JobState if state.finished} == FINISHED_STATES
