@@ -3,14 +3,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv check test test-gpu demo bench deb clean
+.PHONY: venv check test test-gpu gpu-check gpu-wheels demo bench deb clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,cuda12]'
+	$(PY) -m pip install -q -e '.[dev,cuda12,ray,opencl]'
 	touch $(STAMP)
 
 check: venv
@@ -25,6 +25,15 @@ test: check
 # selected, i.e. no GPU here) is not a failure.
 test-gpu: venv
 	$(PY) -m pytest -q -m gpu --junitxml=gpu-report.xml || [ $$? -eq 5 ]
+
+# On a GPU host: every GPU measurement and `pytest -m gpu`, as one report in
+# bench/results/gpu-check.md (+ gpu-check-numbers.json). No venv there? make gpu-check PY=python3
+gpu-check:
+	PYTHONUNBUFFERED=1 $(PY) scripts/gpu_check.py
+
+# The daemon's wheels for a GPU host without network (Python 3.12), into .whl/ (README: CUDA).
+gpu-wheels:
+	PYTHON=$(PY) sh scripts/gpu_wheels.sh
 
 demo: venv
 	$(PY) scripts/demo.py

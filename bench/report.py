@@ -28,6 +28,8 @@ class RunFacts:
     load_after: str = ""
     duration_s: float = 0.0
     charts: list[tuple[str, str]] = field(default_factory=list)  # (file, caption)
+    opencl: list[str] = field(default_factory=list)  # bench/opencl.py's section
+    ray_executor: list[str] = field(default_factory=list)  # bench/ray_executor.py's section
 
 
 def render(
@@ -48,6 +50,8 @@ def render(
         _datapath(sizes),
         _footprint(footprint, peer_footprints),
         "\n".join(["## 4. GPU", "", *gpu.section()]),
+        "\n".join(facts.opencl),
+        "\n".join(facts.ray_executor),
         _profile(scenarios, targets, advice),
         _charts(facts.charts),
     ]

@@ -22,12 +22,13 @@ sys.path.insert(0, str(REPO))  # `bench` as a package, here and in every spawned
 # Ray and dask start their own interpreters: they must import bench.peers too.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
-from bench import datapath, dispatch, footprint, host, where_time_goes  # noqa: E402
+from bench import datapath, dispatch, footprint, host, opencl, where_time_goes  # noqa: E402
 from bench.advice import ADVICE  # noqa: E402
 from bench.charts import draw_all  # noqa: E402
 from bench.daemon_under_test import running  # noqa: E402
 from bench.procs import cmdline, descendants  # noqa: E402
 from bench.pyspy_profile import py_spy  # noqa: E402
+from bench.ray_executor import ray_executor_section  # noqa: E402
 from bench.report import RunFacts, render  # noqa: E402
 from bench.targets import evaluate  # noqa: E402
 
@@ -58,6 +59,10 @@ def main() -> None:
         sizes = datapath.measure(str(daemon.socket_path), SIZES_MIB, args.repeats)
     print("== footprint", flush=True)
     prints = footprint.measure(args.repeats)
+    print("== opencl (PoCL) vector_add vs numpy", flush=True)
+    facts.opencl = opencl.report_lines(opencl.measure(repeats=max(args.repeats, 3)))
+    print("== Ray executor vs local", flush=True)
+    facts.ray_executor = ray_executor_section(args.repeats, args.quick)
     targets = evaluate(tiny.rows, sizes, dispatch.CLIENTS)
     scenarios = None
     if any(target.verdict == "missed" for target in targets) and py_spy() is not None:

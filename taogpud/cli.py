@@ -41,7 +41,6 @@ from taogpud.cli_output import (
     emit_table,
     flatten,
     format_cell,
-    gibibytes,
     job_problem,
     one_line,
     ping_lines,
@@ -393,19 +392,42 @@ def tasks_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
 
 
 @app.command("devices")
-def devices_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
-    """The devices the workers hold, with what the driver says about them."""
-    with connect(ctx) as client:
-        devices = client.devices()
+def devices_command(ctx: typer.Context, json_out: JsonFlag = False) -> int:
+    """The GPUs the NVIDIA driver shows (NVML, read here), the OpenCL platforms and devices
+    (asked of a child process here), and the devices the workers hold."""
+    from taogpud import devices_view as view
+    from taogpud import nvml, opencl_report
+    from taogpud.backends import opencl_probe
+
+    unreachable: DaemonUnreachable | None = None
+    workers: list[dict[str, Any]] | None = None
+    try:
+        with connect(ctx) as client:
+            workers = client.devices()
+    except DaemonUnreachable as exc:  # the driver's view is still worth showing
+        unreachable = exc
+    document = view.devices_document(nvml.inventory(), workers)
+    document["opencl"] = opencl_report.opencl_document(opencl_probe.inventory(), workers)
     if json_out:
-        emit_json(devices)
-        return
-    columns = ("device", "backend", "name", "uuid", "compute_capability", "memory_cap")
-    rows = [
-        [*(device.get(c) for c in columns[:-1]), gibibytes(device.get("memory_cap_bytes"))]
-        for device in devices
-    ]
-    emit_table(columns, rows)
+        emit_json(document)
+    else:
+        for line in view.header_lines(document):
+            emit_line(line)
+        if document["gpus"]:
+            emit_table(view.GPU_COLUMNS, view.gpu_rows(document))
+        for line in view.process_lines(document):
+            emit_line(line)
+        for line in opencl_report.header_lines(document["opencl"]):
+            emit_line(line)
+        if any(platform["devices"] for platform in document["opencl"]["platforms"]):
+            emit_table(opencl_report.COLUMNS, opencl_report.rows(document["opencl"]))
+        if workers is not None:
+            emit_line("taogpud workers:")
+            emit_table(view.WORKER_COLUMNS, view.worker_rows(document))
+    if unreachable is not None:
+        report_error(unreachable.message, unreachable.hint)
+        return EXIT_UNREACHABLE
+    return EXIT_OK
 
 
 # --- config ------------------------------------------------------------------------------

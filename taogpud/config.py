@@ -60,6 +60,18 @@ RESTART_KEYS: frozenset[str] = frozenset(
         # applies live: workers take a new cap and apply it in each slot thread.)
         "backend.opencl.enabled",
         "backend.opencl.platform_index",
+        "backend.opencl.device_index",
+        # the executor and its Ray cluster (issue 10): new actors for the worker keys; the
+        # executor itself, the address and the namespace take effect at the next start, and a
+        # reload says so (config_ray.restart_only)
+        "scheduling.executor",
+        "ray.address",
+        "ray.namespace",
+        "ray.worker_num_gpus",
+        "ray.worker_num_cpus",
+        "ray.worker_resources",
+        "ray.local_num_gpus",
+        "ray.local_num_cpus",
     }
 )
 
@@ -121,6 +133,14 @@ LogLevel = Annotated[
     Literal["debug", "info", "warning", "error", "critical"], BeforeValidator(_normalise_level)
 ]
 DeviceIndex = Annotated[int, BeforeValidator(_not_bool), Field(ge=0)]
+Amount = Annotated[float, BeforeValidator(_not_bool), Field(ge=0)]  # of a Ray resource
+RayAddress = Annotated[
+    str,
+    Field(
+        pattern=r"^(local|auto|(ray://)?[A-Za-z0-9_.\-]+:[0-9]{1,5})$",
+        json_schema_extra=_allowed('"local", "auto", "ray://HOST:PORT" or a GCS "HOST:PORT"'),
+    ),
+]
 DeviceSet = (
     DeviceIndex
     | Annotated[tuple[DeviceIndex, ...], Field(min_length=1), AfterValidator(_distinct)]
@@ -236,12 +256,23 @@ class CudaSection(BaseModel):
         pattern=r"^(auto|sm_\d{2,3}[a-z]?)$",
         json_schema_extra=_allowed('"auto" or an architecture like "sm_89"'),
     )
+    allow_user_kernels: bool = Field(
+        False,
+        description=(
+            "taogpud extension: accept the `kernel` task (CUDA C from clients, built for "
+            "cuda_arch); off by default, since a kernel runs any code on the GPU"
+        ),
+    )
 
 
 class OpenclSection(BaseModel):
     model_config = _SECTION
     enabled: bool = False
     platform_index: Int = Field(0, ge=0)
+    # taogpud extension: which devices of that platform get a worker (`clinfo -l` lists them)
+    device_index: DeviceSet = Field(
+        0, json_schema_extra=_allowed('an index (0 or more), a list of distinct indices, or "all"')
+    )
 
 
 class BackendSection(BaseModel):
@@ -280,6 +311,25 @@ class SchedulingSection(BaseModel):
         description="default timeout for jobs that give none; absent = no timeout",
         json_schema_extra=_allowed("a number above 0, or no key at all for no timeout"),
     )
+    # where the warm workers live: spawned processes here, or Ray actors (the [ray] table)
+    executor: Literal["local", "ray"] = "local"
+
+
+class RaySection(BaseModel):
+    """taogpud extension: the Ray cluster, read only when scheduling.executor = "ray"."""
+
+    model_config = _SECTION
+    address: RayAddress = "auto"
+    namespace: Name = "taogpud"
+    worker_num_gpus: Number = Field(1, ge=0, le=64)  # per actor: 1 = one actor per GPU
+    worker_num_cpus: Number = Field(1, ge=0, le=1024)
+    worker_resources: dict[Name, Amount] = Field(
+        default_factory=dict, json_schema_extra=_allowed("a table like {taogpu = 1}")
+    )
+    local_num_gpus: Int | None = Field(None, ge=0)  # address = "local" only: logical GPUs
+    local_num_cpus: Int | None = Field(None, ge=1)
+    connect_timeout_s: Number = Field(30, gt=0)  # ray.init; an unreachable cluster fails here
+    ready_timeout_s: Number = Field(300, gt=0)  # an actor placed and warm (CUDA compiles)
 
 
 class ConfigFile(_LayeredSettings):
@@ -291,6 +341,7 @@ class ConfigFile(_LayeredSettings):
     memory: MemorySection = MemorySection()
     api: ApiSection = ApiSection()
     scheduling: SchedulingSection = SchedulingSection()
+    ray: RaySection = RaySection()
 
 
 # ---- the snapshot -------------------------------------------------------------------------
@@ -315,6 +366,12 @@ class ConfigSnapshot:
 
     def cuda_device_ids(self) -> list[int] | Literal["all"]:
         ids = self.config.backend.cuda.device_id
+        if ids == "all":
+            return "all"
+        return [ids] if isinstance(ids, int) else list(ids)
+
+    def opencl_device_ids(self) -> list[int] | Literal["all"]:
+        ids = self.config.backend.opencl.device_index
         if ids == "all":
             return "all"
         return [ids] if isinstance(ids, int) else list(ids)
@@ -477,4 +534,6 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def needs_restart(changes: list[tuple[str, Any, Any]]) -> bool:
     """Whether any change touches a key in RESTART_KEYS (the workers must be rolled)."""
-    return any(key.split(": ", 1)[-1] in RESTART_KEYS for key, _, _ in changes)
+    keys = [key.split(": ", 1)[-1] for key, _, _ in changes]
+    # a table's keys come flattened ("ray.worker_resources.taogpu"): match the table too
+    return any(key in RESTART_KEYS or key.rsplit(".", 1)[0] in RESTART_KEYS for key in keys)

@@ -4,6 +4,7 @@ The two files must describe one channel and one device:
 
     provider.baseUrl == api.base_url            (a trailing slash aside)        error
     gpu.deviceId ∈ backend.cuda.device_id       (when the backend is cuda)      error
+    gpu.deviceId ∈ backend.opencl.device_index  (when the backend is opencl)    error
     gpu.backend, runtime.device_type, backend.cuda.enabled, backend.opencl.enabled
                                                  agree on one backend           error
     provider.timeoutMs / 1000 == api.request_timeout_s                          warning
@@ -55,7 +56,9 @@ _AGREEING: dict[str, dict[str, Any]] = {
 
 def check_pair(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
     """Every cross-file problem (errors and warnings) of one pair."""
-    checks = (_one_channel, _device_in_set, _one_backend, _timeouts_agree)
+    from taogpud.config_ray import check_ray
+
+    checks = (_one_channel, _device_in_set, _one_backend, _timeouts_agree, check_ray)
     return [problem for check in checks for problem in check(settings, config)]
 
 
@@ -69,15 +72,21 @@ def _one_channel(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
 
 
 def _device_in_set(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
-    device, allowed = settings.gpu.device_id, config.backend.cuda.device_id
-    if settings.gpu.backend != "cuda" or allowed == "all":
+    device, backend = settings.gpu.device_id, settings.gpu.backend
+    if backend == "cuda":
+        key, allowed = "backend.cuda.device_id", config.backend.cuda.device_id
+    elif backend == "opencl":  # the device's index within backend.opencl.platform_index
+        key, allowed = "backend.opencl.device_index", config.backend.opencl.device_index
+    else:
+        return []
+    if allowed == "all":
         return []
     devices = [allowed] if isinstance(allowed, int) else list(allowed)
     if device in devices:
         return []
-    message = f"device {device} is not in {CONFIG} backend.cuda.device_id {_show(devices)}"
+    message = f"device {device} is not in {CONFIG} {key} {_show(devices)}"
     choices = " or ".join(str(index) for index in devices)
-    fix = f"set gpu.deviceId to {choices}, or add {device} to backend.cuda.device_id"
+    fix = f"set gpu.deviceId to {choices}, or add {device} to {key}"
     return [Problem(SETTINGS, "gpu.deviceId", message, fix)]
 
 

@@ -29,10 +29,10 @@ from taogpud.api.listen import bind_unix_socket
 from taogpud.api.peer import PeerCredProtocol
 from taogpud.arrays import ArrayStore
 from taogpud.errors import BackendUnavailable, ConfigError
-from taogpud.paths import default_socket, default_state_dir
+from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.pool import shm
+from taogpud.pool.executor import create_pool
 from taogpud.pool.plan import plan_workers
-from taogpud.pool.supervisor import WorkerPool
 from taogpud.reload import Reloader, watch_files
 from taogpud.scheduler import Policy, Scheduler
 from taogpud.state import DaemonState
@@ -127,13 +127,14 @@ class Daemon:
     def _build_state(self) -> DaemonState:
         plan = plan_workers(self.snapshot)
         state_dir = self.args.state_dir or default_state_dir()
+        os.environ.update(kernel_cache_env(state_dir))  # inherited by the spawned workers
         store = JobStore(state_dir / STORE_NAME)
         arrays = ArrayStore(_array_budget_bytes(), store, shm.namespace_of(state_dir))
         arrays.restore()
         scheduler = Scheduler(
             Policy.from_snapshot(self.snapshot), store, arrays, state_dir / OUTPUTS_DIR_NAME
         )
-        pool = WorkerPool(plan.specs, scheduler)
+        pool = create_pool(self.snapshot, plan.specs, scheduler)
         scheduler.pool = pool
         return DaemonState(
             self.snapshot,

@@ -10,6 +10,7 @@
     cuda_arch        daemon*   backend.cuda.cuda_arch against each card's compute capability
     gpu_memory       daemon*   memoryFraction × total against the memory free now, and who holds
                                the rest
+    opencl           daemon*   the OpenCL platforms and devices, and the configured ones among them
     api_key          daemon    the daemon holds a key, and from which source
     shell_env        CLI       whether the calling shell has the key's env var (it need not)
     config_pair      daemon    settings.json and config.toml agree (the config's own rules)
@@ -55,6 +56,7 @@ ORDER = (
     "cuda_driver",
     "cuda_arch",
     "gpu_memory",
+    "opencl",
     "api_key",
     "shell_env",
     "config_pair",

@@ -36,6 +36,7 @@ from taogpud.doctor import (
     guarded,
     in_order,
 )
+from taogpud.doctor_executor import executor_checks
 from taogpud.doctor_gpu import (
     CudaRuntime,
     HostFacts,
@@ -78,6 +79,7 @@ async def daemon_checks(state: DaemonState, peer: Peer, options: Options) -> lis
     pinged = asyncio.create_task(_ping_check(snapshot, options))
     host = asyncio.create_task(asyncio.to_thread(_host_facts))
     probed = asyncio.create_task(_probe_all(state, peer, options))
+    opencl = asyncio.create_task(asyncio.to_thread(_opencl_check, snapshot))
     facts, api_channel, (probes, problems) = await asyncio.gather(host, pinged, probed)
     if options.probe:
         probe = guarded("probe_job", check_probe, target, probes, facts.inventory, problems)
@@ -93,8 +95,10 @@ async def daemon_checks(state: DaemonState, peer: Peer, options: Options) -> lis
             probe,
             guarded("recent_backends", check_recent_backends, target, recent),
             *host_checks(target, facts, own_pids),
+            await opencl,
             guarded("api_key", check_api_key, snapshot.key_source, api.api_key_env, tried),
             guarded("config_pair", check_config_pair, snapshot.settings, snapshot.config),
+            *executor_checks(state.pool),  # executor "ray" only: the cluster and its actors
         ]
     )
 
@@ -162,6 +166,18 @@ async def _probe_all(
             problems.append(("fail", f"{worker.label}: the probe was refused: {exc.message}"))
     await asyncio.gather(*(state.store.wait(job.id, options.timeout_s) for job in jobs))
     return [state.store.get(job.id) or job for job in jobs], problems
+
+
+def _opencl_check(snapshot: ConfigSnapshot) -> Check:
+    """OpenCL as a child process finds it (PoCL may abort the process that builds a kernel)."""
+    from taogpud.backends import opencl_probe
+    from taogpud.opencl_report import check_opencl
+
+    opencl = snapshot.config.backend.opencl
+    wanted = snapshot.opencl_device_ids()
+    build_on = (opencl.platform_index, wanted) if snapshot.backend == "opencl" else None
+    found = opencl_probe.inventory(build_on=build_on)
+    return guarded("opencl", check_opencl, snapshot.backend, opencl.platform_index, wanted, found)
 
 
 def _host_facts() -> HostFacts:
@@ -259,6 +275,7 @@ def offline_checks(
     else:
         checks.append(check_config_pair(snapshot.settings, snapshot.config))
         checks += host_checks(Target.of(snapshot, environ), _host_facts())
+        checks.append(_opencl_check(snapshot))
     return in_order(checks)
 
 

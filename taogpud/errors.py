@@ -7,7 +7,9 @@
     ├── RequestError               invalid_request 400   a request is malformed
     │   ├── UnknownTask            unknown_task    404   no task of that name is registered
     │   ├── InvalidParams          invalid_params  422   params do not match the task's model
-    │   └── MissingInput           missing_input   404   an input array id is not known
+    │   ├── MissingInput           missing_input   404   an input array id is not known
+    │   ├── TaskDisabled           task_disabled   403   the config turns this task off
+    │   └── UnsupportedTask        unsupported_task 422  the task has no body for this backend
     ├── JobNotFound                job_not_found   404   no job with that id
     ├── OutputNotFound             output_not_found 404  the job kept no output of that name
     ├── NotPermitted               forbidden       403   the caller may not touch this job
@@ -109,6 +111,16 @@ class InvalidParams(RequestError):
 class MissingInput(RequestError):
     code = "missing_input"
     http_status = 404
+
+
+class TaskDisabled(RequestError):
+    code = "task_disabled"
+    http_status = 403
+
+
+class UnsupportedTask(RequestError):
+    code = "unsupported_task"
+    http_status = 422
 
 
 class JobNotFound(TaogpudError):

@@ -73,6 +73,8 @@ class JobRecord(BaseModel):
     fallback: bool = False
     fallback_reason: str | None = None
     worker_pid: int | None = None
+    node_id: str | None = None  # the Ray node it ran on (executor "ray"); None on "local"
+    node_hostname: str | None = None
     evidence: dict[str, Any] = Field(default_factory=dict)
     # Timings (ms). h2d/kernel/d2h only with enable_profiling.
     created_at: float = Field(default_factory=time.time)

@@ -35,3 +35,16 @@ def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
         return Path("/var/lib/taogpud")
     base = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "taogpud"
+
+
+def kernel_cache_env(state_dir: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """CUPY_CACHE_DIR and CUDA_CACHE_PATH for the workers, in a directory the daemon owns, so
+    a restart finds its kernels compiled: values already set (the systemd units set both under
+    CacheDirectory=) are kept; else $CACHE_DIRECTORY, else <state dir>/cache."""
+    env = os.environ if environ is None else environ
+    root = Path(env["CACHE_DIRECTORY"]) if env.get("CACHE_DIRECTORY") else state_dir / "cache"
+    return {
+        "CUPY_CACHE_DIR": env.get("CUPY_CACHE_DIR") or str(root / "cupy"),
+        "CUDA_CACHE_PATH": env.get("CUDA_CACHE_PATH") or str(root / "nv"),
+        "POCL_CACHE_DIR": env.get("POCL_CACHE_DIR") or str(root / "pocl"),  # opencl on PoCL
+    }

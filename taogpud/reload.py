@@ -25,6 +25,7 @@ from watchfiles import Change, awatch
 from taogpud import config
 from taogpud import logging as tlog
 from taogpud.api.models import ChangeView, ReloadView
+from taogpud.config_ray import restart_only
 from taogpud.errors import BackendUnavailable, ConfigError, Problem
 from taogpud.pool.plan import plan_workers
 from taogpud.scheduler import Policy
@@ -82,7 +83,13 @@ class Reloader:
         try:
             new = config.load(*self._args)
             changes = config.diff(old, new)
-            plan = plan_workers(new) if config.needs_restart(changes) else None
+            # In a thread: planning may probe a backend in a child process (opencl: ~2 s),
+            # and the API and the watchdog heartbeat must keep answering meanwhile.
+            plan = (
+                await asyncio.to_thread(plan_workers, new)
+                if config.needs_restart(changes)
+                else None
+            )
         except ConfigError as exc:
             return self._rejected(trigger, exc.problems)
         except BackendUnavailable as exc:
@@ -93,6 +100,7 @@ class Reloader:
         if not changes:
             log.info("config.unchanged", trigger=trigger, generation=self.state.generation)
             return view.model_copy(update={"generation": self.state.generation})
+        view.warnings += [p.as_dict() for p in restart_only(changes)]  # executor: at next start
         self._swap(new, changes, trigger, restart=plan is not None)
         if plan is not None:
             problems = await self.state.pool.roll(plan.specs, WARM_TIMEOUT_S)

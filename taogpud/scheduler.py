@@ -31,12 +31,14 @@ from taogpud.errors import (
     QueueFull,
     Rejected,
     RequestError,
+    TaskDisabled,
 )
 from taogpud.jobs import JobErrorView, JobRecord, JobState, OutputView, Peer, new_job_id
 from taogpud.pool import protocol as msg
-from taogpud.pool.supervisor import WorkerPool
-from taogpud.pool.worker import WorkerHandle, WorkerState
+from taogpud.pool.interface import Pool, Worker
+from taogpud.pool.worker import WorkerState
 from taogpud.store import JobStore
+from taogpud.tasks.kernel import KERNEL_TASK_NAME
 
 CANCEL_GRACE_S = 5.0  # a running job told to stop gets this long before its worker is killed
 
@@ -51,6 +53,7 @@ class Policy:
     queue_limit: int = 1000
     job_timeout_s: float | None = None
     enable_profiling: bool = True
+    allow_user_kernels: bool = False  # the `kernel` task: CUDA C from clients
 
     @classmethod
     def from_snapshot(cls, snapshot: ConfigSnapshot) -> Policy:
@@ -62,6 +65,7 @@ class Policy:
             queue_limit=scheduling.queue_limit,
             job_timeout_s=scheduling.job_timeout_s,
             enable_profiling=snapshot.config.runtime.enable_profiling,
+            allow_user_kernels=snapshot.config.backend.cuda.allow_user_kernels,
         )
 
 
@@ -73,7 +77,7 @@ class Scheduler:
         self.store = store
         self.arrays = arrays
         self.outputs_dir = outputs_dir  # kept outputs: <outputs_dir>/<job id>/<name>.npy
-        self.pool: WorkerPool | None = None
+        self.pool: Pool | None = None
         self.accepting = True
         self.running_total = 0
         self.jobs_total = 0  # accepted since start
@@ -99,6 +103,8 @@ class Scheduler:
                 "taogpud is stopping and takes no new jobs", "submit again once it is back"
             )
         task = tasks.get(request.task)
+        self._check_enabled(task)
+        self._check_backend(task)
         validated = tasks.validate_params(task, request.params)
         self._check_inputs(task, request.inputs)
         estimate = task.estimate_bytes(validated) + self._input_bytes(request.inputs)
@@ -124,6 +130,19 @@ class Scheduler:
         trace.job_event(job)
         self.dispatch()
         return job
+
+    def _check_enabled(self, task: tasks.Task) -> None:
+        if task.name == KERNEL_TASK_NAME and not self.policy.allow_user_kernels:
+            raise TaskDisabled(
+                "the kernel task (CUDA C from clients) is off on this host",
+                "an administrator can set allow_user_kernels = true under [backend.cuda] "
+                "in config.toml",
+            )
+
+    def _check_backend(self, task: tasks.Task) -> None:
+        """A task runs only where it has an implementation: never on the host instead."""
+        for backend in sorted({w.spec.backend for w in self._pool().workers}):
+            task.body_for(backend)  # raises UnsupportedTask, naming the backends it has
 
     def _check_inputs(self, task: tasks.Task, inputs: dict[str, str]) -> None:
         tasks.check_input_names(task, inputs)
@@ -182,7 +201,7 @@ class Scheduler:
             return False
         return any(w.free_slots > 0 for w in self._pool().workers)
 
-    def _place(self, job: JobRecord) -> WorkerHandle | None:
+    def _place(self, job: JobRecord) -> Worker | None:
         workers = self._pool().workers
         pinned = self._pinned_worker(job)
         if pinned is not None:  # the key's device: wait for it unless it is dead
@@ -199,7 +218,7 @@ class Scheduler:
             self._affinity[job.affinity] = worker.spec.index
         return worker
 
-    def _pinned_worker(self, job: JobRecord) -> WorkerHandle | None:
+    def _pinned_worker(self, job: JobRecord) -> Worker | None:
         if not (self.policy.gpu_affinity and job.affinity in self._affinity):
             return None
         index = self._affinity[job.affinity or ""]
@@ -224,7 +243,7 @@ class Scheduler:
         self.policy = policy
         self.dispatch()
 
-    def _start(self, job: JobRecord, worker: WorkerHandle) -> None:
+    def _start(self, job: JobRecord, worker: Worker) -> None:
         inputs = self._input_refs(job)
         if inputs is None:
             return
@@ -251,7 +270,7 @@ class Scheduler:
             return None
         return refs
 
-    def _mark_running(self, job: JobRecord, worker: WorkerHandle) -> None:
+    def _mark_running(self, job: JobRecord, worker: Worker) -> None:
         info = worker.info
         assert info is not None  # only warm workers have free slots
         now = time.time()
@@ -262,6 +281,7 @@ class Scheduler:
         job.fallback_reason = worker.spec.fallback_reason
         job.fallback = job.fallback_reason is not None
         job.worker_pid = worker.pid
+        job.node_id, job.node_hostname = info.extra.get("node_id"), info.extra.get("hostname")
         worker.running.add(job.id)
         worker.reserved_bytes += job.estimate_bytes
         self.running_total += 1
@@ -293,17 +313,17 @@ class Scheduler:
         worker.send(msg.CancelJob(job_id))
         asyncio.get_running_loop().call_later(CANCEL_GRACE_S, self._kill_if_stuck, job_id, worker)
 
-    def _kill_if_stuck(self, job_id: str, worker: WorkerHandle) -> None:
+    def _kill_if_stuck(self, job_id: str, worker: Worker) -> None:
         if job_id in worker.running:
             trace.log.error("job.stuck", job_id=job_id, device=worker.label, grace_s=CANCEL_GRACE_S)
             worker.kill()  # its loss ends the stuck job and fails the others on it
 
-    def _worker_running(self, job_id: str) -> WorkerHandle | None:
+    def _worker_running(self, job_id: str) -> Worker | None:
         return next((w for w in self._pool().workers if job_id in w.running), None)
 
     # -- results from the pool ------------------------------------------------------------
 
-    def on_job_finished(self, worker: WorkerHandle, finished: msg.JobFinished) -> None:
+    def on_job_finished(self, worker: Worker, finished: msg.JobFinished) -> None:
         job = self.store.get(finished.job_id)
         self._release(worker, finished.job_id)
         if job is None:
@@ -323,7 +343,7 @@ class Scheduler:
         worker.jobs_done += 1
         self.dispatch()
 
-    def on_worker_lost(self, worker: WorkerHandle) -> None:
+    def on_worker_lost(self, worker: Worker) -> None:
         for job_id in list(worker.running):
             job = self.store.get(job_id)
             self._release(worker, job_id)
@@ -363,10 +383,10 @@ class Scheduler:
         trace.log.info("store.recovered", jobs=len(jobs), queued=len(self._queue))
         self.dispatch()
 
-    def on_worker_warm(self, worker: WorkerHandle) -> None:
+    def on_worker_warm(self, worker: Worker) -> None:
         self.dispatch()
 
-    def _release(self, worker: WorkerHandle, job_id: str) -> None:
+    def _release(self, worker: Worker, job_id: str) -> None:
         job = self.store.get(job_id)
         if job_id in worker.running:
             worker.running.discard(job_id)
@@ -409,19 +429,19 @@ class Scheduler:
                     message = "taogpud stopped while the job ran (drain timeout)"
                     self._finish(job, JobState.interrupted, _error("interrupted", message))
 
-    def _pool(self) -> WorkerPool:
+    def _pool(self) -> Pool:
         assert self.pool is not None, "the scheduler is used before its pool is attached"
         return self.pool
 
 
-def _fits(worker: WorkerHandle, job: JobRecord) -> bool:
+def _fits(worker: Worker, job: JobRecord) -> bool:
     if worker.free_slots <= 0:
         return False
     cap = _cap(worker)
     return cap is None or worker.reserved_bytes + job.estimate_bytes <= cap
 
 
-def _cap(worker: WorkerHandle) -> int | None:
+def _cap(worker: Worker) -> int | None:
     if worker.info is None or worker.info.memory_cap_bytes <= 0:
         return None
     return worker.info.memory_cap_bytes

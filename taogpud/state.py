@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from taogpud.api.models import ReloadView
 from taogpud.arrays import ArrayStore
 from taogpud.config import ConfigSnapshot
-from taogpud.pool.supervisor import WorkerPool
+from taogpud.pool.interface import Pool
 from taogpud.scheduler import Scheduler
 from taogpud.store import JobStore
 
@@ -20,7 +20,7 @@ class DaemonState:
     scheduler: Scheduler
     store: JobStore
     arrays: ArrayStore
-    pool: WorkerPool
+    pool: Pool
     backend: str  # what the workers really run: "cuda" | "cpu"
     fallback_reason: str | None  # set when cpu workers stand in for cuda
     phase: str = "starting"  # starting | ready | draining
@@ -44,6 +44,8 @@ class DaemonState:
         )
         devices = " ".join(w.label for w in self.pool.workers)
         draining = "draining, " if self.phase == "draining" else ""
+        problem = self.pool.problem()
+        reload_failed += f", {self.pool.executor} executor: {problem}" if problem else ""
         return (
             f"{draining}{self.backend}{fallback}: workers {warm}/{len(self.pool.workers)} warm "
             f"({devices}), "

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from taogpud import nvml
 from taogpud.cli import CliError, build_params, parse_param
 from taogpud.cli_output import error_line
 
@@ -394,16 +395,27 @@ def test_unknown_job_id_is_a_usage_error(ctl: Ctl) -> None:
 
 
 def test_list_tasks_and_devices(ctl: Ctl) -> None:
-    """`list`, `tasks` and `devices` answer JSON lists holding the submitted job, sleep, cpu:0."""
+    """`list` and `tasks` answer JSON lists holding the submitted job and sleep; `devices`
+    holds the worker cpu:0 and the driver's answer (none here: `nvml` says why)."""
     job = json_out(ctl("submit", "noop", "--wait", "--json"))
     listed = json_out(ctl("list", "--json"))
     assert job["id"] in {job["id"] for job in listed}
     tasks = json_out(ctl("tasks", "--json"))
     assert {"vector_add", "sleep"} <= {task["name"] for task in tasks}
     devices = json_out(ctl("devices", "--json"))
-    assert "cpu:0" in {device["device"] for device in devices}
+    assert "cpu:0" in {device["device"] for device in devices["workers"]}
+    assert devices["nvml"] == "ok" or devices["gpus"] == []
     human = ctl("tasks")
     assert "vector_add" in human.stdout
+
+
+@pytest.mark.skipif(nvml.inventory().available, reason="this host has an NVIDIA driver")
+def test_devices_on_a_driverless_host_says_so_then_lists_the_workers(ctl: Ctl) -> None:
+    """The real no-driver path: NVML's LibraryNotFound is one line, then the workers' table."""
+    result = ctl("devices")
+    assert result.returncode == 0, result.stderr
+    assert "NVIDIA driver: none found (no NVIDIA driver on this host" in result.stdout
+    assert "cpu:0" in result.stdout
 
 
 def test_fallback_is_loud(daemon_factory: Callable[..., Any]) -> None:

@@ -148,9 +148,20 @@ def test_seed_values_are_the_model_defaults(files: Files) -> None:
     extensions = set(flatten(effective["config"])) - set(flatten(seed["config"]))
     assert extensions == {
         "runtime.cpu_devices",
+        "backend.cuda.allow_user_kernels",
+        "backend.opencl.device_index",
         "scheduling.queue_limit",
         "scheduling.drain_timeout_s",
         "scheduling.job_timeout_s",
+        "scheduling.executor",  # issue 10: the executor and its [ray] table
+        "ray.address",
+        "ray.namespace",
+        "ray.worker_num_gpus",
+        "ray.worker_num_cpus",
+        "ray.local_num_gpus",
+        "ray.local_num_cpus",
+        "ray.connect_timeout_s",
+        "ray.ready_timeout_s",
     }
 
 

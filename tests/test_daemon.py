@@ -223,6 +223,8 @@ def test_fast_path_submits_are_traced_like_other_requests(daemon: RunningDaemon)
         with pytest.raises(ApiError):
             client.submit("no_such_task")
     assert job["status"] == "succeeded"
+    # The line follows the answer (its duration includes sending it), so wait for the last.
+    daemon.wait_for_event(lambda e: e.get("event") == "api.request" and e.get("status") == 404)
     submits = [e for e in daemon.events("api.request") if e["path"] == "/v1/jobs"]
     assert [(e["method"], e["status"]) for e in submits] == [("POST", 201), ("POST", 404)]
     assert all(e["duration_ms"] >= 0 and e["uid"] == os.getuid() for e in submits)

@@ -69,6 +69,8 @@ class WorkerView(BaseModel):
     jobs_done: int
     restarts: int
     warmup_ms: float | None
+    node: str | None = None  # executor "ray": the hostname of the actor's node
+    problem: str | None = None  # a worker that is not warm: why (its warm-up failure or death)
 
 
 class StatusView(BaseModel):
@@ -85,6 +87,8 @@ class StatusView(BaseModel):
     config_generation: int
     jobs_total: int
     workers: list[WorkerView]
+    executor: str = "local"  # where the workers live: "local" | "ray"
+    executor_problem: str | None = None  # e.g. a Ray cluster that does not answer
 
 
 class InfoView(BaseModel):

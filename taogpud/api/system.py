@@ -75,6 +75,8 @@ def status_of(daemon: DaemonState) -> StatusView:
         config_generation=daemon.generation,
         jobs_total=daemon.scheduler.jobs_total,
         workers=[_worker_view(w) for w in daemon.pool.workers],
+        executor=daemon.pool.executor,
+        executor_problem=daemon.pool.problem(),
     )
 
 
@@ -89,7 +91,17 @@ def _worker_view(worker: Any) -> WorkerView:
         jobs_done=worker.jobs_done,
         restarts=worker.restarts,
         warmup_ms=worker.info.warmup_ms if worker.info else None,
+        node=worker.info.extra.get("hostname") if worker.info else None,
+        problem=_problem_of(worker),
     )
+
+
+def _problem_of(worker: Any) -> str | None:
+    if worker.state.value == "warm":
+        return None
+    if worker.warm_failure:
+        return str(worker.warm_failure)
+    return str(worker.exit_description()) if worker.state.value == "dead" else None
 
 
 def devices_of(daemon: DaemonState) -> list[dict[str, Any]]:

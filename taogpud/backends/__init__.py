@@ -11,7 +11,7 @@ from taogpud.errors import BackendUnavailable
 
 __all__ = ["BACKENDS", "Backend", "DeviceInfo", "WorkerSpec", "create_backend"]
 
-BACKENDS = ("cpu", "cuda")
+BACKENDS = ("cpu", "cuda", "opencl")
 
 
 def create_backend(spec: WorkerSpec) -> Backend:
@@ -24,7 +24,11 @@ def create_backend(spec: WorkerSpec) -> Backend:
         from taogpud.backends.cuda import CudaBackend
 
         return CudaBackend(spec)
+    if spec.backend == "opencl":
+        from taogpud.backends.opencl import OpenclBackend
+
+        return OpenclBackend(spec)
     raise BackendUnavailable(
-        f"no backend named {spec.backend!r}; taogpud has {' and '.join(BACKENDS)}",
+        f"no backend named {spec.backend!r}; taogpud has {', '.join(BACKENDS)}",
         hint='set gpu.backend to "cuda" or runtime.device_type to "cpu"',
     )

@@ -8,8 +8,9 @@ each thread holding one slot (a CUDA stream on cuda, nothing on cpu).
 from __future__ import annotations
 
 import contextlib
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -59,6 +60,7 @@ class WorkerSpec:
     cuda_arch: str
     enable_profiling: bool
     fallback_reason: str | None = None  # set when cpu workers stand in for cuda
+    platform_index: int = 0  # opencl: the platform whose device `index` names
 
 
 class Backend(ABC):
@@ -91,6 +93,11 @@ class Backend(ABC):
     def is_out_of_memory(self, exc: BaseException) -> bool:
         return isinstance(exc, MemoryError)
 
+    def task_runtime(self) -> Any:
+        """What a task body written for this backend needs beyond `xp` (opencl: the slot's
+        queue, allocator and built kernels); None where `xp` is enough."""
+        return None
+
     def release_memory(self) -> None:  # noqa: B027 - optional hook: numpy frees on its own
         """Give cached blocks back after an out-of-memory error; the worker stays warm."""
 
@@ -98,6 +105,40 @@ class Backend(ABC):
         """A reload changed the cap. CUDA applies it in each slot thread before the next job;
         the cpu backend has no pool, its cap is the scheduler's admission alone."""
 
-    def evidence(self) -> dict[str, Any]:
-        """Per-job proof of where it ran (NVML pid and utilisation on cuda)."""
-        return {}
+    @contextlib.contextmanager
+    def observe(self) -> Iterator[dict[str, Any]]:
+        """Wraps one job; the dict is filled, when the job ends, with the proof of where it
+        ran (on cuda: NVML's view of the worker's pid and the GPU's utilisation)."""
+        yield {}
+
+    def phase_clock(self) -> PhaseClock:
+        """Times one job's phases in its slot: h2d, kernel, d2h."""
+        return PhaseClock(self.synchronize)
+
+    sticky_error_code = "device_unusable"  # the job's error code when sticky_error() answers
+
+    def sticky_error(self, exc: BaseException) -> str | None:
+        """Why `exc` leaves this worker's device unusable (a sticky CUDA error, a lost OpenCL
+        device), or None. The job fails with `sticky_error_code` and the worker exits, to be
+        respawned."""
+        return None
+
+
+class PhaseClock:
+    """Host clock after a synchronize at each mark: the cpu backend's timings (and cuda's
+    without enable_profiling, which then skips the marks). CUDA events replace it on cuda."""
+
+    def __init__(self, synchronize: Callable[[], None]) -> None:
+        self._synchronize = synchronize
+        self._last = time.perf_counter()
+        self._timings: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        """The phase named `phase` (e.g. "h2d_ms") ends now."""
+        self._synchronize()
+        now = time.perf_counter()
+        self._timings[phase] = (now - self._last) * 1e3
+        self._last = now
+
+    def timings_ms(self) -> dict[str, float]:
+        return dict(self._timings)

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
+from taogpud.backends.base import Backend, DeviceInfo, PhaseClock, WorkerSpec
+from taogpud.cuda_kernels import resolve_arch, same_arch
 from taogpud.errors import BackendUnavailable
+from taogpud.evidence import NvmlWatch, UtilizationSampler, job_evidence, unavailable
 
 INSTALL_HINT = (
     "pip install 'taogpud[cuda12]' (CUDA 12 driver) or 'taogpud[cuda13]' (CUDA 13 driver)"
@@ -26,6 +29,21 @@ INSTALL_HINT = (
 _INSUFFICIENT_DRIVER = 35
 _STUB_LIBRARY = 34
 _NO_DEVICE = 100
+
+# Errors after which the CUDA context is unusable until the process exits ("sticky"): the
+# runtime (cudaError_t) and the driver (CUresult) give them the same numbers.
+STICKY_CUDA_ERRORS = {
+    214: "uncorrectable ECC error",
+    700: "illegal memory access",
+    710: "device-side assert",
+    714: "hardware stack error",
+    715: "illegal instruction",
+    716: "misaligned address",
+    717: "invalid address space",
+    718: "invalid program counter",
+    719: "launch failure",
+}
+_CUDA_ERROR_CLASSES = ("CUDARuntimeError", "CUDADriverError")
 
 
 def probe_cuda(device_ids: Sequence[int]) -> str | None:
@@ -113,14 +131,28 @@ def _cuda_version(encoded: int) -> str:
     return f"{encoded // 1000}.{encoded % 1000 // 10}"
 
 
+def sticky_cuda_error(exc: BaseException | None) -> str | None:
+    """'illegal memory access (700: cudaErrorIllegalAddress …)' when `exc`, or an exception
+    it was raised from, is a sticky CUDA error; None otherwise."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        status = getattr(exc, "status", None)
+        if type(exc).__name__ in _CUDA_ERROR_CLASSES and status in STICKY_CUDA_ERRORS:
+            return f"{STICKY_CUDA_ERRORS[status]} ({status}: {exc})"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 class CudaBackend(Backend):
     """CuPy on one GPU, one non-blocking stream per slot.
 
-    UNTESTED ON A GPU: written against CuPy's documented API on a host without
-    a driver. Run `pytest -m gpu` on a GPU host before relying on it.
+    NOT YET RUN ON A GPU: written against CuPy's documented API on a host without a
+    driver. `make gpu-check` on a GPU host runs it (scripts/gpu_check.py, `pytest -m gpu`).
     """
 
     name = "cuda"
+    sticky_error_code = "cuda_sticky_error"
 
     def __init__(self, spec: WorkerSpec) -> None:
         super().__init__(spec)
@@ -132,8 +164,14 @@ class CudaBackend(Backend):
         self._device = cupy.cuda.Device(spec.index)
         self._streams: dict[int, Any] = {}
         self._streams_lock = threading.Lock()
-        self._local = threading.local()  # this thread's stream, and whether it set the limit
+        self._local = threading.local()  # this thread's stream, and which limit it set
         self._cap_bytes = 0
+        self._total_bytes = 0
+        self._uuid: str | None = None
+        self._limit_generation = 1  # bumped when a reload changes the cap
+        self._arch = spec.cuda_arch
+        self._watch: NvmlWatch | None = None
+        self._sampler: UtilizationSampler | None = None
 
     def warm(self) -> DeviceInfo:
         from taogpud.tasks.builtin import format_gpu_uuid, warm_up
@@ -142,9 +180,12 @@ class CudaBackend(Backend):
         with self._device:
             props = self.xp.cuda.runtime.getDeviceProperties(self.spec.index)
             self._check_arch(props)
+            self._arch = resolve_arch(self.spec.cuda_arch, f"{props['major']}.{props['minor']}")
             total = int(self.xp.cuda.runtime.memGetInfo()[1])
             self._cap_bytes = self._pool_cap(total)
         info = self._device_info(props, total, format_gpu_uuid(props.get("uuid")))
+        self._uuid, self._total_bytes = info.uuid, total
+        self._open_nvml(str(info.extra["pci_bus_id"]))
         for slot_index in range(self.spec.stream_count):
             with self.slot(slot_index):
                 self._preallocate()
@@ -162,6 +203,44 @@ class CudaBackend(Backend):
             with stream:
                 self._local.stream = stream
                 yield
+
+    @contextlib.contextmanager
+    def observe(self) -> Iterator[dict[str, Any]]:
+        evidence: dict[str, Any] = {}
+        watch, sampler = self._watch, self._sampler
+        if watch is None or sampler is None or not watch.available:
+            yield evidence
+            reason = watch.reason if watch is not None else None
+            evidence.update(unavailable(reason or "NVML was not opened"))
+            return
+        window = sampler.begin()
+        try:
+            yield evidence
+        finally:
+            sampler.end(window)
+            evidence.update(
+                job_evidence(
+                    worker_pid=os.getpid(),
+                    cuda_uuid=self._uuid,
+                    nvml_uuid=watch.uuid,
+                    pci_bus_id=watch.pci_bus_id,
+                    gpu_pids=watch.compute_pids(),
+                    window=window,
+                )
+            )
+
+    def phase_clock(self) -> PhaseClock:
+        if not self.spec.enable_profiling:
+            return _NoClock(self.synchronize)  # no events, no syncs: nothing is reported
+        return CudaEventClock(self.xp, getattr(self._local, "stream", None))
+
+    def sticky_error(self, exc: BaseException) -> str | None:
+        return sticky_cuda_error(exc)
+
+    def set_memory_fraction(self, fraction: float) -> None:
+        self.spec = dataclasses.replace(self.spec, memory_fraction=fraction)
+        self._cap_bytes = self._pool_cap(self._total_bytes)
+        self._limit_generation += 1  # each slot thread sets the new limit before its next job
 
     def to_host(self, array: Any) -> Any:
         stream = getattr(self._local, "stream", None)
@@ -197,9 +276,14 @@ class CudaBackend(Backend):
 
     def _ensure_pool_limit(self) -> None:
         # A limit set in one thread can read 0 in another (cupy#4866): set it per thread.
-        if not getattr(self._local, "limit_set", False):
+        if getattr(self._local, "limit_generation", 0) != self._limit_generation:
             self.xp.get_default_memory_pool().set_limit(size=self._cap_bytes)
-            self._local.limit_set = True
+            self._local.limit_generation = self._limit_generation
+
+    def _open_nvml(self, pci_bus_id: str) -> None:
+        self._watch = NvmlWatch(pci_bus_id)
+        if self._watch.available:
+            self._sampler = UtilizationSampler(self._watch.utilization_percent)
 
     def _stream(self, slot_index: int) -> Any:
         with self._streams_lock:
@@ -217,7 +301,7 @@ class CudaBackend(Backend):
     def _check_arch(self, props: dict[str, Any]) -> None:
         actual = f"sm_{props['major']}{props['minor']}"
         wanted = self.spec.cuda_arch
-        if wanted not in ("auto", actual):
+        if wanted != "auto" and not same_arch(wanted, actual):
             raise BackendUnavailable(
                 f"backend.cuda.cuda_arch is {wanted!r} but GPU {self.spec.index} is {actual}",
                 hint=f'set cuda_arch = "{actual}" (or "auto") in config.toml',
@@ -235,5 +319,42 @@ class CudaBackend(Backend):
             compute_capability=f"{props['major']}.{props['minor']}",
             memory_total_bytes=total,
             memory_cap_bytes=self._cap_bytes,
-            extra={"pci_bus_id": self.xp.cuda.runtime.deviceGetPCIBusId(self.spec.index), **extra},
+            extra={
+                "pci_bus_id": self.xp.cuda.runtime.deviceGetPCIBusId(self.spec.index),
+                "cuda_arch": self._arch,
+                **extra,
+            },
         )
+
+
+class _NoClock(PhaseClock):
+    """enable_profiling off: no marks, no timings (run_ms alone is recorded)."""
+
+    def mark(self, phase: str) -> None:
+        pass
+
+
+class CudaEventClock(PhaseClock):
+    """Phase times from CUDA events on the slot's stream: the GPU's own clock, no host sync
+    between phases (the one sync is the job's end, which execute waits for anyway)."""
+
+    def __init__(self, xp: Any, stream: Any) -> None:
+        self._xp = xp
+        self._stream = stream
+        self._events: list[tuple[str, Any]] = [("start", self._record())]
+
+    def _record(self) -> Any:
+        event = self._xp.cuda.Event()
+        event.record(self._stream)
+        return event
+
+    def mark(self, phase: str) -> None:
+        self._events.append((phase, self._record()))
+
+    def timings_ms(self) -> dict[str, float]:
+        last = self._events[-1][1]
+        last.synchronize()
+        return {
+            phase: float(self._xp.cuda.get_elapsed_time(before, event))
+            for (_, before), (phase, event) in itertools.pairwise(self._events)
+        }

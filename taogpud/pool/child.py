@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
 from taogpud.backends.cpu import blas_thread_env
 from taogpud.pool import protocol as msg
-from taogpud.pool.execute import execute
+from taogpud.pool.execute import STICKY_ERROR_CODES, execute
 
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
@@ -109,3 +109,8 @@ class Runner:
         finally:
             self._cancel_events.pop(order.job_id, None)
         self.send(finished)
+        if finished.error is not None and finished.error[0] in STICKY_ERROR_CODES:
+            # The CUDA context is unusable for good: leave, so the pool spawns a clean worker.
+            # Under the send lock, so no other slot's message is cut off halfway down the pipe.
+            with self._send_lock:
+                os._exit(msg.EXIT_DEVICE_UNUSABLE)

@@ -14,24 +14,55 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from taogpud.backends.base import Backend, DeviceInfo
 from taogpud.pool import protocol as msg
 from taogpud.pool import shm
 
+# Backend.sticky_error_code values: the worker exits after reporting one (pool/child.py).
+STICKY_ERROR_CODES = frozenset({"cuda_sticky_error", "opencl_device_lost", "device_unusable"})
 OUTPUT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")  # no path separators, no dotfiles
 
 
+class JobIO(Protocol):
+    """Where a job's inputs come from and where its kept outputs go."""
+
+    def host_inputs(self, order: msg.RunJob, maps: list[mmap.mmap]) -> dict[str, Any]: ...
+    def keep_outputs(
+        self, backend: Backend, arrays: dict[str, Any], output_dir: str
+    ) -> dict[str, msg.OutputFile]: ...
+
+
+class SharedFiles:
+    """The local executor's: inputs mapped from /dev/shm, outputs written as .npy files."""
+
+    def host_inputs(self, order: msg.RunJob, maps: list[mmap.mmap]) -> dict[str, Any]:
+        return {name: map_input(ref, maps) for name, ref in order.inputs.items()}
+
+    def keep_outputs(
+        self, backend: Backend, arrays: dict[str, Any], output_dir: str
+    ) -> dict[str, msg.OutputFile]:
+        return write_outputs(backend, arrays, output_dir)
+
+
 def execute(
-    backend: Backend, info: DeviceInfo, order: msg.RunJob, cancelled: threading.Event, slot: int
+    backend: Backend,
+    info: DeviceInfo,
+    order: msg.RunJob,
+    cancelled: threading.Event,
+    slot: int,
+    io: JobIO | None = None,  # None: SharedFiles; the Ray executor brings its own
 ) -> msg.JobFinished:
     from taogpud.tasks.base import JobCancelled
 
     started = time.perf_counter()
     maps: list[mmap.mmap] = []
     try:
-        result, outputs, timings = _run_task(backend, info, order, cancelled, slot, maps)
+        with backend.observe() as evidence:
+            result, outputs, timings = _run_task(
+                backend, info, order, cancelled, slot, maps, io or SharedFiles()
+            )
         status = "cancelled" if cancelled.is_set() else "succeeded"
         return msg.JobFinished(
             order.job_id,
@@ -40,7 +71,7 @@ def execute(
             result=result,
             outputs=outputs,
             timings=timings,
-            evidence=backend.evidence(),
+            evidence=evidence,
         )
     except JobCancelled:
         return _failed(order, started, "cancelled", "the job was stopped while running", "")
@@ -57,6 +88,7 @@ def _run_task(
     cancelled: threading.Event,
     slot: int,
     maps: list[mmap.mmap],
+    io: JobIO,
 ) -> tuple[dict[str, Any], dict[str, msg.OutputFile], dict[str, float]]:
     from taogpud import tasks
     from taogpud.tasks.base import TaskContext
@@ -64,22 +96,27 @@ def _run_task(
     task = tasks.get(order.task)
     params = tasks.validate_params(task, order.params)
     with backend.slot(slot):
-        t0 = time.perf_counter()
-        host_inputs = {name: map_input(ref, maps) for name, ref in order.inputs.items()}
+        clock = backend.phase_clock()
+        host_inputs = io.host_inputs(order, maps)
         device_inputs = {name: backend.to_device(a) for name, a in host_inputs.items()}
-        backend.synchronize()
-        t1 = time.perf_counter()
+        clock.mark("h2d_ms")
         ctx = TaskContext(
-            backend.xp, backend.name, info.device, device_inputs, cancelled, info.as_dict()
+            backend.xp,
+            backend.name,
+            info.device,
+            device_inputs,
+            cancelled,
+            info.as_dict(),
+            backend.task_runtime(),
         )
-        output = task.body(ctx, params)
-        backend.synchronize()
-        t2 = time.perf_counter()
+        output = task.body_for(backend.name)(ctx, params)
+        clock.mark("kernel_ms")
         outputs = (
-            write_outputs(backend, output.arrays, order.output_dir) if order.output_dir else {}
+            io.keep_outputs(backend, output.arrays, order.output_dir) if order.output_dir else {}
         )
-        t3 = time.perf_counter()
-    timings = {"h2d_ms": (t1 - t0) * 1e3, "kernel_ms": (t2 - t1) * 1e3, "d2h_ms": (t3 - t2) * 1e3}
+        clock.mark("d2h_ms")
+        backend.synchronize()  # the job's own faults surface here, inside the job
+        timings = clock.timings_ms()
     return output.summary, outputs, timings
 
 
@@ -97,6 +134,17 @@ def _task_error(
             "no_space_for_outputs",
             f"no space left to keep the outputs of {order.task} in {order.output_dir}",
             "free space under the state directory, or submit without keeping outputs",
+        )
+    sticky = backend.sticky_error(exc)
+    if sticky is not None:
+        return _failed(
+            order,
+            started,
+            backend.sticky_error_code,
+            f"{order.task} left {info.device} unusable ({backend.name}): {sticky}; the worker "
+            "restarts (jobs running beside it fail with worker_crashed)",
+            "the job's kernel faulted (an illegal address, a failed launch): fix it and submit "
+            "again; the daemon and the other devices were not affected",
         )
     if backend.is_out_of_memory(exc):
         backend.release_memory()

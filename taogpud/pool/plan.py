@@ -25,10 +25,10 @@ def plan_workers(snapshot: ConfigSnapshot) -> WorkerPlan:
     if backend == "cpu":
         return _plan(snapshot, "cpu", list(range(snapshot.config.runtime.cpu_devices)), None)
     if backend == "opencl":
-        raise BackendUnavailable(
-            "settings.json: gpu.backend: the OpenCL backend is not available in this release",
-            'set gpu.backend to "cuda" or "cpu" (and backend.opencl.enabled = false)',
-        )
+        return _plan_opencl(snapshot)
+    if snapshot.config.scheduling.executor == "ray":  # the cluster's GPUs, not this host's
+        ids = snapshot.cuda_device_ids()
+        return _plan(snapshot, "cuda", [] if ids == "all" else ids, None)  # "all": config error
     return _plan_cuda(snapshot)
 
 
@@ -38,8 +38,12 @@ def _plan_cuda(snapshot: ConfigSnapshot) -> WorkerPlan:
     wanted = snapshot.cuda_device_ids()
     reason = probe_cuda([0] if wanted == "all" else wanted)
     if reason is None:
+        from taogpud.cuda_startup import check_at_start
+
         ids = list(range(cuda_device_count())) if wanted == "all" else wanted
-        return _plan(snapshot, "cuda", ids, None)
+        reason = check_at_start(snapshot, ids)  # cuda_arch, pool size, memory held by others
+        if reason is None:
+            return _plan(snapshot, "cuda", ids, None)
     if not snapshot.settings.gpu.allow_fallback_to_cpu:
         raise BackendUnavailable(
             f"CUDA cannot start: {reason}",
@@ -47,6 +51,28 @@ def _plan_cuda(snapshot: ConfigSnapshot) -> WorkerPlan:
             "settings.json to run on the CPU (every job then says fallback=true)",
         )
     log.warning("backend.fallback", reason=reason, allow_fallback_to_cpu=True)
+    return _plan(snapshot, "cpu", list(range(snapshot.config.runtime.cpu_devices)), reason)
+
+
+def _plan_opencl(snapshot: ConfigSnapshot) -> WorkerPlan:
+    """Asked of a child process first (backends/opencl_probe.py): PoCL aborts the process
+    that builds a kernel without `ld`, and a process that used OpenCL must not fork."""
+    from taogpud.backends import opencl_probe
+
+    platform, wanted = snapshot.config.backend.opencl.platform_index, snapshot.opencl_device_ids()
+    found = opencl_probe.inventory(build_on=(platform, wanted))
+    reason = opencl_probe.problem(found, platform, wanted)
+    if reason is None:
+        count = opencl_probe.device_count(found, platform)
+        return _plan(snapshot, "opencl", list(range(count)) if wanted == "all" else wanted, None)
+    if not snapshot.settings.gpu.allow_fallback_to_cpu:
+        raise BackendUnavailable(
+            f"OpenCL cannot start: {reason}",
+            "fix the OpenCL driver or backend.opencl in config.toml, or set "
+            "gpu.allowFallbackToCpu to true in settings.json to run on the CPU (every job then "
+            "says fallback=true)",
+        )
+    log.warning("backend.fallback", reason=reason, allow_fallback_to_cpu=True, wanted="opencl")
     return _plan(snapshot, "cpu", list(range(snapshot.config.runtime.cpu_devices)), reason)
 
 
@@ -66,6 +92,7 @@ def _plan(
             cuda_arch=config.backend.cuda.cuda_arch,
             enable_profiling=config.runtime.enable_profiling,
             fallback_reason=fallback,
+            platform_index=config.backend.opencl.platform_index,
         )
         for index in indices
     ]

@@ -12,6 +12,10 @@ from typing import Any
 from taogpud.backends.base import DeviceInfo
 from taogpud.pool.shm import ArrayRef
 
+# A worker's exit status after its device became unusable (a sticky CUDA error, a lost
+# OpenCL device): it reported the job first, then left.
+EXIT_DEVICE_UNUSABLE = 86
+
 
 @dataclass(frozen=True)
 class RunJob:

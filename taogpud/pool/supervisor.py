@@ -2,12 +2,14 @@
 
 A worker that dies is replaced after a backoff that doubles with each crash in a
 row (1 s … 60 s), so a crash-looping device is not restarted in a tight loop;
-the other workers carry on meanwhile.
+the other workers carry on meanwhile. A worker that stayed warm for STREAK_RESET_S
+before it died starts the count again: one faulty job an hour is not a crash loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Protocol
 
 from taogpud.backends.base import WorkerSpec
@@ -18,6 +20,7 @@ from taogpud.pool.worker import WorkerHandle, WorkerState
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
+STREAK_RESET_S = 300.0  # warm this long before dying: the next respawn waits BACKOFF_FIRST_S
 
 log = get_logger("taogpud.pool")
 
@@ -31,6 +34,8 @@ class PoolSink(Protocol):
 
 
 class WorkerPool:
+    executor = "local"
+
     def __init__(self, specs: list[WorkerSpec], sink: PoolSink) -> None:
         self.workers = [WorkerHandle(s, self._on_message, self._on_exit) for s in specs]
         self._sink = sink
@@ -64,6 +69,9 @@ class WorkerPool:
     def kill_all(self) -> None:
         for worker in self.workers:
             worker.kill()
+
+    def problem(self) -> str | None:
+        return None  # a local worker's trouble is its own state (dead, restarts)
 
     @property
     def healthy(self) -> list[WorkerHandle]:
@@ -152,7 +160,10 @@ class WorkerPool:
         task.add_done_callback(self._respawns.discard)
 
     async def _respawn(self, worker: WorkerHandle) -> None:
-        delay = min(BACKOFF_FIRST_S * 2**worker.restarts, BACKOFF_MAX_S)
+        if worker.warm_at is not None and time.monotonic() - worker.warm_at >= STREAK_RESET_S:
+            worker.crash_streak = 0
+        delay = min(BACKOFF_FIRST_S * 2**worker.crash_streak, BACKOFF_MAX_S)
+        worker.crash_streak += 1
         worker.restarts += 1
         log.warning("worker.respawn", device=worker.label, in_s=delay, restarts=worker.restarts)
         await asyncio.sleep(delay)

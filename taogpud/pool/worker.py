@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import itertools
 import multiprocessing
+import time
 from collections.abc import Callable
 from enum import StrEnum
 from multiprocessing.connection import Connection
@@ -44,7 +45,9 @@ class WorkerHandle:
         self.running: set[str] = set()  # job ids on this worker now
         self.reserved_bytes = 0  # memory estimates of those jobs (admission)
         self.jobs_done = 0
-        self.restarts = 0
+        self.restarts = 0  # respawns in all, for status
+        self.crash_streak = 0  # respawns since it last stayed warm a while: the backoff
+        self.warm_at: float | None = None  # time.monotonic() when it last reported warm
         self.warm_failure: str | None = None
         self.retired = False  # replaced by a reload: its exit is expected, not a crash
         self._on_message = on_message
@@ -143,6 +146,7 @@ class WorkerHandle:
     def _deliver(self, message: msg.FromWorker) -> None:
         if isinstance(message, msg.Warm):
             self.info, self.pid, self.state = message.info, message.pid, WorkerState.warm
+            self.warm_at = time.monotonic()
             self._settled.set()
         elif isinstance(message, msg.InfoUpdated):
             self.info = message.info
@@ -169,4 +173,6 @@ class WorkerHandle:
             return "still running"
         if code < 0:
             return f"killed by signal {-code}"
+        if code == msg.EXIT_DEVICE_UNUSABLE:
+            return "exited after an unrecoverable device error (its last job says which)"
         return f"exit status {code}"

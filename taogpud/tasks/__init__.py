@@ -105,8 +105,10 @@ _registry = _Registry()
 
 def _build() -> tuple[dict[str, Task], list[str]]:
     from taogpud.tasks.builtin import BUILTIN_TASKS
+    from taogpud.tasks.kernel import KERNEL_TASK
+    from taogpud.tasks.opencl_tasks import with_opencl
 
-    tasks = {task.name: task for task in BUILTIN_TASKS}
+    tasks = {task.name: task for task in (*with_opencl(BUILTIN_TASKS), KERNEL_TASK)}
     problems: list[str] = []
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         problems.extend(_add_plugin(tasks, entry_point))

@@ -25,6 +25,7 @@ class TaskContext:
     inputs: Mapping[str, Any]
     cancelled: threading.Event
     info: Mapping[str, Any] = field(default_factory=dict)  # the worker's DeviceInfo as a dict
+    runtime: Any = None  # Backend.task_runtime(): opencl's queue, allocator and kernels
 
     def check_cancelled(self) -> None:
         if self.cancelled.is_set():
@@ -48,6 +49,24 @@ class Task:
     estimate_bytes: Callable[[Any], int]  # device memory the params will need (admission)
     inputs: tuple[str, ...] = ()  # array names the task accepts instead of generating them
     backends: frozenset[str] = frozenset({"cpu", "cuda"})
+    # bodies for one backend that replace `body` there (opencl: tasks/opencl_kernels.py)
+    backend_bodies: Mapping[str, Callable[[TaskContext, Any], TaskOutput]] = field(
+        default_factory=dict
+    )
+
+    def body_for(self, backend: str) -> Callable[[TaskContext, Any], TaskOutput]:
+        """The body that runs on `backend`; UnsupportedTask where the task has none."""
+        if backend not in self.backends:
+            from taogpud.errors import UnsupportedTask
+
+            raise UnsupportedTask(
+                f"{self.name} has no {backend} implementation (it runs on "
+                f"{', '.join(sorted(self.backends))}), and taogpud never runs a job on another "
+                "device than the one configured",
+                f"submit it to a daemon whose gpu.backend is one of "
+                f"{', '.join(sorted(self.backends))}; `taogpuctl tasks` lists each task's backends",
+            )
+        return self.backend_bodies.get(backend, self.body)
 
     def catalog_entry(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,161 @@
+"""One warm worker as a Ray actor: the local worker's backend, warm-up, slots and `execute`.
+
+The actor is what `child.worker_main` is for a spawned process, minus the pipe: Ray
+delivers the orders. Its environment (BLAS threads, CUDA_DEVICE_ORDER) comes from the
+actor's runtime_env, set before the process starts, because BLAS and CUDA read it when they
+load. Ray sets CUDA_VISIBLE_DEVICES to the GPU it granted, so inside the actor that GPU is
+CUDA device 0; the DeviceInfo still names the daemon's device index (gpu:N) and adds the
+node (id and hostname) and Ray's GPU ids.
+
+Jobs run on the default concurrency group (max_concurrency = stream_count threads, one slot
+each); ping, cancel and the memory cap run on their own "control" thread, so a busy actor
+still answers them.
+
+Data: the inputs arrive as object refs (put once by the daemon) and are fetched here (no copy
+on the daemon's node); the kept outputs go back as arrays in the call's return value, through
+the object store, and the daemon writes them to its state directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import socket
+import threading
+from typing import Any
+
+import ray
+
+from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
+from taogpud.pool import protocol as msg
+from taogpud.pool.execute import OUTPUT_NAME, execute
+
+CONTROL = "control"  # the concurrency group of ping, cancel and set_memory_fraction
+
+
+class WorkerActor:
+    """Decorated by the pool with ray.remote (num_gpus, max_concurrency, runtime_env)."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        from taogpud import logging as tlog
+
+        tlog.configure()
+        self.spec = spec
+        self.failure: str | None = None  # why warm-up failed; the pool reads it, then kills us
+        self.info: DeviceInfo | None = None
+        self.backend: Backend | None = None
+        self._cancel_events: dict[str, threading.Event] = {}
+        self._cancelled_early: set[str] = set()
+        self._lock = threading.Lock()
+        self._slot_numbers = itertools.count()
+        self._local = threading.local()
+        try:
+            self._warm()
+        except Exception as exc:  # reported, not raised: the pool decides, as for a process
+            self.failure = f"{type(exc).__name__}: {exc}"
+
+    def _warm(self) -> None:
+        from taogpud.backends import create_backend
+
+        # the one GPU Ray granted is device 0 in here; cpu devices keep their number
+        local = (
+            dataclasses.replace(self.spec, index=0) if self.spec.backend == "cuda" else self.spec
+        )
+        self.backend = create_backend(local)
+        info = self.backend.warm()
+        context = ray.get_runtime_context()
+        node = {
+            "node_id": context.get_node_id(),
+            "hostname": socket.gethostname(),
+            "ray_gpu_ids": [str(gpu) for gpu in ray.get_gpu_ids()],
+            "ray_actor_id": context.get_actor_id(),
+        }
+        device = f"gpu:{self.spec.index}" if self.spec.backend == "cuda" else info.device
+        self.info = dataclasses.replace(
+            info, device=device, index=self.spec.index, extra={**info.extra, **node}
+        )
+
+    def warm_info(self) -> tuple[DeviceInfo | None, int, str | None]:
+        """(info, pid, failure): what the Warm / WarmFailed messages carry for a process."""
+        return self.info, os.getpid(), self.failure
+
+    def run(
+        self, order: msg.RunJob, inputs: dict[str, ray.ObjectRef[Any]]
+    ) -> tuple[msg.JobFinished, dict[str, Any]]:
+        """One job on this thread's slot: (its JobFinished, the kept outputs as arrays)."""
+        assert self.backend is not None and self.info is not None  # only warm actors get jobs
+        fetched = ray.get(list(inputs.values())) if inputs else []
+        io = ObjectStoreIO(dict(zip(inputs, fetched, strict=True)))
+        cancelled = self._event_for(order.job_id)
+        try:
+            finished = execute(self.backend, self.info, order, cancelled, self._slot(), io)
+        finally:
+            with self._lock:
+                self._cancel_events.pop(order.job_id, None)
+        return finished, io.kept if finished.status == "succeeded" else {}
+
+    @ray.method(concurrency_group=CONTROL)
+    def cancel(self, job_id: str) -> None:
+        with self._lock:
+            event = self._cancel_events.get(job_id)
+            if event is None:
+                self._cancelled_early.add(job_id)  # the run call has not started yet
+            else:
+                event.set()
+
+    @ray.method(concurrency_group=CONTROL)
+    def ping(self) -> int:
+        return os.getpid()
+
+    @ray.method(concurrency_group=CONTROL)
+    def set_memory_fraction(self, fraction: float) -> DeviceInfo | None:
+        if self.backend is None or self.info is None:
+            return None
+        self.backend.set_memory_fraction(fraction)
+        cap = int(self.info.memory_total_bytes * fraction)
+        self.info = dataclasses.replace(self.info, memory_cap_bytes=cap)
+        return self.info
+
+    def _event_for(self, job_id: str) -> threading.Event:
+        event = threading.Event()
+        with self._lock:
+            if job_id in self._cancelled_early:
+                self._cancelled_early.discard(job_id)
+                event.set()
+            self._cancel_events[job_id] = event
+        return event
+
+    def _slot(self) -> int:
+        # the default group's threads are fixed: each takes a slot (a CUDA stream) for good
+        slot: int | None = getattr(self._local, "slot", None)
+        if slot is None:
+            slot = self._local.slot = next(self._slot_numbers)
+        return slot
+
+
+class ObjectStoreIO:
+    """`execute`'s inputs and outputs for an actor: arrays in, arrays out (no files)."""
+
+    def __init__(self, inputs: dict[str, Any]) -> None:
+        self.inputs = inputs
+        self.kept: dict[str, Any] = {}
+
+    def host_inputs(self, order: msg.RunJob, maps: list[Any]) -> dict[str, Any]:
+        return self.inputs
+
+    def keep_outputs(
+        self, backend: Backend, arrays: dict[str, Any], output_dir: str
+    ) -> dict[str, msg.OutputFile]:
+        import numpy as np
+
+        found = {}
+        for name, array in arrays.items():
+            if not OUTPUT_NAME.fullmatch(name):
+                raise ValueError(
+                    f"output name {name!r} is not allowed (letters, digits, _ . - only)"
+                )
+            host = np.asarray(backend.to_host(array), order="C")
+            self.kept[name] = host
+            found[name] = msg.OutputFile(name, tuple(host.shape), host.dtype.str, host.nbytes)
+        return found
