@@ -241,7 +241,7 @@ class Client:
         decoded = _decode_json(status, data)
         return _expect(decoded, dict, "/v1/arrays")
 
-    def download_output(self, job_id: str, name: str) -> bytes | bytearray:
+    def download_output(self, job_id: str, name: str) -> bytes:
         """The bytes of a .npy file: one output the job kept (submit with keep_outputs)."""
         path = f"/v1/jobs/{_segment(job_id)}/outputs/{_segment(name)}"
         status, data = self._request("GET", path)
@@ -285,7 +285,7 @@ class Client:
         body: Body = None,
         content_type: str = JSON_TYPE,
         wait_s: float = 0.0,
-    ) -> tuple[int, bytes | bytearray]:
+    ) -> tuple[int, bytes]:
         """One exchange; a kept-alive connection the daemon closed is reopened once.
 
         The retry covers the idle-close race only: on a fresh connection a refused or missing
@@ -304,7 +304,7 @@ class Client:
 
     def _exchange(
         self, method: str, path: str, body: Body, content_type: str, wait_s: float
-    ) -> tuple[int, bytes | bytearray]:
+    ) -> tuple[int, bytes]:
         read_timeout_s = self.timeout_s + wait_s  # a long-poll answers only after wait_s
         try:
             return self._conn.request(method, path, body, content_type, read_timeout_s)
@@ -344,7 +344,7 @@ def _segment(value: str) -> str:
 def _npy_parts(array_or_npy_bytes: Any) -> list[bytes | memoryview]:
     """A .npy image as [header, the array's own memory]: sent as it is, never copied whole
     (np.save into a buffer made two copies and was most of a large upload's client time)."""
-    if isinstance(array_or_npy_bytes, bytes | bytearray | memoryview):
+    if isinstance(array_or_npy_bytes, bytes | memoryview):
         return [memoryview(array_or_npy_bytes).cast("B")]
     import numpy as np
 
@@ -363,7 +363,7 @@ def _expect(value: object, kind: type[T], path: str) -> T:
     return value
 
 
-def _decode_json(status: int, data: bytes | bytearray) -> Any:
+def _decode_json(status: int, data: bytes) -> Any:
     if status >= 400:
         raise _api_error(status, data)
     try:
@@ -377,7 +377,7 @@ def _decode_json(status: int, data: bytes | bytearray) -> Any:
         ) from None
 
 
-def _api_error(http_status: int, body: bytes | bytearray) -> ApiError:
+def _api_error(http_status: int, body: bytes) -> ApiError:
     """An ApiError from an error response, whatever its body holds."""
     fields = _error_fields(body)
     if fields is not None:
@@ -391,7 +391,7 @@ def _api_error(http_status: int, body: bytes | bytearray) -> ApiError:
     )
 
 
-def _error_fields(body: bytes | bytearray) -> tuple[str, str, str] | None:
+def _error_fields(body: bytes) -> tuple[str, str, str] | None:
     """{code, message, hint}, also when a framework wrapped it as {"detail": {...}}."""
     try:
         parsed = orjson.loads(body)
@@ -416,7 +416,7 @@ def _describe_validation(details: list[Any]) -> str:
     return "; ".join(parts) or "the request is invalid"
 
 
-def _snippet(data: bytes | bytearray, limit: int = 200) -> str:
+def _snippet(data: bytes, limit: int = 200) -> str:
     text = data.decode("utf-8", "replace").strip().replace("\n", " ")
     return text if len(text) <= limit else text[:limit] + "…"
 
