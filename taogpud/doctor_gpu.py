@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taogpud import nvml
+from taogpud.cuda_kernels import same_arch
 from taogpud.doctor import Check, CheckStatus, Target, guarded, worst
 
 GIB = 1024**3
@@ -173,7 +174,7 @@ def check_cuda_arch(target: Target, inventory: nvml.Inventory) -> Check:
     cards = ", ".join(f"gpu:{index} {card.name} is {card.arch}" for index, card in found)
     if target.cuda_arch == "auto":
         return Check(name, "pass", f'cuda_arch = "auto": {cards}')
-    wrong = [(index, card) for index, card in found if card.arch != target.cuda_arch]
+    wrong = [(i, card) for i, card in found if not same_arch(target.cuda_arch, card.arch or "")]
     if not wrong:
         return Check(name, "pass", f'cuda_arch = "{target.cuda_arch}" matches: {cards}')
     arches = sorted({card.arch or "?" for _, card in found})

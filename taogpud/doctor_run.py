@@ -282,7 +282,7 @@ def offline_checks(
 def _reachable(daemon: Mapping[str, Any], socket_path: str) -> Check:
     backend = daemon.get("backend", "?")
     if daemon.get("fallback"):
-        backend += f" (FALLBACK from cuda: {daemon.get('fallback_reason')})"
+        backend += f" (FALLBACK: {daemon.get('fallback_reason')})"
     return Check(
         "daemon",
         "pass",

@@ -292,6 +292,13 @@ def test_cuda_arch_mismatch_says_the_value_to_use() -> None:
     assert 'cuda_arch = "sm_90"' in result.hint
 
 
+def test_cuda_arch_with_the_cards_own_feature_set_passes() -> None:
+    """sm_90a (9.0's arch-specific features) on a 9.0 card → pass, as the worker accepts it."""
+    target = Target("cuda", False, [0], "sm_90a", 0.85)
+    result = check_cuda_arch(target, inventory(card(cc="9.0", name="NVIDIA H200")))
+    assert result.status == "pass", result
+
+
 def test_cuda_arch_on_mixed_cards_suggests_auto_and_auto_passes() -> None:
     """Two cards of different capability → the fix is "auto"; "auto" itself passes."""
     both = inventory(card(0, "8.0", UUID_0), card(1, "9.0", UUID_1))

@@ -7,6 +7,7 @@ finished state removes one, in the order the daemon wrote them.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -185,3 +186,20 @@ def test_many_clients_at_once_lose_nothing(daemon: RunningDaemon) -> None:
         thread.join(120)
     assert results == ["succeeded"] * 200
     assert len(daemon.events("job.succeeded")) == 200
+
+
+def test_respawn_backoff_doubles_in_a_row_and_restarts_after_a_healthy_spell() -> None:
+    """1, 2, 4 … 60 s for a crash loop; a worker warm for STREAK_RESET_S starts at 1 s again,
+    while `restarts` keeps counting every respawn for status."""
+    from types import SimpleNamespace
+
+    from taogpud.pool import supervisor
+
+    worker = SimpleNamespace(restarts=0, crash_streak=0, warm_at=None)
+    delays = [supervisor.next_respawn_delay(worker) for _ in range(8)]
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    worker.warm_at = time.monotonic() - 10  # warm again, briefly: still a loop
+    assert supervisor.next_respawn_delay(worker) == 60.0
+    worker.warm_at = time.monotonic() - supervisor.STREAK_RESET_S - 1
+    assert supervisor.next_respawn_delay(worker) == 1.0
+    assert worker.restarts == 10

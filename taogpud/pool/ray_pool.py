@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import time
 from typing import Any
 
 import ray
@@ -44,7 +45,7 @@ from taogpud.pool.interface import PoolSink
 from taogpud.pool.ray_actor import CONTROL, WorkerActor
 from taogpud.pool.ray_calls import KeeperThread, first_line, in_daemon_thread, wait_ref
 from taogpud.pool.ray_data import InputCache, failed, keep_outputs
-from taogpud.pool.supervisor import BACKOFF_FIRST_S, BACKOFF_MAX_S
+from taogpud.pool.supervisor import next_respawn_delay
 from taogpud.pool.worker import WorkerState
 
 MONITOR_EVERY_S = 2.0
@@ -71,6 +72,8 @@ class RayWorker:
         self.reserved_bytes = 0
         self.jobs_done = 0
         self.restarts = 0
+        self.crash_streak = 0  # see supervisor.next_respawn_delay
+        self.warm_at: float | None = None
         self.warm_failure: str | None = None
         self.retired = False
         self.actor: Any = None
@@ -245,6 +248,7 @@ class RayWorkerPool:
             log.error("worker.warm_failed", device=worker.label, error=failure)
             return
         worker.info, worker.pid, worker.state = info, pid, WorkerState.warm
+        worker.warm_at = time.monotonic()
         log.info(
             "worker.warm",
             device=worker.label,
@@ -292,8 +296,7 @@ class RayWorkerPool:
 
     async def _respawn(self, worker: RayWorker) -> None:
         while not self._stopping and worker.state is WorkerState.dead and not worker.retired:
-            delay = min(BACKOFF_FIRST_S * 2**worker.restarts, BACKOFF_MAX_S)
-            worker.restarts += 1
+            delay = next_respawn_delay(worker)
             log.warning("worker.respawn", device=worker.label, in_s=delay, restarts=worker.restarts)
             await asyncio.sleep(delay)
             if self._stopping:

@@ -160,15 +160,29 @@ class WorkerPool:
         task.add_done_callback(self._respawns.discard)
 
     async def _respawn(self, worker: WorkerHandle) -> None:
-        if worker.warm_at is not None and time.monotonic() - worker.warm_at >= STREAK_RESET_S:
-            worker.crash_streak = 0
-        delay = min(BACKOFF_FIRST_S * 2**worker.crash_streak, BACKOFF_MAX_S)
-        worker.crash_streak += 1
-        worker.restarts += 1
+        delay = next_respawn_delay(worker)
         log.warning("worker.respawn", device=worker.label, in_s=delay, restarts=worker.restarts)
         await asyncio.sleep(delay)
         if not self._stopping:
             worker.start()
+
+
+class Respawned(Protocol):
+    """What the backoff reads and counts on a worker of either pool."""
+
+    restarts: int
+    crash_streak: int
+    warm_at: float | None
+
+
+def next_respawn_delay(worker: Respawned) -> float:
+    """Seconds to wait before the next respawn of `worker`, counting this one."""
+    if worker.warm_at is not None and time.monotonic() - worker.warm_at >= STREAK_RESET_S:
+        worker.crash_streak = 0
+    delay: float = min(BACKOFF_FIRST_S * 2.0**worker.crash_streak, BACKOFF_MAX_S)
+    worker.crash_streak += 1
+    worker.restarts += 1
+    return delay
 
 
 def _warm_fields(worker: WorkerHandle) -> dict[str, object]:
