@@ -69,6 +69,7 @@ class Daemon:
         self._reloader: Reloader | None = None
         self._signals_seen = 0
         self._owns_socket_file = True
+        self.exit_hooks_safe = True  # the pool's word, read once the store is closed
 
     async def run(self) -> int:
         state, server, serving = await self._startup()
@@ -90,6 +91,7 @@ class Daemon:
         for task in background:
             task.cancel()
         state.store.close()
+        self.exit_hooks_safe = state.pool.exit_hooks_safe
         return 0
 
     async def _startup(self) -> tuple[DaemonState, _Server, asyncio.Task[None]]:
@@ -292,7 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     daemon = Daemon(snapshot, args, args.socket or default_socket())
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            return runner.run(daemon.run())
+            code = runner.run(daemon.run())
+        if not daemon.exit_hooks_safe:  # everything is saved; a library's exit hook would abort
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     except BackendUnavailable as exc:
         log.error("daemon.backend_unavailable", error=exc.message, hint=exc.hint)
         print(

@@ -54,6 +54,8 @@ class Pool(Protocol):
     def set_memory_fraction(self, fraction: float) -> None: ...
     async def roll(self, specs: list[WorkerSpec], warm_timeout_s: float) -> list[str]: ...
     def problem(self) -> str | None: ...  # what keeps the executor from working, if anything
+    @property
+    def exit_hooks_safe(self) -> bool: ...  # False: leave with os._exit once all is saved
 
 
 class PoolSink(Protocol):

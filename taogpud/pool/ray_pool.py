@@ -201,8 +201,8 @@ class RayWorkerPool:
         if self.gcs_lost:
             # ray.shutdown without a GCS aborts the process before the store is closed; a
             # local instance's processes end with this one anyway, a cluster's actors with
-            # their owner. (Ray's core worker still aborts at exit: SIGABRT after
-            # daemon.stopped; nothing is lost by then.)
+            # their owner. Ray's core worker would still abort at exit (SIGABRT after
+            # daemon.stopped), so the daemon leaves by os._exit: see exit_hooks_safe.
             log.warning("ray.shutdown_skipped", reason=self._problem)
             return
         for worker in self.workers:
@@ -213,6 +213,12 @@ class RayWorkerPool:
         except TimeoutError:
             log.warning("ray.shutdown_timeout", timeout_s=timeout_s)
         self._keeper.release()
+
+    @property
+    def exit_hooks_safe(self) -> bool:
+        """Without its GCS, Ray's exit hooks abort the process (a stop systemd would call
+        failed); the daemon then skips them once the store is closed."""
+        return not self.gcs_lost
 
     def kill_all(self) -> None:
         for worker in self.workers:

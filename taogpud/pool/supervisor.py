@@ -74,6 +74,10 @@ class WorkerPool:
         return None  # a local worker's trouble is its own state (dead, restarts)
 
     @property
+    def exit_hooks_safe(self) -> bool:
+        return True
+
+    @property
     def healthy(self) -> list[WorkerHandle]:
         return [w for w in self.workers if w.state is WorkerState.warm]
 
