@@ -75,6 +75,12 @@ class SleepParams(_Params):
 def _real_input(ctx: TaskContext, task: str, name: str, dtype: Any) -> Any:
     """The uploaded array `name`, converted to the job's dtype; real numbers only."""
     array = ctx.inputs[name]
+    check_real_input(task, name, array)
+    return ctx.xp.asarray(array, dtype=dtype)
+
+
+def check_real_input(task: str, name: str, array: Any) -> None:
+    """An input a numeric task can take (any backend's array): real, one element or more."""
     if array.dtype.kind not in "biuf":
         raise InvalidParams(
             f"{task}: input {name!r} has dtype {array.dtype}; {task} takes real numbers",
@@ -85,7 +91,6 @@ def _real_input(ctx: TaskContext, task: str, name: str, dtype: Any) -> Any:
             f"{task}: input {name!r} has shape {tuple(array.shape)}; it needs at least one element",
             hint="upload an array with one dimension or more",
         )
-    return ctx.xp.asarray(array, dtype=dtype)
 
 
 def _common_shape(task: str, given: Mapping[str, Any]) -> tuple[int, ...] | None:

@@ -37,6 +37,7 @@ from taogpud.tasks.builtin import (
     NoParams,
     SaxpyParams,
     SizedParams,
+    check_real_input,
 )
 
 # FP_CONTRACT OFF: NumPy rounds alpha*x and then +y; a fused multiply-add would differ in the
@@ -211,16 +212,7 @@ def _runtime(ctx: TaskContext) -> SlotRuntime:
 
 def _real_input(ctx: TaskContext, task: str, name: str, dtype: Any) -> cla.Array:
     array = ctx.inputs[name]
-    if array.dtype.kind not in "biuf":
-        raise InvalidParams(
-            f"{task}: input {name!r} has dtype {array.dtype}; {task} takes real numbers",
-            hint="upload a float or integer array",
-        )
-    if array.ndim == 0 or array.size == 0:
-        raise InvalidParams(
-            f"{task}: input {name!r} has shape {tuple(array.shape)}; it needs at least one element",
-            hint="upload an array with one dimension or more",
-        )
+    check_real_input(task, name, array)
     return _runtime(ctx).to_dtype(array, dtype)
 
 
