@@ -9,17 +9,26 @@ holds (everything but after a reboot) and queued jobs keep their inputs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from taogpud.errors import RequestError, TaogpudError
 from taogpud.pool import shm
 from taogpud.pool.shm import ArrayRef, BadArray
 from taogpud.store import JobStore
+
+
+class BodyTap(Protocol):
+    """The connection's offer to hand the rest of a body over as it arrives (the daemon's
+    HTTP protocol, api/protocol.py), instead of through 64 KiB ASGI messages."""
+
+    def diverted(self, sink: Callable[[bytes], None]) -> AbstractContextManager[None]: ...
 
 
 class ArrayStoreFull(TaogpudError):
@@ -79,8 +88,11 @@ class ArrayStore:
             self.remove(array_id)
         return len(unused)
 
-    async def upload(self, body: AsyncIterator[bytes], max_bytes: int) -> tuple[str, ArrayRef]:
-        """Stream a request body (.npy) straight into shared memory."""
+    async def upload(
+        self, body: AsyncIterator[bytes], max_bytes: int, tap: BodyTap | None = None
+    ) -> tuple[str, ArrayRef]:
+        """Stream a request body (.npy) straight into shared memory; with the connection's
+        `tap`, the pieces after the header are copied there as they arrive."""
         chunks = _Chunks(body)
         head = await chunks.read_head()
         try:
@@ -96,7 +108,7 @@ class ArrayStore:
         self._make_room(header_bytes + nbytes)
         name, mapped = self._create(header_bytes + nbytes)
         try:
-            written = await chunks.copy_into(mapped)
+            written = await chunks.copy_into(mapped, tap)
         except BaseException:
             mapped.close()
             shm.unlink(name)
@@ -164,12 +176,19 @@ class _Chunks:
                 break
         return self._pending
 
-    async def copy_into(self, mapped: memoryview | object) -> int:
-        target = memoryview(mapped)  # type: ignore[arg-type]
-        written = self._put(target, 0, self._pending)
-        async for chunk in self._body:
-            written = self._put(target, written, chunk)
-        target.release()
+    async def copy_into(self, mapped: memoryview | object, tap: BodyTap | None) -> int:
+        # The view is released however this ends (a client hanging up midway included): a
+        # mapping with a live view cannot be closed, and its file would stay in /dev/shm.
+        with memoryview(mapped) as target:  # type: ignore[arg-type]
+            written = self._put(target, 0, self._pending)
+
+            def put(chunk: bytes) -> None:
+                nonlocal written
+                written = self._put(target, written, chunk)
+
+            with tap.diverted(put) if tap is not None else contextlib.nullcontext():
+                async for chunk in self._body:  # diverted: empty pieces until the body is whole
+                    put(chunk)
         return written
 
     @staticmethod

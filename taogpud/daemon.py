@@ -26,7 +26,7 @@ from taogpud import logging as tlog
 from taogpud.api.app import create_app
 from taogpud.api.hot import HotPath
 from taogpud.api.listen import bind_unix_socket
-from taogpud.api.peer import PeerCredProtocol
+from taogpud.api.protocol import DaemonHttpProtocol
 from taogpud.arrays import ArrayStore
 from taogpud.errors import BackendUnavailable, ConfigError
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
@@ -154,7 +154,7 @@ class Daemon:
     ) -> tuple[_Server, asyncio.Task[None]]:
         server_config = uvicorn.Config(
             HotPath(create_app(state), state),
-            http=PeerCredProtocol,
+            http=DaemonHttpProtocol,
             lifespan="off",
             log_config=None,
             access_log=False,

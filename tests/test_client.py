@@ -250,6 +250,20 @@ def test_uploaded_arrays_come_back_added(daemon: Any) -> None:
     np.testing.assert_array_equal(c, a + b)
 
 
+def test_a_large_upload_arrives_whole(daemon: Any) -> None:
+    """A 12 MiB upload, taken off the socket piece by piece (api/protocol.py's body tap, far
+    past uvicorn's 64 KiB buffer), comes back byte for byte through a job."""
+    a = np.random.default_rng(3).random(3 * 2**20, dtype=np.float32)
+    with daemon.client() as client:
+        inputs = {
+            "a": client.upload_array(a)["id"],
+            "b": client.upload_array(np.zeros_like(a))["id"],
+        }
+        job = client.run("vector_add", inputs=inputs, keep_outputs=True)
+        c = np.load(io.BytesIO(client.download_output(job["id"], "c")))
+    np.testing.assert_array_equal(c, a)
+
+
 def test_wait_calls_on_update_until_finished(daemon: Any) -> None:
     """wait() on a 1.5 s sleep reports at least twice and returns the finished record."""
     updates: list[dict[str, Any]] = []

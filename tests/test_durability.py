@@ -295,6 +295,30 @@ def test_hand_made_bad_requests_get_answers_and_harm_nothing(daemon: RunningDaem
         assert client.run("noop")["status"] == "succeeded"
 
 
+def test_an_upload_cut_off_midway_leaves_nothing_behind(daemon: RunningDaemon) -> None:
+    """A client that announces a 4 MiB .npy and hangs up after 1 MiB: the half-filled image
+    is removed from /dev/shm, and the next upload and job run as usual."""
+
+    def images() -> set[Path]:
+        return set(shm.SHM_DIR.glob(f"{shm.PREFIX}{shm.namespace_of(daemon.state_dir)}.*"))
+
+    before = images()
+    image = shm.npy_header((2**20,), "<f4") + bytes(4 * 2**20)
+    head = (
+        "POST /v1/arrays HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n"
+        f"content-length: {len(image)}\r\n\r\n"
+    )
+    raw_exchange(daemon, head.encode() + image[: 2**20], close_early=True)
+    deadline = time.monotonic() + 10
+    while images() != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert images() == before, "the half-filled image is still in /dev/shm"
+    with daemon.client() as client:
+        kept = client.upload_array(np.ones(2**20, dtype=np.float32))
+        job = client.run("reduce_sum", inputs={"x": kept["id"]})
+    assert job["status"] == "succeeded", job
+
+
 def test_full_dev_shm_is_a_clear_error(
     small_state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

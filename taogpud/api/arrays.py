@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 
 from taogpud.api.deps import Daemon
 from taogpud.api.models import ArrayView
+from taogpud.api.protocol import BODY_KEY
 
 router = APIRouter(prefix="/v1/arrays", tags=["arrays"])
 
@@ -24,5 +25,6 @@ router = APIRouter(prefix="/v1/arrays", tags=["arrays"])
     },
 )
 async def upload(request: Request, daemon: Daemon) -> ArrayView:
-    array_id, ref = await daemon.arrays.upload(request.stream(), daemon.max_upload_bytes)
+    tap = request.scope.get("extensions", {}).get(BODY_KEY)
+    array_id, ref = await daemon.arrays.upload(request.stream(), daemon.max_upload_bytes, tap)
     return ArrayView(id=array_id, shape=list(ref.shape), dtype=ref.dtype, nbytes=ref.nbytes)

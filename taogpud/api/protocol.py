@@ -1,0 +1,74 @@
+"""The HTTP protocol the daemon serves with: uvicorn's httptools protocol, plus two things
+ASGI cannot give an application.
+
+- Who is calling: SO_PEERCRED, read once per connection (api/peer.py), put into the scope of
+  every request the connection carries.
+- A body taken as it arrives: an array upload hands the rest of its body to a callback that
+  copies each piece straight into the array's shared-memory image. Through ASGI, uvicorn
+  appends each piece to a buffer, copies that into a message, and pauses and resumes reading
+  around every 64 KiB: for a 512 MiB upload that was most of the daemon's CPU (bench/run.py,
+  "Where the time goes").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from taogpud.api.peer import SCOPE_KEY, read_peer
+
+BODY_KEY = "taogpud.body"  # scope["extensions"][BODY_KEY]: this request's BodyTap
+Sink = Callable[[bytes], None]
+
+
+class BodyTap:
+    """Lets a request's handler take the rest of its body as it arrives."""
+
+    def __init__(self, protocol: DaemonHttpProtocol) -> None:
+        self._protocol = protocol
+
+    @contextlib.contextmanager
+    def diverted(self, sink: Sink) -> Iterator[None]:
+        """Within the block every new piece of the body goes to `sink`, starting with what
+        uvicorn had buffered since the handler last read; the handler keeps reading its
+        ASGI receive (now empty pieces) to learn when the body is complete."""
+        self._protocol.divert_body(sink)
+        try:
+            yield
+        finally:
+            self._protocol.divert_body(None)
+
+
+class DaemonHttpProtocol(HttpToolsProtocol):
+    _body_sink: Sink | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.taogpud_peer = read_peer(transport.get_extra_info("socket"))
+        super().connection_made(transport)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._body_sink = None
+        extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
+        extensions[SCOPE_KEY] = self.taogpud_peer
+        extensions[BODY_KEY] = BodyTap(self)
+
+    def on_body(self, body: bytes) -> None:
+        sink = self._body_sink
+        if sink is None or self.cycle.response_complete:
+            super().on_body(body)
+        else:
+            sink(body)
+
+    def divert_body(self, sink: Sink | None) -> None:
+        self._body_sink = sink
+        if sink is None:
+            return
+        buffered = bytes(self.cycle.body)
+        self.cycle.body = bytearray()
+        if buffered:
+            sink(buffered)
+        self.flow.resume_reading()  # paused when that buffer passed uvicorn's high-water mark
