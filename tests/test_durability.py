@@ -295,6 +295,19 @@ def test_hand_made_bad_requests_get_answers_and_harm_nothing(daemon: RunningDaem
         assert client.run("noop")["status"] == "succeeded"
 
 
+def test_a_submit_cut_off_midway_is_no_job(daemon: RunningDaemon) -> None:
+    """A body that parses as a job but is shorter than its Content-Length (the client hung up)
+    submits nothing."""
+    body = b'{"task": "noop"}'
+    head = b"POST /v1/jobs?wait_s=1 HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    raw_exchange(daemon, head + b"content-length: 100\r\n\r\n" + body, close_early=True)
+    with daemon.client() as client:
+        # The hang-up reached the daemon before this job did; the job's round trip through a
+        # worker gives its loop time to have acted on it.
+        job = client.run("noop")
+        assert [j["id"] for j in client.list_jobs()] == [job["id"]]
+
+
 def test_an_upload_cut_off_midway_leaves_nothing_behind(daemon: RunningDaemon) -> None:
     """A client that announces a 4 MiB .npy and hangs up after 1 MiB: the half-filled image
     is removed from /dev/shm, and the next upload and job run as usual."""

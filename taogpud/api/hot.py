@@ -59,6 +59,8 @@ class HotPath:
             await self.app(scope, receive, send)  # the framework explains what is wrong
             return
         body = await _read_body(receive)
+        if body is None:  # the client hung up before its body was whole: nothing to do
+            return
         try:
             request = JobRequest.model_validate_json(body)
         except ValidationError:
@@ -129,11 +131,14 @@ def _declared_length(scope: Scope) -> int | None:
     return None
 
 
-async def _read_body(receive: Receive) -> bytes:
-    """The whole body; uvicorn frames it by the Content-Length already checked."""
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole body (uvicorn frames it by the Content-Length already checked), or None
+    when the client hung up first: a cut-off body that happens to parse is not a job."""
     chunks: list[bytes] = []
     while True:
         message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
