@@ -169,7 +169,13 @@ async def _probe_all(
 
 
 def _opencl_check(snapshot: ConfigSnapshot) -> Check:
-    """OpenCL as a child process finds it (PoCL may abort the process that builds a kernel)."""
+    """OpenCL as a child process finds it (PoCL may abort the process that builds a kernel).
+    Guarded whole: starting that child can fail too (seen once: EFAULT from the spawn in a
+    daemon whose Ray head had just been killed), and that is a failed check, not a 500."""
+    return guarded("opencl", _probe_and_check_opencl, snapshot)
+
+
+def _probe_and_check_opencl(snapshot: ConfigSnapshot) -> Check:
     from taogpud.backends import opencl_probe
     from taogpud.opencl_report import check_opencl
 
@@ -177,7 +183,7 @@ def _opencl_check(snapshot: ConfigSnapshot) -> Check:
     wanted = snapshot.opencl_device_ids()
     build_on = (opencl.platform_index, wanted) if snapshot.backend == "opencl" else None
     found = opencl_probe.inventory(build_on=build_on)
-    return guarded("opencl", check_opencl, snapshot.backend, opencl.platform_index, wanted, found)
+    return check_opencl(snapshot.backend, opencl.platform_index, wanted, found)
 
 
 def _host_facts() -> HostFacts:

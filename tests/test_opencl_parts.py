@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from taogpud import tasks
+from taogpud.backends import opencl_probe
 from taogpud.backends.opencl import device_lost
 from taogpud.backends.opencl_memory import DeviceMemoryBudget, DeviceMemoryCapExceeded
 from taogpud.backends.opencl_probe import (
@@ -157,3 +158,15 @@ def test_devices_and_doctor_show_opencl_beside_cuda() -> None:
     )
     nothing = opencl_document(OpenclInventory(reason="pyopencl is not installed"), None)
     assert nothing["status"] == "pyopencl is not installed" and nothing["platforms"] == []
+
+
+def test_a_probe_that_cannot_start_is_a_reason_not_an_exception(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """inventory() never raises: a child that cannot even be started (here, no interpreter at
+    sys.executable) is OpenCL unavailable, with why."""
+    pytest.importorskip("pyopencl")
+    monkeypatch.setattr(opencl_probe.sys, "executable", str(tmp_path / "no-python"))
+    found = opencl_probe.inventory()
+    assert not found.available
+    assert found.reason is not None and "could not start" in found.reason

@@ -91,6 +91,8 @@ def inventory(
             reason=f"the OpenCL probe did not answer within {timeout_s:.0f} s",
             platforms=(),
         )
+    except OSError as exc:  # the child could not even start (no memory, no such interpreter)
+        return OpenclInventory(reason=f"the OpenCL probe could not start: {exc}", platforms=())
     if done.returncode != 0:
         return OpenclInventory(reason=_crash_reason(done.returncode, done.stderr))
     try:
