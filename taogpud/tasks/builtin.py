@@ -153,11 +153,7 @@ def _matrix_input(ctx: TaskContext, name: str, dtype: Any) -> Any | None:
     if name not in ctx.inputs:
         return None
     matrix = _real_input(ctx, "matmul", name, dtype)
-    if matrix.ndim != 2:
-        raise InvalidParams(
-            f"matmul: input {name!r} must be a matrix, got shape {tuple(matrix.shape)}",
-            hint="upload 2-D arrays",
-        )
+    check_matrix(name, matrix)
     return matrix
 
 
@@ -172,13 +168,27 @@ def _matmul_operands(ctx: TaskContext, params: MatmulParams) -> tuple[Any, Any]:
     if b is None:
         k = a.shape[1]
         b = rng.random((k, k), dtype=dtype)
+    check_matmul_shapes(a, b)
+    return a, b
+
+
+def check_matrix(name: str, matrix: Any) -> None:
+    """A matmul input (any backend's array) must be 2-D."""
+    if matrix.ndim != 2:
+        raise InvalidParams(
+            f"matmul: input {name!r} must be a matrix, got shape {tuple(matrix.shape)}",
+            hint="upload 2-D arrays",
+        )
+
+
+def check_matmul_shapes(a: Any, b: Any) -> None:
+    """a (m×k) and b (k×n): a's columns must equal b's rows."""
     if a.shape[1] != b.shape[0]:
         raise InvalidParams(
             f"matmul: a is {tuple(a.shape)} and b is {tuple(b.shape)}; "
             "a's columns must equal b's rows",
             hint="upload a (m×k) and b (k×n)",
         )
-    return a, b
 
 
 def _matmul(ctx: TaskContext, params: MatmulParams) -> TaskOutput:

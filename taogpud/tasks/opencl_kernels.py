@@ -37,6 +37,8 @@ from taogpud.tasks.builtin import (
     NoParams,
     SaxpyParams,
     SizedParams,
+    check_matmul_shapes,
+    check_matrix,
     check_real_input,
 )
 
@@ -338,11 +340,7 @@ def _matrix_input(ctx: TaskContext, name: str, dtype: Any) -> cla.Array | None:
     if name not in ctx.inputs:
         return None
     matrix = _real_input(ctx, "matmul", name, dtype)
-    if matrix.ndim != 2:
-        raise InvalidParams(
-            f"matmul: input {name!r} must be a matrix, got shape {tuple(matrix.shape)}",
-            hint="upload 2-D arrays",
-        )
+    check_matrix(name, matrix)
     return matrix
 
 
@@ -355,12 +353,7 @@ def _matmul_operands(ctx: TaskContext, params: MatmulParams) -> tuple[cla.Array,
     if b is None:
         k = a.shape[1]
         b = _random(ctx, (k, k), dtype, params.seed, 1)
-    if a.shape[1] != b.shape[0]:
-        raise InvalidParams(
-            f"matmul: a is {tuple(a.shape)} and b is {tuple(b.shape)}; "
-            "a's columns must equal b's rows",
-            hint="upload a (m×k) and b (k×n)",
-        )
+    check_matmul_shapes(a, b)
     return a, b
 
 
