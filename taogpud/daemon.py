@@ -21,7 +21,7 @@ from pathlib import Path
 
 import uvicorn
 
-from taogpud import config, systemd
+from taogpud import config, systemd, trace
 from taogpud import logging as tlog
 from taogpud.api.app import create_app
 from taogpud.api.hot import HotPath
@@ -186,6 +186,7 @@ class Daemon:
         await state.pool.stop(WORKER_STOP_TIMEOUT_S)
         state.arrays.release_unused()  # /dev/shm is memory: keep only what queued jobs need
         self._remove_socket_file()
+        trace.flush()  # the last jobs' lines before the daemon's own
         log.info("daemon.stopped", interrupted=left, jobs_total=state.scheduler.jobs_total)
 
     def _remove_socket_file(self) -> None:

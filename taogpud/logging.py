@@ -98,7 +98,7 @@ class _Clock:
     prefix = ""
 
     def __call__(self, _: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
-        now = time.time()
+        now = event_dict.pop("_at", None) or time.time()  # when a deferred line happened
         second = int(now)
         if second != self.second:
             self.second = second

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from taogpud.client import Client, DaemonUnreachable
+from taogpud.client import ApiError, Client, DaemonUnreachable
 from taogpud.pool import shm
 
 READY_TIMEOUT_S = 60.0
@@ -77,6 +77,7 @@ class RunningDaemon:
 
     def events(self, event: str | None = None) -> list[dict[str, Any]]:
         """Every JSON line the daemon (and its workers) wrote to stdout, parsed."""
+        self._trace_barrier()
         parsed = []
         for line in self.log_path.read_text().splitlines():
             if line.startswith("{"):
@@ -84,6 +85,15 @@ class RunningDaemon:
                 if event is None or record.get("event") == event:
                     parsed.append(record)
         return parsed
+
+    def _trace_barrier(self) -> None:
+        """Job and request lines are written just after the daemon's current loop callback
+        (taogpud.trace), so a line can follow the answer it belongs to by a moment. A request
+        answered now is a barrier: every line deferred before it came in is written."""
+        if self.proc.poll() is not None or not self.socket_path.exists():
+            return
+        with contextlib.suppress(OSError, ApiError, DaemonUnreachable), self.client(5) as client:
+            client.health()
 
     def wait_for_event(
         self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0

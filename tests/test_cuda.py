@@ -425,9 +425,9 @@ class FaultingCpu(CpuBackend):
         return sticky_cuda_error(exc)
 
 
-def faulting_worker_main(spec: WorkerSpec, conn: Connection) -> None:
+def faulting_worker_main(spec: WorkerSpec, control: Connection, slot: Connection) -> None:
     backend = FaultingCpu(spec)
-    Runner(backend, backend.warm(), conn).serve()
+    Runner(backend, backend.warm(), control, [slot]).serve()
 
 
 def cpu_spec() -> WorkerSpec:
@@ -438,15 +438,18 @@ def test_a_sticky_error_fails_the_job_with_its_code_then_the_worker_exits() -> N
     """The job ends cuda_sticky_error with a clear message; the process exits with status 86."""
     spawn = multiprocessing.get_context("spawn")
     ours, theirs = spawn.Pipe()
-    process = spawn.Process(target=faulting_worker_main, args=(cpu_spec(), theirs), daemon=True)
+    our_slot, their_slot = spawn.Pipe()
+    args = (cpu_spec(), theirs, their_slot)
+    process = spawn.Process(target=faulting_worker_main, args=args, daemon=True)
     process.start()
     theirs.close()
+    their_slot.close()
     try:
         assert ours.poll(60), "the worker never reported warm"
         assert isinstance(ours.recv(), msg.Warm)
-        ours.send(msg.RunJob("j1", "noop", {}, {}, None))
-        assert ours.poll(30), "the job never finished"
-        finished = ours.recv()
+        our_slot.send(msg.RunJob("j1", "noop", {}, {}, None))
+        assert our_slot.poll(30), "the job never finished"
+        finished = our_slot.recv()
         process.join(30)
     finally:
         if process.is_alive():

@@ -18,15 +18,14 @@ import time
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from taogpud import trace
 from taogpud.api.app import error_response, internal_error
 from taogpud.api.models import JobRequest
 from taogpud.api.peer import SCOPE_KEY
 from taogpud.errors import TaogpudError
 from taogpud.jobs import Peer
-from taogpud.logging import get_logger, request_trace_enabled
+from taogpud.logging import request_trace_enabled
 from taogpud.state import DaemonState
-
-log = get_logger("taogpud.api")
 
 ROUTE = "/v1/jobs"
 MAX_WAIT_S = 60.0  # the same bound the FastAPI route declares for wait_s
@@ -71,8 +70,9 @@ class HotPath:
         except Exception as exc:  # the framework's last-resort handler is behind us
             status = 500
             await internal_error(ROUTE, exc)(scope, receive, send)
-        if request_trace_enabled():
-            log.info(
+        if request_trace_enabled():  # after the job's own lines, which wait for the loop
+            trace.deferred(
+                "info",
                 "api.request",
                 method="POST",
                 path=ROUTE,

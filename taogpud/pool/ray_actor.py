@@ -29,6 +29,7 @@ import ray
 
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
 from taogpud.pool import protocol as msg
+from taogpud.pool.cancels import Cancels
 from taogpud.pool.execute import OUTPUT_NAME, execute
 
 CONTROL = "control"  # the concurrency group of ping, cancel and set_memory_fraction
@@ -45,9 +46,7 @@ class WorkerActor:
         self.failure: str | None = None  # why warm-up failed; the pool reads it, then kills us
         self.info: DeviceInfo | None = None
         self.backend: Backend | None = None
-        self._cancel_events: dict[str, threading.Event] = {}
-        self._cancelled_early: set[str] = set()
-        self._lock = threading.Lock()
+        self._cancels = Cancels()
         self._slot_numbers = itertools.count()
         self._local = threading.local()
         try:
@@ -87,22 +86,16 @@ class WorkerActor:
         assert self.backend is not None and self.info is not None  # only warm actors get jobs
         fetched = ray.get(list(inputs.values())) if inputs else []
         io = ObjectStoreIO(dict(zip(inputs, fetched, strict=True)))
-        cancelled = self._event_for(order.job_id)
+        cancelled = self._cancels.open(order.job_id)
         try:
             finished = execute(self.backend, self.info, order, cancelled, self._slot(), io)
         finally:
-            with self._lock:
-                self._cancel_events.pop(order.job_id, None)
+            self._cancels.close(order.job_id)
         return finished, io.kept if finished.status == "succeeded" else {}
 
     @ray.method(concurrency_group=CONTROL)
     def cancel(self, job_id: str) -> None:
-        with self._lock:
-            event = self._cancel_events.get(job_id)
-            if event is None:
-                self._cancelled_early.add(job_id)  # the run call has not started yet
-            else:
-                event.set()
+        self._cancels.cancel(job_id)  # the run call may not have started yet
 
     @ray.method(concurrency_group=CONTROL)
     def ping(self) -> int:
@@ -116,15 +109,6 @@ class WorkerActor:
         cap = int(self.info.memory_total_bytes * fraction)
         self.info = dataclasses.replace(self.info, memory_cap_bytes=cap)
         return self.info
-
-    def _event_for(self, job_id: str) -> threading.Event:
-        event = threading.Event()
-        with self._lock:
-            if job_id in self._cancelled_early:
-                self._cancelled_early.discard(job_id)
-                event.set()
-            self._cancel_events[job_id] = event
-        return event
 
     def _slot(self) -> int:
         # the default group's threads are fixed: each takes a slot (a CUDA stream) for good

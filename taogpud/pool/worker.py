@@ -1,7 +1,9 @@
-"""The daemon's side of one worker process: spawn, a pipe, warm-up, stop, kill.
+"""The daemon's side of one worker process: spawn, its pipes, warm-up, stop, kill.
 
-The pipe is read from the event loop (add_reader), not from a thread: a result
-reaches the scheduler without a thread hop.
+A worker has a control pipe (warm-up, ping, cancel, the memory cap, stop) and one pipe per
+slot: a job goes down a free slot's pipe and its result comes back up the same one, so the
+worker runs it on the thread that read it (child.Runner). The pipes are read from the event
+loop (add_reader), not from a thread: a result reaches the scheduler without a thread hop.
 """
 
 from __future__ import annotations
@@ -53,7 +55,9 @@ class WorkerHandle:
         self._on_message = on_message
         self._on_exit = on_exit
         self._process: BaseProcess | None = None
-        self._conn: Connection | None = None
+        self._conn: Connection | None = None  # the control pipe
+        self._slots: list[Connection] = []  # one pipe per slot
+        self._free: list[int] = []  # slots without a job, by index into _slots
         self._settled = asyncio.Event()  # set once warm or dead
         # The one ping in flight: its token, the pipe it went down, the answer.
         self._ping: tuple[int, Connection | None, asyncio.Future[None]] | None = None
@@ -70,26 +74,42 @@ class WorkerHandle:
 
     def start(self) -> None:
         parent_conn, child_conn = SPAWN.Pipe(duplex=True)
+        slot_pipes = [SPAWN.Pipe(duplex=True) for _ in range(self.spec.stream_count)]
         process = SPAWN.Process(
             target=worker_main,
-            args=(self.spec, child_conn),
+            args=(self.spec, child_conn, [theirs for _, theirs in slot_pipes]),
             name=f"taogpud-worker-{self.spec.backend}{self.spec.index}",
             daemon=True,
         )
         process.start()
-        child_conn.close()  # so our end sees EOF when the child dies
+        for conn in (child_conn, *(theirs for _, theirs in slot_pipes)):
+            conn.close()  # so our ends see EOF when the child dies
         self._process, self._conn, self.pid = process, parent_conn, process.pid
+        self._slots = [ours for ours, _ in slot_pipes]
+        self._free = list(range(len(self._slots)))
         self.state, self.info, self.warm_failure = WorkerState.starting, None, None
         self._settled.clear()
-        asyncio.get_running_loop().add_reader(parent_conn.fileno(), self._on_readable)
+        loop = asyncio.get_running_loop()
+        for number, conn in enumerate([parent_conn, *self._slots]):
+            loop.add_reader(conn.fileno(), self._on_readable, conn, number - 1)
 
     async def wait_settled(self, timeout_s: float) -> None:
         async with asyncio.timeout(timeout_s):
             await self._settled.wait()
 
     def send(self, order: msg.ToWorker) -> None:
+        """A job to a free slot's pipe; Stop to every pipe, after the jobs sent before it;
+        anything else to the control pipe."""
         if self._conn is None:
             raise BrokenPipeError(f"worker {self.label} is not running")
+        if isinstance(order, msg.RunJob):
+            if not self._free:
+                raise RuntimeError(f"worker {self.label} was sent a job with no slot free")
+            self._slots[self._free.pop()].send(order)
+            return
+        if isinstance(order, msg.Stop):
+            for conn in self._slots:
+                conn.send(order)
         self._conn.send(order)
 
     async def ping(self, timeout_s: float) -> bool:
@@ -135,13 +155,20 @@ class WorkerHandle:
             process.kill()
             await asyncio.to_thread(process.join, 5)
 
-    def _on_readable(self) -> None:
-        conn = self._conn
+    def _on_readable(self, conn: Connection, slot: int) -> None:
+        """One message (the loop calls again while more is there); slot -1 is the control
+        pipe. A slot's only message is its job's result: the slot is free again."""
         try:
-            while conn is not None and conn.poll():
-                self._deliver(conn.recv())
+            message = conn.recv()
         except (EOFError, OSError):
             self._lost()
+            return
+        self._take(message, slot)
+
+    def _take(self, message: msg.FromWorker, slot: int) -> None:
+        if slot >= 0:
+            self._free.append(slot)
+        self._deliver(message)
 
     def _deliver(self, message: msg.FromWorker) -> None:
         if isinstance(message, msg.Warm):
@@ -157,15 +184,29 @@ class WorkerHandle:
         self._on_message(self, message)
 
     def _lost(self) -> None:
+        self._drain_results()
         if self._conn is not None:
-            asyncio.get_running_loop().remove_reader(self._conn.fileno())
-            self._conn.close()
-            self._conn = None
+            loop = asyncio.get_running_loop()
+            for conn in [self._conn, *self._slots]:
+                loop.remove_reader(conn.fileno())
+                conn.close()
+            self._conn, self._slots, self._free = None, [], []
         self.state = WorkerState.dead
         self._settled.set()
         if self._process is not None:
             self._process.join(timeout=1.0)  # reap; EOF means it is exiting now
         self._on_exit(self)
+
+    def _drain_results(self) -> None:
+        """Results a dying worker wrote before it went: the pipes are read in no set order,
+        so the end of one can be seen while another still holds a job's last word (a device
+        error's code, written just before the worker left on purpose)."""
+        for slot, conn in enumerate(self._slots):
+            try:
+                while conn.poll():
+                    self._take(conn.recv(), slot)
+            except (EOFError, OSError):
+                continue
 
     def exit_description(self) -> str:
         code = self._process.exitcode if self._process is not None else None
