@@ -203,12 +203,14 @@ class JobStore:
             return
         self._flush_timer = loop.call_later(FLUSH_DELAY_S, self.flush)
 
-    def flush(self) -> None:
+    def flush(self) -> dict[str, str]:
+        """Commit every pending change; returns the records written, as JSON by job id (the
+        API answers with the same text)."""
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
         if self._db is None or not self._dirty:
-            return
+            return {}
         rows = [
             (job.id, job.status.value, job.created_at, job.finished_at, job.model_dump_json())
             for job in self._dirty.values()
@@ -216,6 +218,7 @@ class JobStore:
         self._dirty.clear()
         with self._db:
             self._db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?)", rows)
+        return {row[0]: row[4] for row in rows}
 
     def _forget_oldest_finished(self) -> None:
         for job_id, job in self._recent.items():

@@ -13,8 +13,11 @@ work off the path from request to answer (bench/run.py, "Where the time goes").
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from typing import Any
+
+import structlog
 
 from taogpud.jobs import JobRecord, JobState
 from taogpud.logging import get_logger
@@ -77,10 +80,25 @@ def deferred(level: str, event: str, **fields: Any) -> None:
 
 
 def flush() -> None:
-    """Write every deferred line now."""
+    """Write every deferred line now: through the configured processors (level, redaction,
+    JSON, the journal), then the stdout ones in one write (logging.configure() sends lines
+    to stdout; unconfigured, structlog's default renderer gives text)."""
+    lines: list[bytes] = []
+    processors = structlog.get_config()["processors"]
     while _pending:
         level, event, fields = _pending.pop(0)
-        getattr(log, level)(event, **fields)
+        fields["event"] = event
+        rendered: Any = fields
+        try:
+            for processor in processors:  # the last one renders the line's bytes
+                rendered = processor(None, level, rendered)
+        except structlog.DropEvent:  # below the level, or gone to the journal
+            continue
+        lines.append(rendered if isinstance(rendered, bytes) else str(rendered).encode())
+    if lines:
+        lines.append(b"")
+        sys.stdout.buffer.write(b"\n".join(lines))
+        sys.stdout.buffer.flush()
 
 
 def _round(value: float | None) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 from conftest import RunningDaemon, start_daemon
 
+from taogpud.api.protocol import GatheredWrites
 from taogpud.client import ApiError
 
 EXAMPLES = Path(__file__).parent.parent / "packaging" / "examples"
@@ -428,3 +430,32 @@ def test_uploads_keep_shape_and_dtype(daemon: RunningDaemon) -> None:
     assert [v["shape"] for v in views] == [list(a.shape) for a in arrays]
     assert [v["dtype"] for v in views] == [a.dtype.str for a in arrays]
     assert [v["nbytes"] for v in views] == [a.nbytes for a in arrays]
+
+
+def test_gathered_writes_leave_as_one_when_the_block_ends() -> None:
+    """The job route's head and body: held on a real transport, then sent in one piece."""
+
+    async def scenario() -> tuple[bytes, bytes]:
+        ours, theirs = socket.socketpair()
+        theirs.setblocking(False)
+        transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
+            asyncio.Protocol, ours
+        )
+        writes = GatheredWrites(transport)
+        with writes.gathered():
+            writes.write(b"HTTP/1.1 201 Created\r\n\r\n")
+            writes.write(b"{}")
+            await asyncio.sleep(0.05)
+            try:
+                early = theirs.recv(100)
+            except BlockingIOError:
+                early = b""
+        await asyncio.sleep(0.05)
+        later = theirs.recv(100)
+        transport.close()
+        theirs.close()
+        return early, later
+
+    early, later = asyncio.run(scenario())
+    assert early == b""  # nothing left while the block was open
+    assert later == b"HTTP/1.1 201 Created\r\n\r\n{}"

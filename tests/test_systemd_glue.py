@@ -6,6 +6,7 @@ protocol against a socket standing in for journald. No root needed.
 from __future__ import annotations
 
 import asyncio
+import calendar
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ import pytest
 import structlog
 from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon, to_toml
 
-from taogpud import journal, systemd
+from taogpud import journal, systemd, trace
 from taogpud import logging as tlog
 from taogpud.client import Client
 
@@ -383,3 +384,34 @@ def test_redaction_runs_before_rendering_in_the_configured_chain() -> None:
     tlog.configure()
     processors = structlog.get_config()["processors"]
     assert processors.index(tlog.redact) < processors.index(tlog.render) == len(processors) - 1
+
+
+def test_deferred_lines_follow_the_loops_callback_in_order_with_their_own_time(
+    journald: NotifySocket, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """trace.deferred holds a line until the callback that made it is done (so a job's answer
+    leaves first), then sends it the configured way: job events to the journal, redacted, the
+    rest to stdout; the timestamp is when it was deferred, not when it was written."""
+    tlog.configure()
+    tlog._state.journal = journal.JournalWriter(str(journald.path))
+    held: dict[str, Any] = {}
+
+    async def one_callback_then_the_next() -> None:
+        deferred_at = time.time()
+        trace.deferred("info", "job.succeeded", job_id="j3", error=f"bad key {SECRET}")
+        trace.deferred("info", "api.request", path="/v1/jobs", status=201)
+        time.sleep(0.2)  # still this callback: nothing may have been written
+        held["journal"], held["stdout"] = journald.drain(), capsys.readouterr().out
+        held["deferred_at"] = deferred_at
+        await asyncio.sleep(0)  # the loop's next round writes them
+
+    asyncio.run(one_callback_then_the_next())
+    assert held["journal"] == [] and held["stdout"] == ""
+    [datagram] = journald.drain()
+    assert SECRET.encode() not in datagram and parse_native(datagram)["JOB_ID"] == b"j3"
+    [line] = capsys.readouterr().out.splitlines()
+    request = json.loads(line)
+    assert (request["event"], request["status"]) == ("api.request", 201)
+    written = calendar.timegm(time.strptime(request["timestamp"][:19], "%Y-%m-%dT%H:%M:%S"))
+    written += float("0." + request["timestamp"][20:26])
+    assert abs(written - held["deferred_at"]) < 0.1  # not 0.2 s later, when it was written

@@ -12,8 +12,10 @@ the route stays the documented one in the OpenAPI document.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from contextlib import AbstractContextManager
 
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -22,6 +24,7 @@ from taogpud import trace
 from taogpud.api.app import error_response, internal_error
 from taogpud.api.models import JobRequest
 from taogpud.api.peer import SCOPE_KEY
+from taogpud.api.protocol import WRITES_KEY, GatheredWrites
 from taogpud.errors import TaogpudError
 from taogpud.jobs import Peer
 from taogpud.logging import request_trace_enabled
@@ -93,11 +96,12 @@ class HotPath:
             return exc.http_status
         if wait_s:
             await daemon.store.wait(job.id, wait_s)
-        daemon.store.flush()  # stored before its id is returned
-        body = job.model_dump_json().encode()
+        written = daemon.store.flush()  # stored before its id is returned
+        body = (written.get(job.id) or job.model_dump_json()).encode()
         headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 201, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        with _one_write(scope):  # head and body leave in one write
+            await send({"type": "http.response.start", "status": 201, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
         return 201
 
 
@@ -156,6 +160,12 @@ def _replay(body: bytes) -> Receive:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return receive
+
+
+def _one_write(scope: Scope) -> AbstractContextManager[None]:
+    """Gathers the response's writes where the daemon's own protocol serves the request."""
+    writes = scope.get("extensions", {}).get(WRITES_KEY)
+    return writes.gathered() if isinstance(writes, GatheredWrites) else contextlib.nullcontext()
 
 
 def _peer(scope: Scope) -> Peer:

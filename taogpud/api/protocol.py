@@ -8,6 +8,9 @@ ASGI cannot give an application.
   appends each piece to a buffer, copies that into a message, and pauses and resumes reading
   around every 64 KiB: for a 512 MiB upload that was most of the daemon's CPU (bench/run.py,
   "Where the time goes").
+- A small response in one write: uvicorn writes the head and the body of a response
+  separately, two system calls here and often two reads and two wake-ups for the client.
+  The job route (api/hot.py) gathers them.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from taogpud.api.peer import SCOPE_KEY, read_peer
 
 BODY_KEY = "taogpud.body"  # scope["extensions"][BODY_KEY]: this request's BodyTap
+WRITES_KEY = "taogpud.writes"  # scope["extensions"][WRITES_KEY]: the connection's GatheredWrites
 Sink = Callable[[bytes], None]
 
 
@@ -42,12 +46,42 @@ class BodyTap:
             self._protocol.divert_body(None)
 
 
+class GatheredWrites:
+    """Stands in for the connection's transport: within `gathered()` its writes are held and
+    leave as one when the block ends; everything else goes straight to the transport."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._held: list[bytes] | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._held is None:
+            self._transport.write(data)
+        else:
+            self._held.append(data)
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if held:
+                self._transport.write(b"".join(held))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class DaemonHttpProtocol(HttpToolsProtocol):
     _body_sink: Sink | None = None
 
     def connection_made(self, transport: Any) -> None:
         self.taogpud_peer = read_peer(transport.get_extra_info("socket"))
         super().connection_made(transport)
+        self.taogpud_writes = GatheredWrites(transport)
+        self.transport = cast(Any, self.taogpud_writes)  # what its request cycles write to
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -55,6 +89,7 @@ class DaemonHttpProtocol(HttpToolsProtocol):
         extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
         extensions[SCOPE_KEY] = self.taogpud_peer
         extensions[BODY_KEY] = BodyTap(self)
+        extensions[WRITES_KEY] = self.taogpud_writes
 
     def on_body(self, body: bytes) -> None:
         sink = self._body_sink
