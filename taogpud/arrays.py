@@ -106,14 +106,14 @@ class ArrayStore:
                 "split the input, or raise the limit",
             )
         self._make_room(header_bytes + nbytes)
-        name, mapped = self._create(header_bytes + nbytes)
+        name, fd = self._create(header_bytes + nbytes)
         try:
-            written = await chunks.copy_into(mapped, tap)
+            written = await chunks.write_into(fd, header_bytes + nbytes, tap)
         except BaseException:
-            mapped.close()
             shm.unlink(name)
             raise
-        mapped.close()
+        finally:
+            os.close(fd)
         if written != header_bytes + nbytes:
             shm.unlink(name)
             raise RequestError(
@@ -176,24 +176,23 @@ class _Chunks:
                 break
         return self._pending
 
-    async def copy_into(self, mapped: memoryview | object, tap: BodyTap | None) -> int:
-        # The view is released however this ends (a client hanging up midway included): a
-        # mapping with a live view cannot be closed, and its file would stay in /dev/shm.
-        with memoryview(mapped) as target:  # type: ignore[arg-type]
-            written = self._put(target, 0, self._pending)
+    async def write_into(self, fd: int, size: int, tap: BodyTap | None) -> int:
+        """Write the body into the file's first `size` bytes; returns the body's length (a
+        longer body is counted, not written: the caller reports the mismatch)."""
+        written = self._put(fd, size, 0, self._pending)
 
-            def put(chunk: bytes) -> None:
-                nonlocal written
-                written = self._put(target, written, chunk)
+        def put(chunk: bytes) -> None:
+            nonlocal written
+            written = self._put(fd, size, written, chunk)
 
-            with tap.diverted(put) if tap is not None else contextlib.nullcontext():
-                async for chunk in self._body:  # diverted: empty pieces until the body is whole
-                    put(chunk)
+        with tap.diverted(put) if tap is not None else contextlib.nullcontext():
+            async for chunk in self._body:  # diverted: empty pieces until the body is whole
+                put(chunk)
         return written
 
     @staticmethod
-    def _put(target: memoryview, offset: int, chunk: bytes) -> int:
+    def _put(fd: int, size: int, offset: int, chunk: bytes) -> int:
         end = offset + len(chunk)
-        if end <= len(target):
-            target[offset:end] = chunk
+        if end <= size:
+            shm.write_at(fd, chunk, offset)
         return end

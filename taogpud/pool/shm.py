@@ -100,23 +100,30 @@ def npy_header(shape: tuple[int, ...], dtype_str: str) -> bytes:
     return NPY_MAGIC + b"\x01\x00" + len(body).to_bytes(2, "little") + body
 
 
-def create(total_bytes: int, namespace: str, owner_pid: int) -> tuple[str, mmap.mmap]:
-    """A new shared file of total_bytes, mapped writable. The caller fills it.
+def create(total_bytes: int, namespace: str, owner_pid: int) -> tuple[str, int]:
+    """A new shared file of total_bytes: (its name, a descriptor open for writing). The caller
+    fills it with os.pwrite and closes the descriptor.
 
-    The space is allocated up front: a full /dev/shm is then an OSError here, not a SIGBUS
-    in the middle of the copy, and MAP_POPULATE maps every page in one call instead of one
-    fault per page during the copy."""
+    The space is allocated up front, so a full /dev/shm is an OSError here, not halfway
+    through. Written, not mapped: the kernel fills tmpfs pages without page tables or faults,
+    300 ms for 512 MiB here against 500 ms for a populated mapping and a copy into it."""
     name = new_name(namespace, owner_pid)
-    size = max(total_bytes, 1)
-    fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(SHM_DIR / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.posix_fallocate(fd, 0, size)
-        return name, mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        os.posix_fallocate(fd, 0, max(total_bytes, 1))
     except OSError:
+        os.close(fd)
         (SHM_DIR / name).unlink(missing_ok=True)
         raise
-    finally:
-        os.close(fd)
+    return name, fd
+
+
+def write_at(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """All of `data` at `offset` (pwrite may take less than it is given)."""
+    with memoryview(data) as view:
+        start = 0
+        while start < len(view):
+            start += os.pwrite(fd, view[start:], offset + start)
 
 
 def open_map(ref: ArrayRef) -> mmap.mmap:
