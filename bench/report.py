@@ -135,8 +135,9 @@ def _datapath(sizes: list[SizeResult]) -> str:
         "`np.save` into memory; downloads are vector_add's kept output `c` over the same "
         "bytes. Raw socket: the same bytes over AF_UNIX to and from another process, landing "
         "in a warm buffer (the ceiling) or in fresh memory (what an upload fills: a new "
-        "/dev/shm file; what a download returns: new bytes), because first-touch page faults "
-        "can cost as much as the copy itself.",
+        "/dev/shm file, written from a warm 1 MiB buffer; what a download returns: new "
+        "bytes), because filling fresh pages can cost more than the copy itself. The "
+        "no-socket row is that filling alone: no upload can land faster.",
         "",
         f"| path | {header} | {ratios} |",
         "|---|" + "---:|" * (2 * len(sizes)),
