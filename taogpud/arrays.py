@@ -28,7 +28,9 @@ class BodyTap(Protocol):
     """The connection's offer to hand the rest of a body over as it arrives (the daemon's
     HTTP protocol, api/protocol.py), instead of through 64 KiB ASGI messages."""
 
-    def diverted(self, sink: Callable[[bytes], None]) -> AbstractContextManager[None]: ...
+    def diverted(
+        self, sink: Callable[[bytes | memoryview], None]
+    ) -> AbstractContextManager[None]: ...
 
 
 class ArrayStoreFull(TaogpudError):
@@ -181,7 +183,7 @@ class _Chunks:
         longer body is counted, not written: the caller reports the mismatch)."""
         written = self._put(fd, size, 0, self._pending)
 
-        def put(chunk: bytes) -> None:
+        def put(chunk: bytes | memoryview) -> None:
             nonlocal written
             written = self._put(fd, size, written, chunk)
 
@@ -191,7 +193,7 @@ class _Chunks:
         return written
 
     @staticmethod
-    def _put(fd: int, size: int, offset: int, chunk: bytes) -> int:
+    def _put(fd: int, size: int, offset: int, chunk: bytes | memoryview) -> int:
         end = offset + len(chunk)
         if end <= size:
             shm.write_at(fd, chunk, offset)

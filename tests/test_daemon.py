@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from conftest import RunningDaemon, start_daemon
 
 from taogpud.api.protocol import GatheredWrites
 from taogpud.client import ApiError
+from taogpud.pool import shm
 
 EXAMPLES = Path(__file__).parent.parent / "packaging" / "examples"
 SECRET = "tk-test-" + "9f3c1a7e5b2d4c6e8a0b"  # built at runtime: no key sits in a fixture file
@@ -459,3 +461,72 @@ def test_gathered_writes_leave_as_one_when_the_block_ends() -> None:
     early, later = asyncio.run(scenario())
     assert early == b""  # nothing left while the block was open
     assert later == b"HTTP/1.1 201 Created\r\n\r\n{}"
+
+
+def _responses(sock: socket.socket, count: int) -> list[tuple[int, Any]]:
+    """`count` HTTP/1.1 responses with Content-Length bodies, read off one connection."""
+    data, answers = b"", []
+    while len(answers) < count:
+        head_end = data.find(b"\r\n\r\n")
+        if head_end >= 0:
+            head = data[:head_end].decode()
+            length = int(head.lower().split("content-length:")[1].split("\r\n")[0])
+            if len(data) >= head_end + 4 + length:
+                body = data[head_end + 4 : head_end + 4 + length]
+                answers.append((int(head.split(" ")[1]), json.loads(body)))
+                data = data[head_end + 4 + length :]
+                continue
+        chunk = sock.recv(65536)
+        assert chunk, f"the daemon hung up after {len(answers)} answers"
+        data += chunk
+    return answers
+
+
+def test_an_upload_in_pieces_then_a_pipelined_request_on_the_same_connection(
+    daemon: RunningDaemon,
+) -> None:
+    """The rest of an upload's body is read past the HTTP parser (api/protocol.py): every
+    byte lands, none of the request behind it is taken, and the connection serves on."""
+    array = np.arange(3 * 2**20, dtype=np.float32)  # 12 MiB: many reads
+    image = shm.npy_header(array.shape, "<f4") + array.tobytes()
+    head = (
+        "POST /v1/arrays HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n"
+        f"content-length: {len(image)}\r\n\r\n"
+    ).encode()
+    behind = b"GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(daemon.socket_path))
+        sock.sendall(head + image[:1000])  # the handler starts with part of the body
+        time.sleep(0.2)
+        sock.sendall(image[1000 : 5 * 2**20])
+        time.sleep(0.2)
+        sock.sendall(image[5 * 2**20 :] + behind)  # the body's end and a request in one send
+        (upload_status, uploaded), (health_status, health) = _responses(sock, 2)
+    assert (upload_status, uploaded["shape"], uploaded["dtype"]) == (201, [3 * 2**20], "<f4")
+    assert health_status == 200 and health["ok"] is True
+    with daemon.client() as client:
+        job = client.run("reduce_sum", inputs={"x": uploaded["id"]})
+    assert job["status"] == "succeeded", job
+    assert job["result"]["size"] == array.size
+    assert job["result"]["sum"] == float(array.sum())  # the same reduction over the same bytes
+
+
+def test_an_upload_longer_than_its_header_says_is_refused_and_the_connection_serves_on(
+    daemon: RunningDaemon,
+) -> None:
+    """Content-Length frames the body: 1 MiB more than the .npy header announces is read to
+    its end (not taken for the next request), refused, and the next request is answered."""
+    image = shm.npy_header((2**20,), "<f4") + bytes(4 * 2**20)
+    padded = image + bytes(2**20)
+    head = (
+        "POST /v1/arrays HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n"
+        f"content-length: {len(padded)}\r\n\r\n"
+    ).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(daemon.socket_path))
+        sock.sendall(head + padded + b"GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n")
+        (refused_status, refused), (health_status, _) = _responses(sock, 2)
+    assert refused_status == 400 and "header says" in refused["message"]
+    assert health_status == 200
