@@ -9,26 +9,26 @@ from __future__ import annotations
 
 ADVICE: dict[str, str] = {
     "job store (SQLite)": (
-        "The hot lines are the store's commit (a WAL append: write syscalls) and each "
-        "record's `model_dump_json`. Fewer, larger transactions (every state change of a "
-        "loop pass in one, as long as a submit is answered only after its commit) and one "
-        "JSON dump per state change, shared by the store, the response and the trace, "
-        "shrink it."
+        "The hot lines are the store's commit (a WAL append: a write per frame header and "
+        "page) and each record's `model_dump_json`, whose text is also the answer. A submit "
+        "that waits is committed once, just before its answer; under load one commit takes "
+        "every change of 2 ms. Fewer bytes per record, or a commit after the answer (which "
+        "would give up 'stored before it is shown'), are what is left."
     ),
     "logging and traces": (
-        "Four JSON lines per tiny job (job.queued, job.running, job.succeeded and api.request), "
-        "each through structlog's processors and `BytesLogger.msg`, which writes and flushes "
-        "one line at a time (`structlog/_output.py` write is the hot line: a syscall per "
-        "line). Buffer the lines and write them once per loop tick; skip `api.request` for "
-        "`POST /v1/jobs`, whose job lines already say the same. The A/B row in section 1 "
-        "(traces off) is the most this group can give back."
+        "Four JSON lines per tiny job (job.queued, job.running, job.succeeded and api.request). "
+        "They are written just after the loop's current callback (taogpud.trace), so the "
+        "order and the answer leave first, and each batch goes out in one write; what is "
+        "left is rendering them (job_fields, redaction, orjson). Fewer fields, or skipping "
+        "`api.request` for `POST /v1/jobs` (the job lines say the same), would shrink it; the "
+        "A/B row in section 1 (traces off) is the most this group can give back."
     ),
     "worker pipe": (
-        "Per job the daemon pickles an order and writes it to the worker's pipe, and reads "
-        "and unpickles the result (`Connection._send`, `_recv`, `ForkingPickler.dumps`): two "
-        "syscalls and a wake-up of the other process each way, on 2 cores a context switch "
-        "each. Send plain tuples instead of pickled dataclasses, and let a worker with "
-        "several finished jobs send them in one write."
+        "Per job the daemon pickles an order and writes it to a free slot's pipe, and reads "
+        "and unpickles the result (`Connection._send`, `_recv`, `ForkingPickler.dumps`): a "
+        "write, two reads and a wake-up of the other process each way, on 2 cores a context "
+        "switch each. Plain tuples instead of pickled dataclasses, and one read per message "
+        "with our own framing, are what is left."
     ),
     "framework (FastAPI, Starlette, anyio)": (
         "Each request crosses seven ASGI layers before the handler (ServerErrorMiddleware, "
@@ -44,43 +44,38 @@ ADVICE: dict[str, str] = {
         "response) and httptools parsing: little to win here short of fewer requests."
     ),
     "event loop (uvloop, in C)": (
-        "uvloop's own C code: epoll, socket and pipe reads, running callbacks. For uploads it "
-        "is reading the body into a new bytes object per chunk (which `_Chunks._put` then "
-        "copies again); for tiny jobs it grows with the wake-ups per job (the request, the "
+        "uvloop's own C code: epoll, socket and pipe reads and writes, running callbacks. For "
+        "uploads the body is read by a buffered protocol into one reused buffer and written "
+        "to the image with pwrite, so what shows here is mostly the kernel filling fresh "
+        "/dev/shm pages; for tiny jobs it grows with the wake-ups per job (the request, the "
         "worker's result, the waiter's Event), so fewer tasks and futures per job shrink it."
     ),
     "pydantic (models, JSON)": (
-        "`JobRecord` is dumped to JSON for every store write and again for the response: "
-        "dump once per state change and reuse the bytes."
+        "Validating the request and the params, building the `JobRecord`, and its one JSON "
+        "dump per commit (the answer reuses the stored text). A lighter record type for the "
+        "hot path is what is left."
     ),
     "arrays (shared memory)": (
-        "`_Chunks._put` (`target[offset:end] = chunk`, arrays.py) copies each ASGI body "
-        "chunk into a brand-new /dev/shm mapping, so every 4 KiB page is faulted in and "
-        "zeroed on first touch: the data-path table shows the raw socket itself slowing "
-        "down that much when it lands in a new /dev/shm file. Reuse pages instead of "
-        "creating them: keep freed arrays' files in a free list by size and reuse them, or "
-        "fault the next region in on a thread (`madvise(MADV_POPULATE_WRITE)`) while the "
-        "socket is read. Then receive straight from the socket into the mapping, not per "
-        "ASGI message (uvicorn, Starlette's stream and our counting wrapper are the rest)."
+        "An upload is written into a new /dev/shm file with pwrite (`shm.write_at`): the "
+        "kernel allocates and fills each page as it goes. The data-path table's no-socket "
+        "row is that filling alone, the ceiling for any upload that lands in fresh shared "
+        "memory; past it, only pages kept from earlier uploads (a free list of freed images) "
+        "would be faster, at the cost of holding memory nobody uses."
     ),
     "worker process: task, backend": (
-        "(The workers' shares are mostly their two threads, the pipe reader and the slot, "
-        "waiting to run after each wake-up; their CPU per job is the firmer number.) "
-        "In the worker, every order goes through a `ThreadPoolExecutor.submit` to a slot "
-        "thread (a Condition, a queue and a thread switch: `concurrent/futures/thread.py` "
-        "lines are hot) for a task that itself takes microseconds. Run a job on the pipe "
-        "thread when no other slot is busy, or give each slot a plain queue."
+        "(The workers' shares are mostly their slot threads waiting in the read of their "
+        "pipe; their CPU per job is the firmer number.) A job runs on the slot thread that "
+        "read it; what is left is `execute` itself (task lookup, params validation, the "
+        "backend's slot and clock) and pickling the result."
     ),
     "numpy (arrays)": (
-        "In the client, `upload_array(ndarray)` first copies the whole array into a BytesIO "
-        "with `np.save` (numpy's `write_array` is the hot line), then sends the copy: send "
-        "the .npy header and then `memoryview(array)` itself, with Content-Length set, and "
-        "the ndarray path costs what the ready-bytes path does."
+        "In the client, `upload_array(ndarray)` sends the .npy header and then the array's own "
+        "memory (no `np.save` copy); numpy shows here only for arrays that are not "
+        "C-contiguous, which are copied once."
     ),
     "client (taogpud.client, http.client)": (
-        "In the client, `http.client` parses every response's headers through the email "
-        "package (`parse_headers`, `FeedParser`) and reads through a buffered SocketIO: a "
-        "small hand-written HTTP/1.1 reader over the socket (the echo floor shows what one "
-        "round trip costs) would cut most of it."
+        "The client speaks HTTP/1.1 over the socket with httptools (client_http.py): one "
+        "send per request, a peek and a read per answer. What is left is building the request "
+        "and decoding the JSON answer."
     ),
 }

@@ -131,9 +131,9 @@ def _datapath(sizes: list[SizeResult]) -> str:
     lines = [
         "## 2. Data path (arrays in and out)",
         "",
-        "A float32 array's .npy image. Uploads from a numpy array include the client's "
-        "`np.save` into memory; downloads are vector_add's kept output `c` over the same "
-        "bytes. Raw socket: the same bytes over AF_UNIX to and from another process, landing "
+        "A float32 array's .npy image. Uploads from a numpy array send its .npy header and "
+        "then the array's own memory; downloads are vector_add's kept output `c` over the "
+        "same bytes. Raw socket: the same bytes over AF_UNIX to and from another process, landing "
         "in a warm buffer (the ceiling) or in fresh memory (what an upload fills: a new "
         "/dev/shm file, written from a warm 1 MiB buffer; what a download returns: new "
         "bytes), because filling fresh pages can cost more than the copy itself. The "
