@@ -151,3 +151,9 @@ class QueueFull(TaogpudError):
 class Draining(TaogpudError):
     code = "draining"
     http_status = 503
+
+
+class BadSummary(TaogpudError):
+    """A task's summary that is not plain JSON: the job fails, the store never sees it."""
+
+    code = "bad_summary"

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import RunningDaemon
 from structlog.testing import capture_logs
 
 from taogpud import tasks
@@ -629,3 +630,63 @@ def test_builtins_on_cuda_match_numpy_for_the_same_inputs(gpu: Backend, name: st
         )
     for key, value in cpu_arrays.items():
         np.testing.assert_allclose(gpu_arrays[key], value, rtol=1e-9, atol=1e-9)
+
+
+SUMMARY_PLUGIN = """
+import numpy as np
+from pydantic import BaseModel
+from taogpud.tasks.base import Task, TaskOutput
+
+
+class Params(BaseModel):
+    pass
+
+
+def numpy_values(ctx, params):
+    x = ctx.xp.arange(4, dtype=ctx.xp.float32)
+    return TaskOutput(summary={"sum": x.sum(), "count": np.int64(4), "values": np.arange(3)})
+
+
+def not_json(ctx, params):
+    return TaskOutput(summary={"handle": object()})
+
+
+TASKS = [
+    Task("numpy_summary", "numpy values in its summary", Params, numpy_values, lambda p: 0),
+    Task("opaque_summary", "an object in its summary", Params, not_json, lambda p: 0),
+]
+"""
+
+
+def test_a_summary_of_numpy_values_arrives_plain_and_one_that_is_not_json_fails_only_its_job(
+    daemon_factory: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    """A plug-in's summary goes through JSON in the worker: numpy scalars and arrays become
+    numbers and lists; an object fails that job with bad_summary. Before, such a result
+    reached the job store, whose every later commit then failed."""
+    site = tmp_path / "site"
+    dist_info = site / "taogpud_summary_plugin-1.0.dist-info"
+    dist_info.mkdir(parents=True)
+    (site / "taogpud_summary_plugin.py").write_text(SUMMARY_PLUGIN)
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: taogpud-summary-plugin\n")
+    (dist_info / "entry_points.txt").write_text(
+        "[taogpud.tasks]\nsummaries = taogpud_summary_plugin:TASKS\n"
+    )
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    daemon = daemon_factory(env={"PYTHONPATH": path})
+    with daemon.client() as client:
+        plain = client.run("numpy_summary")
+        opaque = client.run("opaque_summary")
+        after = client.run("noop")
+    assert plain["status"] == "succeeded", plain
+    assert plain["result"] == {"sum": 6.0, "count": 4, "values": [0, 1, 2]}
+    assert opaque["status"] == "failed"
+    assert opaque["error"]["code"] == "bad_summary"
+    assert "not JSON" in opaque["error"]["message"] and "float(x)" in opaque["error"]["hint"]
+    assert after["status"] == "succeeded"
+    assert daemon.stop() == 0
+    restarted = daemon.restart()  # the store kept committing: all three are there
+    with restarted.client() as client:
+        stored = {job["id"]: job["status"] for job in client.list_jobs()}
+    restarted.stop()
+    assert stored == {plain["id"]: "succeeded", opaque["id"]: "failed", after["id"]: "succeeded"}

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from taogpud.backends.base import Backend, DeviceInfo
+from taogpud.errors import BadSummary
 from taogpud.pool import protocol as msg
 from taogpud.pool import shm
 
@@ -117,7 +118,32 @@ def _run_task(
         clock.mark("d2h_ms")
         backend.synchronize()  # the job's own faults surface here, inside the job
         timings = clock.timings_ms()
-    return output.summary, outputs, timings
+    return plain_summary(order.task, output.summary), outputs, timings
+
+
+def plain_summary(task: str, summary: Any) -> dict[str, Any]:
+    """The summary as plain JSON values (numpy scalars and arrays become numbers and lists).
+
+    The daemon stores and answers a result as JSON: a value it cannot write must fail this
+    job here, in the worker, and never reach the job store, whose commits it would break."""
+    import orjson
+
+    try:
+        plain = orjson.loads(
+            orjson.dumps(summary, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+        )
+    except TypeError as exc:  # orjson.JSONEncodeError is one
+        raise BadSummary(
+            f"{task} returned a summary that is not JSON: {exc}",
+            "return plain numbers, strings, lists and dicts in TaskOutput.summary "
+            "(float(x), int(x), x.tolist())",
+        ) from None
+    if not isinstance(plain, dict):
+        raise BadSummary(
+            f"{task} returned a {type(summary).__name__} as its summary, not a dict",
+            "return TaskOutput(summary={...})",
+        )
+    return plain
 
 
 def _task_error(
