@@ -103,12 +103,23 @@ async def cancel_job(job_id: str, request: Request, daemon: Daemon) -> Response:
     return _job_response(job)
 
 
+class OutputFileResponse(FileResponse):
+    """Starlette reads a file in 64 KiB pieces, each through a worker thread: a 512 MiB
+    output was 8,192 thread hops and 0.33–0.57 GiB/s here. In 1 MiB pieces it ran 1.37 GiB/s,
+    as fast as a raw socket into new memory (bench/run.py, data path); 4 MiB was no faster.
+    (uvicorn offers no `http.response.pathsend`, so Starlette cannot sendfile.)"""
+
+    chunk_size = 1 << 20
+
+
 @router.get(
     "/{job_id}/outputs/{name}",
     responses={200: {"content": {"application/octet-stream": {}}}},
-    response_class=FileResponse,
+    response_class=FileResponse,  # OutputFileResponse, as OpenAPI sees it
 )
-async def download_output(job_id: str, name: str, request: Request, daemon: Daemon) -> FileResponse:
+async def download_output(
+    job_id: str, name: str, request: Request, daemon: Daemon
+) -> OutputFileResponse:
     job = daemon.scheduler.get(job_id)
     check_access(job, peer_of(request), "read the outputs of")
     if name not in {output.name for output in job.outputs}:  # also keeps `name` in its folder
@@ -120,4 +131,4 @@ async def download_output(job_id: str, name: str, request: Request, daemon: Daem
     path = daemon.scheduler.outputs_dir / job.id / f"{name}.npy"
     if not path.is_file():
         raise OutputNotFound(f"the file of output {name!r} is gone", "its job is past retention")
-    return FileResponse(path, media_type="application/octet-stream")
+    return OutputFileResponse(path, media_type="application/octet-stream")
