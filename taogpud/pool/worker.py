@@ -184,6 +184,7 @@ class WorkerHandle:
         self._on_message(self, message)
 
     def _lost(self) -> None:
+        self.state = WorkerState.dead  # before the drain: the scheduler places nothing here
         self._drain_results()
         if self._conn is not None:
             loop = asyncio.get_running_loop()
@@ -191,7 +192,6 @@ class WorkerHandle:
                 loop.remove_reader(conn.fileno())
                 conn.close()
             self._conn, self._slots, self._free = None, [], []
-        self.state = WorkerState.dead
         self._settled.set()
         if self._process is not None:
             self._process.join(timeout=1.0)  # reap; EOF means it is exiting now
