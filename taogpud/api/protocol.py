@@ -83,6 +83,7 @@ class GatheredWrites:
 class DaemonHttpProtocol(HttpToolsProtocol):
     _body_sink: Sink | None = None
     _body_seen = 0  # body bytes of this request the parser has passed on
+    _body_reader: _BodyReader | None = None  # reading the rest of a body, past the parser
 
     def connection_made(self, transport: Any) -> None:
         self.taogpud_peer = read_peer(transport.get_extra_info("socket"))
@@ -109,6 +110,8 @@ class DaemonHttpProtocol(HttpToolsProtocol):
     def divert_body(self, sink: Sink | None) -> None:
         self._body_sink = sink
         if sink is None:
+            if self._body_reader is not None:  # the handler left before the body ended
+                self._body_reader.abandon()
             return
         buffered = bytes(self.cycle.body)
         self.cycle.body = bytearray()
@@ -116,7 +119,8 @@ class DaemonHttpProtocol(HttpToolsProtocol):
             sink(buffered)
         remaining = self._body_remaining()
         if remaining:  # the rest bypasses the parser, which starts afresh once it is read
-            self.transport.set_protocol(_BodyReader(self, remaining, sink))
+            self._body_reader = _BodyReader(self, remaining, sink)
+            self.transport.set_protocol(self._body_reader)
         self.flow.resume_reading()  # paused when that buffer passed uvicorn's high-water mark
 
     def _body_remaining(self) -> int:
@@ -131,6 +135,7 @@ class DaemonHttpProtocol(HttpToolsProtocol):
 
     def body_taken(self) -> None:
         """_BodyReader read the last byte: what the parser would say at the body's end."""
+        self._body_reader = None
         self.parser = httptools.HttpRequestParser(self)
         self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn does
         self.transport.set_protocol(self)
@@ -144,7 +149,7 @@ class _BodyReader(asyncio.BufferedProtocol):
     def __init__(self, http: DaemonHttpProtocol, remaining: int, sink: Sink) -> None:
         self._http = http
         self._remaining = remaining
-        self._sink = sink
+        self._sink: Sink | None = sink
         self._buffer = memoryview(bytearray(min(remaining, BODY_BUFFER_BYTES)))
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -152,9 +157,18 @@ class _BodyReader(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self._remaining -= nbytes
+        if self._sink is None:  # abandoned: the connection is closing
+            return
         self._sink(self._buffer[:nbytes])
         if not self._remaining:
             self._http.body_taken()
+
+    def abandon(self) -> None:
+        """The handler is gone mid-body (cancelled at shutdown): its sink, which writes to a
+        file it has closed, is never called again, and the connection, whose next bytes are
+        the rest of that body, is closed."""
+        self._sink = None
+        self._http.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._http.connection_lost(exc)  # the handler sees the client hang up
