@@ -85,8 +85,9 @@ def flush() -> None:
     to stdout; unconfigured, structlog's default renderer gives text)."""
     lines: list[bytes] = []
     processors = structlog.get_config()["processors"]
-    while _pending:
-        level, event, fields = _pending.pop(0)
+    batch = _pending[:]
+    _pending.clear()
+    for level, event, fields in batch:
         fields["event"] = event
         rendered: Any = fields
         try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from contextlib import AbstractContextManager
 
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -162,7 +161,7 @@ def _replay(body: bytes) -> Receive:
     return receive
 
 
-def _one_write(scope: Scope) -> AbstractContextManager[None]:
+def _one_write(scope: Scope) -> contextlib.AbstractContextManager[None]:
     """Gathers the response's writes where the daemon's own protocol serves the request."""
     writes = scope.get("extensions", {}).get(WRITES_KEY)
     return writes.gathered() if isinstance(writes, GatheredWrites) else contextlib.nullcontext()

@@ -285,21 +285,30 @@ def format_gpu_uuid(raw: Any) -> str | None:
     return f"GPU-{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
-def _probe(ctx: TaskContext, params: NoParams) -> TaskOutput:
-    xp = ctx.xp
-    values = xp.arange(1, PROBE_N + 1, dtype=xp.float64)
-    got = float((values * values).sum())
-    if got != PROBE_EXPECTED:
+def checked_probe(
+    ctx: TaskContext, got: float, array_module: str, rel_tol: float = 0.0
+) -> dict[str, Any]:
+    """The probe's check of 1² + … + n² and the fields every backend's probe reports."""
+    if not math.isclose(got, PROBE_EXPECTED, rel_tol=rel_tol):
         raise RuntimeError(
             f"probe: {ctx.device} computed {got} for 1²+…+{PROBE_N}², expected {PROBE_EXPECTED}"
         )
-    summary: dict[str, Any] = {
+    return {
         "backend": ctx.backend,
         "device": ctx.device,
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "array_module": type(values).__module__.split(".")[0],  # "numpy" or "cupy"
+        "array_module": array_module,
         "check": {"expected": PROBE_EXPECTED, "got": got, "ok": True},
+    }
+
+
+def _probe(ctx: TaskContext, params: NoParams) -> TaskOutput:
+    xp = ctx.xp
+    values = xp.arange(1, PROBE_N + 1, dtype=xp.float64)
+    module = type(values).__module__.split(".")[0]  # "numpy" or "cupy"
+    summary: dict[str, Any] = {
+        **checked_probe(ctx, float((values * values).sum()), module),
         "fallback_reason": ctx.info.get("fallback_reason"),
     }
     if ctx.backend == "cpu":

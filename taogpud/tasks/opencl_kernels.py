@@ -15,8 +15,6 @@ so two slot threads must never share one.
 from __future__ import annotations
 
 import math
-import os
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +29,6 @@ from taogpud.backends.opencl_probe import device_type_name
 from taogpud.errors import InvalidParams
 from taogpud.tasks.base import TaskContext, TaskOutput
 from taogpud.tasks.builtin import (
-    PROBE_EXPECTED,
     PROBE_N,
     MatmulParams,
     NoParams,
@@ -40,6 +37,7 @@ from taogpud.tasks.builtin import (
     check_matmul_shapes,
     check_matrix,
     check_real_input,
+    checked_probe,
 )
 
 # FP_CONTRACT OFF: NumPy rounds alpha*x and then +y; a fused multiply-add would differ in the
@@ -387,17 +385,8 @@ def probe(ctx: TaskContext, params: NoParams) -> TaskOutput:
     values: Any = np.arange(1, PROBE_N + 1, dtype=dtype)
     squares = cla.to_device(runtime.queue, values * values, allocator=runtime.allocator)
     got = float(runtime.kernels.of(np.dtype(dtype).name).sum(squares, queue=runtime.queue).get())
-    if not math.isclose(got, PROBE_EXPECTED, rel_tol=1e-6):
-        raise RuntimeError(
-            f"probe: {ctx.device} computed {got} for 1²+…+{PROBE_N}², expected {PROBE_EXPECTED}"
-        )
     summary: dict[str, Any] = {
-        "backend": ctx.backend,
-        "device": ctx.device,
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "array_module": "pyopencl",
-        "check": {"expected": PROBE_EXPECTED, "got": got, "ok": True},
+        **checked_probe(ctx, got, "pyopencl", rel_tol=1e-6),  # float32 where fp64 is missing
         "fallback_reason": None,
         **device_facts(runtime.queue.device),
     }
