@@ -192,7 +192,7 @@ def main() -> int:
 
 
 def render(results: list[dict[str, Any]], fuzzed: Any, home: Path, daemon: RunningDaemon) -> str:
-    logs = sorted(home.glob("stdout-*.log")) + sorted(home.glob("stderr-*.log"))
+    logs = sorted(home.glob("logs/stdout-*.log")) + sorted(home.glob("logs/stderr-*.log"))
     latencies = sorted(s for r in results for s in r["load"].latencies_s)
     p99 = latencies[int(0.99 * (len(latencies) - 1))] * 1e3 if latencies else float("nan")
     answers = "".join(a for r in results for a in r["load"].answers)
@@ -203,7 +203,7 @@ def render(results: list[dict[str, Any]], fuzzed: Any, home: Path, daemon: Runni
     lines += [
         "",
         f"most jobs ever running: "
-        f"{max(most_running(parsed(log)) for log in home.glob('stdout-*.log'))} "
+        f"{max(most_running(parsed(log)) for log in home.glob('logs/stdout-*.log'))} "
         f"(max_concurrent_tasks {MAX_CONCURRENT})",
         f"p99 submit→result with {CLIENTS} clients: {p99:.1f} ms over {len(latencies)} jobs",
         f"schemathesis: {fuzzed.cases} cases, {len(fuzzed.failures)} failures",

@@ -56,14 +56,20 @@ def to_toml(data: dict[str, Any], prefix: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def log_paths(home: Path, run: int) -> tuple[Path, Path]:
+    """stdout (the JSON trace) and stderr of a daemon's run, in a folder of their own: never
+    beside the config pair, whose folder the daemon watches (each log line would wake the
+    watcher, as no real install's logs do)."""
+    return home / "logs" / f"stdout-{run}.log", home / "logs" / f"stderr-{run}.log"
+
+
 class RunningDaemon:
     def __init__(self, proc: subprocess.Popen[bytes], home: Path, run: int = 0) -> None:
         self.proc = proc
         self.home = home
         self.run = run  # 0 for the first start in this home, then 1, 2, … after restarts
         self.socket_path = home / "taogpud.sock"
-        self.log_path = home / f"stdout-{run}.log"
-        self.err_path = home / f"stderr-{run}.log"
+        self.log_path, self.err_path = log_paths(home, run)
         self.settings_path = home / "settings.json"
         self.config_path = home / "config.toml"
         self.state_dir = home / "state"
@@ -160,7 +166,8 @@ def launch(
     child_env = {**os.environ, **(env or {})}
     if len(child_env.get("TAOTOKEN_API_KEY", "")) >= 8:
         KEYS_GIVEN.add(child_env["TAOTOKEN_API_KEY"])
-    out_path, err_path = home / f"stdout-{run}.log", home / f"stderr-{run}.log"
+    out_path, err_path = log_paths(home, run)
+    out_path.parent.mkdir(exist_ok=True)
     with out_path.open("wb") as out, err_path.open("wb") as err:
         proc = subprocess.Popen(command, stdout=out, stderr=err, env=child_env, cwd=home)
     daemon = RunningDaemon(proc, home, run)
