@@ -24,9 +24,9 @@ import uvicorn
 from taogpud import config, systemd, trace
 from taogpud import logging as tlog
 from taogpud.api.app import create_app
-from taogpud.api.hot import HotPath
+from taogpud.api.hot import JobSubmits
 from taogpud.api.listen import bind_unix_socket
-from taogpud.api.protocol import DaemonHttpProtocol
+from taogpud.api.protocol import serving_jobs
 from taogpud.arrays import ArrayStore
 from taogpud.errors import BackendUnavailable, ConfigError
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
@@ -153,8 +153,8 @@ class Daemon:
         self, state: DaemonState, sock: socket.socket
     ) -> tuple[_Server, asyncio.Task[None]]:
         server_config = uvicorn.Config(
-            HotPath(create_app(state), state),
-            http=DaemonHttpProtocol,
+            create_app(state),
+            http=serving_jobs(JobSubmits(state)),
             lifespan="off",
             log_config=None,
             access_log=False,

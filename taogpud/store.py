@@ -20,6 +20,7 @@ import json
 import sqlite3
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ class JobStore:
         self.keep_finished_s = keep_finished_s
         self._recent: OrderedDict[str, JobRecord] = OrderedDict()
         self._done: dict[str, asyncio.Event] = {}
+        self._when_finished: dict[str, list[Callable[[], None]]] = {}  # see when_finished()
         self._finished_in_memory = 0
         self._dirty: dict[str, JobRecord] = {}  # written at the next flush
         self._flush_timer: asyncio.TimerHandle | None = None
@@ -82,6 +84,8 @@ class JobStore:
         event = self._done.get(job.id)
         if event is not None:
             event.set()
+        for callback in self._when_finished.pop(job.id, ()):
+            asyncio.get_running_loop().call_soon(callback)
         self._finished_in_memory += 1
         if self._finished_in_memory > self.keep_finished:
             self._forget_oldest_finished()
@@ -121,6 +125,23 @@ class JobStore:
                 if len(picked) >= limit:
                     break
         return picked
+
+    def when_finished(self, job_id: str, callback: Callable[[], None]) -> bool:
+        """Have `callback` called soon after the job finishes, like a waiter woken, outside
+        the scheduler's own step; False (and no call) when it has finished already."""
+        event = self._done.get(job_id)
+        if event is None or event.is_set():
+            return False
+        self._when_finished.setdefault(job_id, []).append(callback)
+        return True
+
+    def forget(self, job_id: str, callback: Callable[[], None]) -> None:
+        """Undo when_finished (the waiter gave up first)."""
+        callbacks = self._when_finished.get(job_id, [])
+        if callback in callbacks:
+            callbacks.remove(callback)
+        if not callbacks:
+            self._when_finished.pop(job_id, None)
 
     async def wait(self, job_id: str, timeout_s: float) -> None:
         event = self._done.get(job_id)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import os
@@ -20,7 +19,6 @@ import numpy as np
 import pytest
 from conftest import RunningDaemon, start_daemon
 
-from taogpud.api.protocol import GatheredWrites
 from taogpud.client import ApiError
 from taogpud.pool import shm
 
@@ -438,35 +436,6 @@ def test_uploads_keep_shape_and_dtype(daemon: RunningDaemon) -> None:
     assert [v["nbytes"] for v in views] == [a.nbytes for a in arrays]
 
 
-def test_gathered_writes_leave_as_one_when_the_block_ends() -> None:
-    """The job route's head and body: held on a real transport, then sent in one piece."""
-
-    async def scenario() -> tuple[bytes, bytes]:
-        ours, theirs = socket.socketpair()
-        theirs.setblocking(False)
-        transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
-            asyncio.Protocol, ours
-        )
-        writes = GatheredWrites(transport)
-        with writes.gathered():
-            writes.write(b"HTTP/1.1 201 Created\r\n\r\n")
-            writes.write(b"{}")
-            await asyncio.sleep(0.05)
-            try:
-                early = theirs.recv(100)
-            except BlockingIOError:
-                early = b""
-        await asyncio.sleep(0.05)
-        later = theirs.recv(100)
-        transport.close()
-        theirs.close()
-        return early, later
-
-    early, later = asyncio.run(scenario())
-    assert early == b""  # nothing left while the block was open
-    assert later == b"HTTP/1.1 201 Created\r\n\r\n{}"
-
-
 def _responses(sock: socket.socket, count: int) -> list[tuple[int, Any]]:
     """`count` HTTP/1.1 responses with Content-Length bodies, read off one connection."""
     data, answers = b"", []
@@ -534,3 +503,77 @@ def test_an_upload_longer_than_its_header_says_is_refused_and_the_connection_ser
         (refused_status, refused), (health_status, _) = _responses(sock, 2)
     assert refused_status == 400 and "header says" in refused["message"]
     assert health_status == 200
+
+
+# -- the job route, served by the protocol (api/hot.py) -------------------------------------
+
+
+def _submit_bytes(body: bytes, query: str = "?wait_s=30") -> bytes:
+    return (
+        f"POST /v1/jobs{query} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def test_pipelined_submits_are_answered_in_order_on_one_connection(
+    daemon: RunningDaemon,
+) -> None:
+    """Three requests in one send (a waiting submit, one without wait_s, a health check):
+    three answers, in the order asked, and the connection serves on."""
+    slow = _submit_bytes(b'{"task": "sleep", "params": {"ms": 200}}')
+    quick = _submit_bytes(b'{"task": "noop"}', query="")
+    health = b"GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(daemon.socket_path))
+        sock.sendall(slow + quick + health)
+        (s1, first), (s2, second), (s3, third) = _responses(sock, 3)
+        sock.sendall(quick)
+        ((s4, fourth),) = _responses(sock, 1)
+    assert (s1, first["task"], first["status"]) == (201, "sleep", "succeeded")
+    assert (s2, second["task"]) == (201, "noop")  # answered once the first one was
+    assert (s3, third["ok"]) == (200, True)
+    assert (s4, fourth["task"]) == (201, "noop")
+
+
+def test_a_job_answer_leaves_in_one_write(daemon: RunningDaemon) -> None:
+    """Head and body of a submit's answer arrive together: the first read has them both."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(daemon.socket_path))
+        for _ in range(20):  # two writes would show as a head read alone, sooner or later
+            sock.sendall(_submit_bytes(b'{"task": "noop"}'))
+            first_read = sock.recv(65536)
+            head, _, body = first_read.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 201")
+            assert json.loads(body)["status"] == "succeeded"
+
+
+def test_a_submit_over_64_kib_is_served_by_the_framework(daemon: RunningDaemon) -> None:
+    """uvicorn stops reading a body past 64 KiB until the application reads it; such a
+    submit (here padded with JSON whitespace) goes to the FastAPI route and runs."""
+    body = b'{"task": "noop"' + b" " * 70_000 + b"}"
+    status, job = raw_request(daemon, "POST", "/v1/jobs?wait_s=10", body)
+    assert (status, job["status"]) == (201, "succeeded")
+
+
+def test_a_submit_waiting_at_sigterm_is_answered_with_its_job_as_it_is(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """SIGTERM while a client waits on a queued job: the running one finishes, then the
+    waiter gets its job, still queued (it runs after a restart), not a dropped connection."""
+    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 1}})
+    with daemon.client() as client:
+        running = client.submit("sleep", {"ms": 400})["id"]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(daemon.socket_path))
+        sock.sendall(_submit_bytes(b'{"task": "noop"}'))
+        daemon.wait_for_event(lambda e: e.get("event") == "job.queued" and e["task"] == "noop")
+        daemon.proc.send_signal(signal.SIGTERM)
+        ((status, job),) = _responses(sock, 1)
+        assert sock.recv(100) == b""  # then closed: the daemon is stopping
+    assert daemon.proc.wait(30) == 0
+    assert (status, job["status"]) == (201, "queued")
+    states = {e["job_id"]: e["event"] for e in daemon.events() if e.get("job_id")}
+    assert states[running] == "job.succeeded"

@@ -11,25 +11,28 @@ ASGI cannot give an application.
   the HTTP parser at all: a buffered protocol reads it from the socket into one reused
   buffer (uvloop would make a new bytes object of every read, and httptools another of
   every piece), then the parser starts afresh for the connection's next request.
-- A small response in one write: uvicorn writes the head and the body of a response
-  separately, two system calls here and often two reads and two wake-ups for the client.
-  The job route (api/hot.py) gathers them.
+- The job route without a task: a well-formed `POST /v1/jobs` is held back from uvicorn's
+  task per request, and once its body is whole `JobSubmits` (api/hot.py) serves it from
+  here, answering in one write; anything it does not take starts its task as usual.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from taogpud.api.peer import SCOPE_KEY, read_peer
 
+if TYPE_CHECKING:  # api/hot.py builds on the app, whose upload route builds on this module
+    from taogpud.api.hot import JobSubmits, WaitingAnswer
+
 BODY_KEY = "taogpud.body"  # scope["extensions"][BODY_KEY]: this request's BodyTap
-WRITES_KEY = "taogpud.writes"  # scope["extensions"][WRITES_KEY]: the connection's GatheredWrites
 Sink = Callable[[bytes | memoryview], None]  # must not keep the piece: its buffer is reused
 BODY_BUFFER_BYTES = 1 << 20
 
@@ -52,44 +55,17 @@ class BodyTap:
             self._protocol.divert_body(None)
 
 
-class GatheredWrites:
-    """Stands in for the connection's transport: within `gathered()` its writes are held and
-    leave as one when the block ends; everything else goes straight to the transport."""
-
-    def __init__(self, transport: Any) -> None:
-        self._transport = transport
-        self._held: list[bytes] | None = None
-
-    def write(self, data: bytes) -> None:
-        if self._held is None:
-            self._transport.write(data)
-        else:
-            self._held.append(data)
-
-    @contextlib.contextmanager
-    def gathered(self) -> Iterator[None]:
-        self._held = []
-        try:
-            yield
-        finally:
-            held, self._held = self._held, None
-            if held:
-                self._transport.write(b"".join(held))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 class DaemonHttpProtocol(HttpToolsProtocol):
+    job_submits: JobSubmits | None = None  # set by serving_jobs(): None serves all by ASGI
     _body_sink: Sink | None = None
     _body_seen = 0  # body bytes of this request the parser has passed on
     _body_reader: _BodyReader | None = None  # reading the rest of a body, past the parser
+    _held: RequestResponseCycle | None = None  # a job submit whose body is still coming
+    _waiting: WaitingAnswer | None = None  # a job submit's answer still to come
 
     def connection_made(self, transport: Any) -> None:
         self.taogpud_peer = read_peer(transport.get_extra_info("socket"))
         super().connection_made(transport)
-        self.taogpud_writes = GatheredWrites(transport)
-        self.transport = cast(Any, self.taogpud_writes)  # what its request cycles write to
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -97,7 +73,43 @@ class DaemonHttpProtocol(HttpToolsProtocol):
         extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
         extensions[SCOPE_KEY] = self.taogpud_peer
         extensions[BODY_KEY] = BodyTap(self)
-        extensions[WRITES_KEY] = self.taogpud_writes
+
+    # -- the job route ----------------------------------------------------------------------
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """uvicorn calls this when a request's head is read (or when a pipelined one gets
+        its turn): a submit the job route takes is held until its body is whole."""
+        submits = self.job_submits
+        if submits is None or not submits.takes(cycle):
+            super()._start_asgi_task(cycle, app)
+        elif cycle.more_body:
+            self._held = cycle
+        else:
+            self._serve_job(submits, cycle, app)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        cycle, self._held = self._held, None
+        if cycle is not None and self.job_submits is not None:
+            self._serve_job(self.job_submits, cycle, self.app)
+
+    def _serve_job(self, submits: JobSubmits, cycle: RequestResponseCycle, app: Any) -> None:
+        to_framework = functools.partial(HttpToolsProtocol._start_asgi_task, self, cycle, app)
+        self._waiting = submits.serve(cycle, to_framework)
+
+    def shutdown(self) -> None:
+        """The server is stopping: a submit still waiting for its job is answered now, with
+        the job as it is (queued jobs stay queued for the next start), then closed."""
+        super().shutdown()
+        if self._waiting is not None:
+            self._waiting.give()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._waiting is not None:
+            self._waiting.drop()  # the job runs on; nobody is left to answer
+        super().connection_lost(exc)
+
+    # -- bodies taken as they arrive --------------------------------------------------------
 
     def on_body(self, body: bytes) -> None:
         self._body_seen += len(body)
@@ -178,3 +190,8 @@ class _BodyReader(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._http.resume_writing()
+
+
+def serving_jobs(submits: JobSubmits) -> type[DaemonHttpProtocol]:
+    """The protocol class for uvicorn's `http=`, its connections serving the job route."""
+    return type("JobServingHttpProtocol", (DaemonHttpProtocol,), {"job_submits": submits})
