@@ -31,24 +31,24 @@ ADVICE: dict[str, str] = {
         "with our own framing, are what is left."
     ),
     "framework (FastAPI, Starlette, anyio)": (
-        "Each request crosses seven ASGI layers before the handler (ServerErrorMiddleware, "
-        "ExceptionTelemetryMiddleware, AppBodyLimitMiddleware, our RequestTrace and BodyLimit, "
-        "ExceptionMiddleware, AsyncExitStackMiddleware), then FastAPI's routing and "
-        "`solve_dependencies`. Fold RequestTrace and BodyLimit into one pure-ASGI middleware, "
-        "and serve the hot route (`POST /v1/jobs`) as a plain Starlette route that validates "
-        "the body with one `TypeAdapter.validate_json` (notes: FastAPI costs ~80 µs a request "
-        "over Starlette on this kind of host)."
+        "A job submit no longer reaches the framework: the connection's protocol serves a "
+        "well-formed `POST /v1/jobs` itself (api/hot.py). What shows here comes from other "
+        "routes (a job's `GET`, health, uploads), each through seven ASGI layers and "
+        "FastAPI's routing and `solve_dependencies`; folding RequestTrace and BodyLimit "
+        "into one middleware is what is left."
     ),
     "HTTP server (uvicorn, httptools)": (
-        "Mostly `RequestResponseCycle.send` writing the response (a socket write per "
-        "response) and httptools parsing: little to win here short of fewer requests."
+        "httptools parsing and uvicorn's callbacks around it: the scope and a "
+        "`RequestResponseCycle` built per request. A job submit has no task and no ASGI "
+        "messages and its answer leaves in one write; what is left is those per-request "
+        "objects, which the route still uses for keep-alive and pipelining."
     ),
     "event loop (uvloop, in C)": (
         "uvloop's own C code: epoll, socket and pipe reads and writes, running callbacks. For "
         "uploads the body is read by a buffered protocol into one reused buffer and written "
         "to the image with pwrite, so what shows here is mostly the kernel filling fresh "
         "/dev/shm pages; for tiny jobs it grows with the wake-ups per job (the request, the "
-        "worker's result, the waiter's Event), so fewer tasks and futures per job shrink it."
+        "worker's result, the answer's callback), so fewer tasks and futures per job shrink it."
     ),
     "pydantic (models, JSON)": (
         "Validating the request and the params, building the `JobRecord`, and its one JSON "
