@@ -3,6 +3,7 @@ a damaged store, a full disk, other users, idle connections and hostile requests
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import signal
@@ -143,6 +144,36 @@ def test_store_prunes_by_age_and_count(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "jobs.sqlite3") as db:
         left = sorted(row[0] for row in db.execute("SELECT id FROM jobs"))
     assert left == ["j03", "j04", "j05", "j06", "j07", "waiting"]
+
+
+def test_finish_callbacks_run_once_soon_after_and_can_be_forgotten(tmp_path: Path) -> None:
+    """when_finished: called once, in a later step of the loop than the finish itself; a
+    callback forgotten first is never called and leaves nothing behind."""
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        store = JobStore(tmp_path / "jobs.sqlite3")
+        calls: list[str] = []
+        for job_id in ("kept", "forgotten"):
+            store.add(JobRecord(id=job_id, task="noop", params={}))
+        callbacks = {
+            job_id: lambda job_id=job_id: calls.append(job_id) for job_id in ("kept", "forgotten")
+        }
+        assert all(store.when_finished(job_id, cb) for job_id, cb in callbacks.items())
+        store.forget("forgotten", callbacks["forgotten"])
+        for job_id in ("kept", "forgotten"):
+            job = store.get(job_id)
+            assert job is not None
+            job.status = JobState.succeeded
+            store.mark_finished(job)
+        during_the_finish = list(calls)
+        await asyncio.sleep(0)
+        assert not store.when_finished("kept", callbacks["kept"])  # finished: no later call
+        store.close()
+        return during_the_finish, calls
+
+    during_the_finish, calls = asyncio.run(scenario())
+    assert during_the_finish == []
+    assert calls == ["kept"]
 
 
 # -- a full disk -------------------------------------------------------------------------
