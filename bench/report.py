@@ -78,14 +78,17 @@ def _targets(targets: list[Target]) -> str:
     lines = [
         "## Targets (issue 8)",
         "",
-        "Ratio: the measured value against the goal, 1.00× or more is met.",
+        "Ratio: the measured value against the goal, 1.00× or more is met. A ratio whose "
+        "numbers varied more than 2× across the repeats (a busy host) bears no verdict: "
+        "it says so, with the spread.",
         "",
         "| target | measured in this run | ratio to goal | verdict |",
         "|---|---|---:|---|",
     ]
     for target in targets:
         ratio = "—" if target.ratio is None else f"{target.ratio:.2f}×"
-        measured = target.measured + (f" ({target.note})" if target.note else "")
+        notes = [text for text in (target.note, target.unsettled) if text]
+        measured = target.measured + (f" ({'; '.join(notes)})" if notes else "")
         lines.append(f"| {target.goal} | {measured} | {ratio} | **{target.verdict}** |")
     return "\n".join(lines)
 
@@ -184,8 +187,12 @@ def _profile(
     scenarios: list[Scenario] | None, targets: list[Target], advice: dict[str, str]
 ) -> str:
     lines = ["## 5. Where the time goes", ""]
-    if all(target.verdict != "missed" for target in targets):
+    if all(target.verdict == "met" for target in targets):
         return "\n".join([*lines, "Every target was met: no profile taken."])
+    if all(target.verdict != "missed" for target in targets):
+        return "\n".join(
+            [*lines, "No target was missed, but some bore no verdict: no profile taken."]
+        )
     if not scenarios:
         return "\n".join(
             [*lines, "A target was missed, but py-spy could not profile (see the log)."]

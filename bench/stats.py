@@ -13,6 +13,11 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+# Repeats further apart than this (best over worst) say more about the host than about
+# what was measured: a 512 MiB raw-socket row once ran 1.09–5.70 GiB/s on a busy host.
+STEADY_WITHIN = 2.0
+
+
 @dataclass(frozen=True)
 class Spread:
     """The median of repeated measurements with their min and max."""
@@ -28,6 +33,10 @@ class Spread:
 
     def text(self, spec: str = ",.0f") -> str:
         return f"{self.median:{spec}} ({self.low:{spec}}–{self.high:{spec}})"
+
+    def steady(self, within: float = STEADY_WITHIN) -> bool:
+        """Whether the repeats agree: the best no more than `within` × the worst."""
+        return self.high <= within * self.low
 
 
 @dataclass(frozen=True)
