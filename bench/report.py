@@ -78,9 +78,9 @@ def _targets(targets: list[Target]) -> str:
     lines = [
         "## Targets (issue 8)",
         "",
-        "Ratio: the measured value against the goal, 1.00× or more is met. A ratio whose "
-        "numbers varied more than 2× across the repeats (a busy host) bears no verdict: "
-        "it says so, with the spread.",
+        "Ratio: the measured value against the goal, 1.00× or more is met. A ratio with a "
+        "number whose median is more than 2× off its best repeat (most repeats disturbed: a "
+        "busy host) bears no verdict: it says so, with the spread.",
         "",
         "| target | measured in this run | ratio to goal | verdict |",
         "|---|---|---:|---|",

@@ -13,8 +13,8 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-# Repeats further apart than this (best over worst) say more about the host than about
-# what was measured: a 512 MiB raw-socket row once ran 1.09–5.70 GiB/s on a busy host.
+# A median further than this from the best repeat says more about the host than about what
+# was measured: a 512 MiB raw-socket row once ran a median of 1.90 GiB/s, its best 5.70.
 STEADY_WITHIN = 2.0
 
 
@@ -34,9 +34,12 @@ class Spread:
     def text(self, spec: str = ",.0f") -> str:
         return f"{self.median:{spec}} ({self.low:{spec}}–{self.high:{spec}})"
 
-    def steady(self, within: float = STEADY_WITHIN) -> bool:
-        """Whether the repeats agree: the best no more than `within` × the worst."""
-        return self.high <= within * self.low
+    def steady(self, higher_is_better: bool = True, within: float = STEADY_WITHIN) -> bool:
+        """Whether the median can be trusted: within `within` × the best repeat. One bad
+        repeat of three leaves the median alone; two of them drag it down with them."""
+        if higher_is_better:
+            return self.median * within >= self.high
+        return self.median <= within * self.low
 
 
 @dataclass(frozen=True)

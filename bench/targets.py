@@ -120,10 +120,11 @@ def _upload(sizes: list[SizeResult]) -> Target:
 
 
 def _unsettled(*spreads: tuple[str, Spread, str]) -> str:
-    """Why a ratio bears no verdict: one of its numbers varied too much across the repeats
-    (a busy host), or "" when they all held."""
+    """Why a ratio bears no verdict: the median of one of its numbers is less than half its
+    best repeat (a busy host), or "" when they all held. Rates are better high, ms low."""
     return "; ".join(
-        f"{name} ran {spread.low:,.3g}–{spread.high:,.3g} {unit} across the repeats"
+        f"{name} ran a median of {spread.median:,.3g} {unit}, its repeats "
+        f"{spread.low:,.3g}–{spread.high:,.3g}"
         for name, spread, unit in spreads
-        if not spread.steady()
+        if not spread.steady(higher_is_better=unit != "ms")
     )
