@@ -53,7 +53,8 @@ step "host packages: $(wc -l <"$WORK/host-requirements.txt") from $HOST_LIST"
 # The carried wheels, derived from this checkout's closure (the CI venv where there is one).
 DERIVE=python3
 [ -x .venv/bin/python ] && DERIVE=.venv/bin/python
-"$DERIVE" scripts/gpu_wheels.py --dest "$WORK/whl" | tail -1
+# (pip's warnings about this machine's extra index folders are dropped)
+"$DERIVE" scripts/gpu_wheels.py --dest "$WORK/whl" 2> >(grep -v "is ignored: it is neither" >&2) | tail -1
 SITE=$WORK/site
 rm -rf "$SITE"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-index --no-deps \
@@ -71,6 +72,8 @@ import taogpud
 OPTIONAL = {"ray", "pyopencl", "mako"}  # extras the GPU host does not have (ray, opencl)
 bad, skipped, count = [], [], 0
 for module in pkgutil.walk_packages(taogpud.__path__, "taogpud."):
+    if module.name.endswith("__main__"):
+        continue  # it runs the daemon
     try:
         importlib.import_module(module.name)
         count += 1
@@ -99,8 +102,10 @@ echo "$out" | sed 's/^/  /'
 grep -q "no GPU" <<<"$out" || { echo "gpu-replica: gpu_check.py did not say 'no GPU'" >&2; exit 1; }
 step "gpu_check.py exited 0 with no GPU"
 
-# 3. and 4. the check's test files: the gpu tests collect, the CPU tests pass
+# 3. and 4. the check's test files: the gpu tests collect, the CPU tests pass; with the
+# PYTHONPATH the check gives its pytest (the checkout first, then the carried wheels)
 mapfile -t FILES < <("$PY" scripts/gpu_check.py --test-files)
+export PYTHONPATH=$REPO:$SITE
 "$PY" -m pytest -q -p no:cacheprovider -m gpu --collect-only "${FILES[@]}" | tail -1
 step "pytest -m gpu --collect-only ok"
 "$PY" -m pytest -q -p no:cacheprovider -n 2 "${FILES[@]}" | tail -3

@@ -171,8 +171,21 @@ def _target_options() -> list[str]:
     return options
 
 
+def present(dest: Path) -> dict[str, str]:
+    """The wheels already in dest, name → version (from the wheel file names)."""
+    found = {}
+    for path in dest.glob("*.whl"):
+        name, version = path.name.split("-")[:2]
+        found[canonical(name)] = version
+    return found
+
+
 def download(pins: dict[str, str], dest: Path, python: str) -> None:
-    """Into a fresh folder beside dest, then swapped in: a failed download keeps the old."""
+    """Into a fresh folder beside dest, then swapped in: a failed download keeps the old.
+    Nothing to do where dest holds exactly these wheels already."""
+    if present(dest) == pins:
+        print(f"gpu-wheels: {dest} already holds exactly these wheels")
+        return
     dest.parent.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
@@ -181,8 +194,7 @@ def download(pins: dict[str, str], dest: Path, python: str) -> None:
              "-d", str(fresh), *(f"{name}=={version}" for name, version in sorted(pins.items()))],
             check=True, timeout=DOWNLOAD_TIMEOUT_S,
         )  # fmt: skip
-        got = {canonical(path.name.split("-")[0]) for path in fresh.glob("*.whl")}
-        if missing := set(pins) - got:
+        if missing := set(pins) - set(present(fresh)):
             raise SystemExit(f"gpu-wheels: pip downloaded no wheel for {sorted(missing)}")
         if dest.exists():
             shutil.rmtree(dest)
