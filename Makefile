@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv check test test-gpu gpu-check gpu-wheels demo bench deb clean
+.PHONY: venv check test test-gpu gpu-check gpu-wheels gpu-replica demo bench deb clean
 
 venv: $(STAMP)
 
@@ -31,9 +31,16 @@ test-gpu: venv
 gpu-check:
 	PYTHONUNBUFFERED=1 $(PY) scripts/gpu_check.py
 
-# The daemon's wheels for a GPU host without network (Python 3.12), into .whl/ (README: CUDA).
+# The daemon's wheels for a GPU host without network (Python 3.12), into .whl/
+# (docs/gpu-check.md): taogpud's closure minus packaging/gpu-host/packages.txt. No venv
+# needed: without one, pip resolves the closure.
 gpu-wheels:
-	PYTHON=$(PY) sh scripts/gpu_wheels.sh
+	sh scripts/gpu_wheels.sh
+
+# CI's "GPU-host replica" tier: Python 3.12 with only the GPU host's packages and the
+# carried wheels, installed as on that host; the daemon imports, the check runs.
+gpu-replica:
+	bash scripts/gpu_replica.sh
 
 demo: venv
 	$(PY) scripts/demo.py

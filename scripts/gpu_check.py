@@ -4,6 +4,13 @@ Writes bench/results/gpu-check.md (read by the bench report, bench/gpu.py) and
 bench/results/gpu-check-numbers.json, and copies both to $OUT when that is set. Every check
 runs in its own try: a failing one is reported with its error and the others still run.
 
+It cannot come back empty: one deadline bounds the whole run (GPU_CHECK_DEADLINE_S, 480 s by
+default, inside a device command's 10 minutes), each check's cap is its share of that
+deadline (never past what is left), every wait and subprocess has a timeout, the report is
+rewritten after every check, and a watchdog writes it and exits at the deadline if a check
+is stuck where no timeout reaches. It imports the daemon (taogpud.daemon, the API app) before
+anything else, so a missing package shows at once, then prints the versions it runs on.
+
     warm-up          first start on an empty kernel cache, then a restart warm from disk
     bandwidth        vector_add of 1e8 float32 through the daemon vs the device's D2D copy
     matmul_overhead  8192×8192 matmul through the daemon vs the same task body in-process
@@ -14,15 +21,19 @@ runs in its own try: a failing one is reported with its error and the others sti
     pytest_gpu       `pytest -m gpu` over the test files that hold gpu tests
 
 Targets (DESIGN §10, as ratios): vector_add ≥ 85 % of copy bandwidth; matmul overhead ≤ 3 %;
-warm ≥ 100× faster than cold. Runs in about 3–5 minutes; nothing here needs the network.
+warm ≥ 100× faster than cold. Bandwidth counts bytes read + written on both sides of the
+ratio. Runs in about 3–5 minutes; nothing here needs the network. docs/gpu-check.md.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,6 +49,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(1, str(REPO / "tests"))
 
+# The daemon first: on a host missing one of its packages this fails here, at once, and not
+# minutes later in a daemon's stderr (fastapi 0.165 importing opentelemetry did just that).
+importlib.import_module("taogpud.daemon")
+importlib.import_module("taogpud.api.app")
 from conftest import RunningDaemon, start_daemon  # noqa: E402
 
 from taogpud.cuda_samples import ILLEGAL_ADDRESS  # noqa: E402
@@ -57,45 +72,98 @@ GPU_CONFIG: dict[str, Any] = {
     "memory": {"pool_size_mb": 1024},
     "scheduling": {"max_concurrent_tasks": 8},
 }
-BIG_N = 100_000_000
-WARM_TIMEOUT_S = 300  # the daemon's own limit for warm-up (daemon.py)
+BIG_N = 100_000_000  # float32 elements of a and b, fewer where /dev/shm cannot hold them
+DEADLINE_S = float(os.environ.get("GPU_CHECK_DEADLINE_S", "480"))
+REPORT_RESERVE_S = 10.0  # kept back from every cap: stopping daemons, writing the report
+# Each check's cap, as its share of the deadline (they add up past 1: most finish early,
+# and a cap is never more than what is left).
+SHARES = {
+    "environment": 0.05,
+    "warm_up": 0.35,
+    "bandwidth": 0.12,
+    "matmul_overhead": 0.12,
+    "warm_vs_cold": 0.1,
+    "evidence": 0.04,
+    "sticky_error": 0.15,
+    "oom": 0.08,
+    "pytest_gpu": 0.3,
+}
+PYTEST_FILES = ["tests/test_gpu.py", "tests/test_tasks.py", "tests/test_doctor.py",
+                "tests/test_doctor_checks.py"]  # fmt: skip
+# What the check and the daemon import, by distribution name: their versions head the report
+DEPENDS_ON = ["cupy-cuda13x", "cupy-cuda12x", "numpy", "nvidia-ml-py", "fastapi", "starlette",
+              "uvicorn", "pydantic", "pydantic-settings", "structlog", "orjson", "httpx",
+              "typer", "rich", "watchfiles", "opentelemetry-api", "pytest"]  # fmt: skip
 MATMUL_N = 8192
 COLD_COMMAND = "import cupy; a = cupy.arange(1000, dtype=cupy.float32); print(float((a + a).sum()))"
 TARGETS = {"bandwidth": 0.85, "matmul_overhead": 0.03, "warm_vs_cold": 100.0}
 
 
 class Check:
-    """One check's outcome: its numbers, and its error if it failed."""
+    """One check's outcome: its numbers, and its error if it failed; `left_s()` is what its
+    cap leaves, the timeout for each wait and subprocess inside it."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, cap_s: float = DEADLINE_S) -> None:
         self.name = name
         self.ok = False
         self.seconds = 0.0
+        self.cap_s = cap_s
+        self.deadline = time.monotonic() + cap_s
         self.numbers: dict[str, Any] = {}
         self.error: str | None = None
+
+    def left_s(self, at_most: float = float("inf")) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{self.name}: its cap of {self.cap_s:.0f} s ran out")
+        return min(left, at_most)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "ok": self.ok,
             "seconds": round(self.seconds, 2),
+            "cap_s": round(self.cap_s, 1),
             "numbers": self.numbers,
             "error": self.error,
         }
 
 
+class Clock:
+    """The whole run's deadline, and each check's cap derived from it."""
+
+    def __init__(self, deadline_s: float = DEADLINE_S) -> None:
+        self.started = time.monotonic()
+        self.deadline_s = deadline_s
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def left_s(self) -> float:
+        return self.deadline_s - self.elapsed_s()
+
+    def cap_s(self, name: str) -> float:
+        return max(0.0, min(SHARES[name] * self.deadline_s, self.left_s() - REPORT_RESERVE_S))
+
+
 class GpuCheck:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, clock: Clock) -> None:
         self.home = home
+        self.clock = clock
         self.checks: list[Check] = []
+        self.current: Check | None = None  # the one running, for a report cut by the watchdog
+        self.daemons: list[RunningDaemon] = []  # every one started, stopped at the end
         self.daemon: RunningDaemon | None = None
         self.jobs: dict[str, Any] = {}  # jobs kept for later checks (the evidence)
 
     def run(self, name: str, body: Callable[[Check], None]) -> None:
-        check = Check(name)
+        check = Check(name, self.clock.cap_s(name))
+        self.current = check
         started = time.monotonic()
-        print(f"== {name}", flush=True)
+        print(f"== {name} (cap {check.cap_s:.0f} s)", flush=True)
         try:
+            if check.cap_s <= 0:
+                raise TimeoutError("no time left before the run's deadline")
             body(check)
             check.ok = True
         except Exception as exc:
@@ -104,11 +172,18 @@ class GpuCheck:
         check.seconds = time.monotonic() - started
         print(f"   {'ok' if check.ok else 'FAILED'} in {check.seconds:.1f} s: {check.numbers}")
         self.checks.append(check)
+        self.current = None
+        write(self.checks, self.clock.elapsed_s(), final=False)  # a cut run keeps this much
 
-    def client(self) -> Any:
+    def client(self, check: Check) -> Any:
         if self.daemon is None:
             raise RuntimeError("no daemon is running (the warm-up check failed)")
-        return self.daemon.client(timeout_s=600)
+        return self.daemon.client(timeout_s=check.left_s())
+
+    def stop_daemons(self) -> None:
+        for daemon in self.daemons:
+            if daemon.proc.poll() is None:
+                daemon.stop()
 
     # -- the checks ----------------------------------------------------------------------
 
@@ -116,26 +191,25 @@ class GpuCheck:
         import cupy
 
         props = cupy.cuda.runtime.getDeviceProperties(0)
+        check.numbers.update(environment_numbers())
         check.numbers.update(
             {
-                "python": platform.python_version(),
-                "cupy": cupy.__version__,
                 "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
                 "cuda_driver": cupy.cuda.runtime.driverGetVersion(),
                 "device": props["name"].decode(errors="replace"),
                 "compute_capability": f"{props['major']}.{props['minor']}",
-                "nvidia_smi": _run(["nvidia-smi", "-L"]),
+                "nvidia_smi": _run(["nvidia-smi", "-L"], check.left_s(30)),
             }
         )
 
     def warm_up(self, check: Check) -> None:
-        cold_s, cold = self._start()
+        cold_s, cold = self._start(check)
         check.numbers["first_start_s"] = round(cold_s, 2)
-        check.numbers["first_warmup_ms"] = _warmup_ms(cold)
+        check.numbers["first_warmup_ms"] = _warmup_ms(cold, check)
         cold.stop()
-        warm_s, self.daemon = self._start()
+        warm_s, self.daemon = self._start(check)
         check.numbers["restart_s"] = round(warm_s, 2)
-        check.numbers["restart_warmup_ms"] = _warmup_ms(self.daemon)
+        check.numbers["restart_warmup_ms"] = _warmup_ms(self.daemon, check)
         cached = [path for path in self._cache().rglob("*") if path.is_file()]
         check.numbers["kernel_cache_files"] = len(cached)
 
@@ -143,36 +217,42 @@ class GpuCheck:
         import cupy
         import numpy as np
 
-        copy_gbps, add_gbps = _device_copy_and_add_gbps(cupy, BIG_N)
-        with self.client() as client:
-            inputs, params = _big_inputs(client, np, check)
-            runs = [client.run("vector_add", params, inputs=inputs, wait_s=600) for _ in range(6)]
-        _succeeded(runs)
-        self.jobs["vector_add"] = runs[-1]
-        kernel_ms = statistics.median(job["timings"]["kernel_ms"] for job in runs[1:])
-        # c = a + b reads 2N and writes N floats; the checksum reads c again: 16 bytes each.
-        daemon_gbps = 16 * BIG_N / (kernel_ms / 1e3) / 1e9
+        n = fitting_elements(shm_bytes())
+        copy_gbps, add_gbps = _device_copy_and_add_gbps(cupy, n)
+        cupy.get_default_memory_pool().free_all_blocks()  # this process's a, b, c: gone
         check.numbers.update(
             {
-                "elements": BIG_N,
+                "elements": n,
+                "bytes_counted": BYTES_COUNTED,
                 "d2d_copy_GBps": round(copy_gbps, 1),
                 "inprocess_add_GBps": round(add_gbps, 1),
+                "inprocess_ratio": round(add_gbps / copy_gbps, 3),
+            }
+        )
+        with self.client(check) as client:
+            runs = _vector_add_runs(client, np, n, check)
+        self.jobs["vector_add"] = runs[-1]
+        kernel_ms = statistics.median(job["timings"]["kernel_ms"] for job in runs[1:])
+        # The kernel phase: c = a + b (reads 2N, writes N) and its checksum (reads c): 4N.
+        daemon_gbps = 4 * 4 * n / (kernel_ms / 1e3) / 1e9
+        check.numbers.update(
+            {
                 "daemon_vector_add_kernel_ms": round(kernel_ms, 3),
                 "daemon_vector_add_GBps": round(daemon_gbps, 1),
                 "ratio": round(daemon_gbps / copy_gbps, 3),
-                "inprocess_ratio": round(add_gbps / copy_gbps, 3),
                 "target": f">= {TARGETS['bandwidth']}",
             }
         )
 
     def matmul_overhead(self, check: Check) -> None:
         inprocess = _inprocess_task_s("matmul", {"n": MATMUL_N}, repeats=5)
-        with self.client() as client:
-            client.run("matmul", {"n": MATMUL_N}, wait_s=600)  # the daemon's first, off the clock
+        with self.client(check) as client:
+            # the daemon's first, off the clock
+            client.run("matmul", {"n": MATMUL_N}, wait_s=check.left_s())
             walls = []
             for _ in range(5):
                 started = time.perf_counter()
-                job = client.run("matmul", {"n": MATMUL_N}, wait_s=600)
+                job = client.run("matmul", {"n": MATMUL_N}, wait_s=check.left_s())
                 walls.append(time.perf_counter() - started)
                 _succeeded([job])
         daemon_s = statistics.median(walls)
@@ -188,17 +268,20 @@ class GpuCheck:
         )
 
     def warm_vs_cold(self, check: Check) -> None:
-        with self.client() as client:
-            client.run("vector_add", {"size": 1000}, wait_s=60)
+        with self.client(check) as client:
+            client.run("vector_add", {"size": 1000}, wait_s=check.left_s(60))
             walls = []
             for _ in range(50):
                 started = time.perf_counter()
-                _succeeded([client.run("vector_add", {"size": 1000}, wait_s=60)])
+                job = client.run("vector_add", {"size": 1000}, wait_s=check.left_s(60))
+                _succeeded([job])
                 walls.append(time.perf_counter() - started)
         colds = []
         for _ in range(3):
             started = time.perf_counter()
-            subprocess.run([sys.executable, "-c", COLD_COMMAND], check=True, capture_output=True)
+            result = bounded([sys.executable, "-c", COLD_COMMAND], check.left_s())
+            if result.returncode != 0:
+                raise RuntimeError(f"cold python -c exited {result.returncode}: {result.output}")
             colds.append(time.perf_counter() - started)
         warm, cold = statistics.median(walls), statistics.median(colds)
         check.numbers.update(
@@ -249,16 +332,15 @@ class GpuCheck:
             "block": [1],
             "args": [{"output": "o", "shape": [1]}],
         }
-        with self.client() as client:
+        with self.client(check) as client:
             before = client.status()["workers"][0]["pid"]
-            job = client.run("kernel", params, wait_s=120)
+            job = client.run("kernel", params, wait_s=check.left_s(120))
             failed_at = time.monotonic()
             while not _warm_again(client.status()["workers"][0], before):
-                if time.monotonic() - failed_at > 180:
-                    raise TimeoutError("the worker was not warm again within 180 s")
+                check.left_s()  # raises once the cap is spent
                 time.sleep(0.05)
             respawn_s = time.monotonic() - failed_at
-            after = client.run("vector_add", {"size": 1000}, wait_s=60)
+            after = client.run("vector_add", {"size": 1000}, wait_s=check.left_s(60))
         check.numbers.update(
             {
                 "job_status": job["status"],
@@ -277,8 +359,8 @@ class GpuCheck:
     def evidence(self, check: Check) -> None:
         job = self.jobs.get("vector_add")
         if job is None:
-            with self.client() as client:
-                job = client.run("vector_add", {"size": 10_000_000}, wait_s=60)
+            with self.client(check) as client:
+                job = client.run("vector_add", {"size": 10_000_000}, wait_s=check.left_s(60))
         check.numbers.update(
             {
                 "job": job["id"],
@@ -292,20 +374,19 @@ class GpuCheck:
                         "nvidia-smi",
                         "--query-compute-apps=pid,process_name,used_memory",
                         "--format=csv,noheader",
-                    ]
+                    ],
+                    check.left_s(30),
                 ),
             }
         )
 
     def pytest_gpu(self, check: Check) -> None:
-        files = ["tests/test_gpu.py", "tests/test_tasks.py", "tests/test_doctor.py",
-                 "tests/test_doctor_checks.py"]  # fmt: skip
+        # pytest's own per-test timeout below the cap, so a stuck test fails alone
+        per_test_s = max(int(check.left_s()) - 5, 1)
         command = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                   *files]  # fmt: skip
-        result = subprocess.run(
-            command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False
-        )
-        lines = (result.stdout + result.stderr).strip().splitlines()
+                   "-o", f"timeout={per_test_s}", *PYTEST_FILES]  # fmt: skip
+        result = bounded(command, check.left_s())
+        lines = result.output.strip().splitlines()
         check.numbers.update({"exit": result.returncode, "summary": lines[-1:] or [""]})
         check.numbers["tail"] = lines[-25:]
         if result.returncode != 0:
@@ -313,18 +394,21 @@ class GpuCheck:
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _start(self) -> tuple[float, RunningDaemon]:
+    def _start(self, check: Check) -> tuple[float, RunningDaemon]:
         """Start the daemon and wait for its health (minutes on an empty kernel cache)."""
         started = time.monotonic()
         daemon = start_daemon(
             self.home / "daemon", GPU_SETTINGS, GPU_CONFIG, env=self._env(), wait_ready=False
         )
+        self.daemons.append(daemon)
         while not _healthy(daemon):
             if daemon.proc.poll() is not None:
                 raise RuntimeError(f"taogpud exited {daemon.proc.returncode}: {daemon.stderr()}")
-            if time.monotonic() - started > WARM_TIMEOUT_S:
+            if time.monotonic() >= check.deadline:
                 daemon.stop()
-                raise TimeoutError(f"not ready after {WARM_TIMEOUT_S} s: {daemon.stderr()[-2000:]}")
+                raise TimeoutError(
+                    f"not ready within the cap of {check.cap_s:.0f} s: {daemon.stderr()[-2000:]}"
+                )
             time.sleep(0.02)
         return time.monotonic() - started, daemon
 
@@ -335,52 +419,63 @@ class GpuCheck:
         return self.home / "cupy-cache"
 
 
-def _big_inputs(client: Any, np: Any, check: Check) -> tuple[dict[str, str], dict[str, Any]]:
-    """a and b uploaded (the kernel phase is then c = a + b and its checksum alone); where
-    /dev/shm is too small for 2 × 400 MB, generated in the job, which the numbers then say
+# ---------------------------------------------------------------------------- bandwidth
+
+BYTES_COUNTED = (
+    "bytes read + bytes written, on both sides of every ratio: D2D copy of N floats = 2 × 4N; "
+    "in-process c = a + b = 3 × 4N; the daemon's vector_add kernel phase (c = a + b, then its "
+    "checksum reads c) = 4 × 4N"
+)
+
+
+def shm_bytes() -> tuple[int, int]:
+    """/dev/shm's (size, free) in bytes; (0, 0) where there is none."""
+    try:
+        usage = shutil.disk_usage("/dev/shm")
+    except OSError:
+        return 0, 0
+    return usage.total, usage.free
+
+
+def fitting_elements(shm: tuple[int, int], most: int = BIG_N) -> int:
+    """float32 elements per input such that a and b both fit at once: the daemon keeps
+    uploads within half of /dev/shm (daemon._array_budget_bytes) and evicts the oldest past
+    that, so a second upload larger than what is left would evict the first. 90 % of the
+    smaller of that half and what is free, over 2 arrays × 4 bytes; at least 1e6."""
+    size, free = shm
+    room = min(size // 2, 8 << 30, free)
+    return max(min(most, int(room * 0.9) // 8), 1_000_000)
+
+
+def _vector_add_runs(client: Any, np: Any, n: int, check: Check) -> list[dict[str, Any]]:
+    """Six vector_adds of n elements on uploaded a and b (the kernel phase is then c = a + b
+    and its checksum alone). Where uploading fails, or an input is gone by the time the job
+    runs (missing_input), the inputs are generated in the job instead, which the numbers say
     (the kernel phase then also draws a and b: a pessimistic bandwidth)."""
     from taogpud.client import ApiError
 
+    try:
+        inputs = _upload_inputs(client, np, n)
+        runs = [
+            client.run("vector_add", {}, inputs=inputs, wait_s=check.left_s()) for _ in range(6)
+        ]
+        _succeeded(runs)
+        check.numbers["inputs"] = "uploaded"
+        return runs
+    except (ApiError, AssertionError) as exc:
+        check.numbers["inputs"] = f"generated in the job (uploaded inputs failed: {exc})"
+    runs = [client.run("vector_add", {"size": n}, wait_s=check.left_s()) for _ in range(6)]
+    _succeeded(runs)
+    return runs
+
+
+def _upload_inputs(client: Any, np: Any, n: int) -> dict[str, str]:
     rng = np.random.default_rng(0)
-    try:
-        a = rng.random(BIG_N, dtype=np.float32)
-        ids = {"a": client.upload_array(a)["id"]}
-        del a
-        ids["b"] = client.upload_array(rng.random(BIG_N, dtype=np.float32))["id"]
-    except ApiError as exc:
-        check.numbers["inputs"] = f"generated in the job (upload failed: {exc.code}: {exc})"
-        return {}, {"size": BIG_N}
-    check.numbers["inputs"] = "uploaded"
-    return ids, {}
-
-
-def _healthy(daemon: RunningDaemon) -> bool:
-    from taogpud.client import DaemonUnreachable
-
-    if not daemon.socket_path.exists():
-        return False
-    try:
-        with daemon.client(timeout_s=5) as client:
-            return bool(client.health().get("ok"))
-    except DaemonUnreachable:
-        return False
-
-
-def _warm_again(worker: dict[str, Any], before: int) -> bool:
-    return bool(worker["state"] == "warm" and worker["pid"] != before)
-
-
-def _warmup_ms(daemon: RunningDaemon) -> list[float | None]:
-    with daemon.client() as client:
-        return [worker["warmup_ms"] for worker in client.status()["workers"]]
-
-
-def _succeeded(jobs: list[dict[str, Any]]) -> None:
-    for job in jobs:
-        if job["status"] != "succeeded" or job["backend"] != "cuda":
-            raise AssertionError(
-                f"job {job['id']}: {job['status']} on {job['backend']}: {job['error']}"
-            )
+    a = rng.random(n, dtype=np.float32)
+    ids = {"a": client.upload_array(a)["id"]}
+    del a
+    ids["b"] = client.upload_array(rng.random(n, dtype=np.float32))["id"]
+    return ids
 
 
 def _device_copy_and_add_gbps(cupy: Any, n: int) -> tuple[float, float]:
@@ -416,6 +511,38 @@ def _event_median_s(cupy: Any, work: Callable[[], None], repeats: int = 10) -> f
     return statistics.median(times)
 
 
+# ---------------------------------------------------------------------------- helpers
+
+
+def _healthy(daemon: RunningDaemon) -> bool:
+    from taogpud.client import DaemonUnreachable
+
+    if not daemon.socket_path.exists():
+        return False
+    try:
+        with daemon.client(timeout_s=5) as client:
+            return bool(client.health().get("ok"))
+    except DaemonUnreachable:
+        return False
+
+
+def _warm_again(worker: dict[str, Any], before: int) -> bool:
+    return bool(worker["state"] == "warm" and worker["pid"] != before)
+
+
+def _warmup_ms(daemon: RunningDaemon, check: Check) -> list[float | None]:
+    with daemon.client(timeout_s=check.left_s(30)) as client:
+        return [worker["warmup_ms"] for worker in client.status()["workers"]]
+
+
+def _succeeded(jobs: list[dict[str, Any]]) -> None:
+    for job in jobs:
+        if job["status"] != "succeeded" or job["backend"] != "cuda":
+            raise AssertionError(
+                f"job {job['id']}: {job['status']} on {job['backend']}: {job['error']}"
+            )
+
+
 def _inprocess_task_s(name: str, params: dict[str, Any], repeats: int) -> float:
     """The task's own body with CuPy in this process, wall time with a sync: what a user
     would write by hand, minus the daemon."""
@@ -438,32 +565,98 @@ def _inprocess_task_s(name: str, params: dict[str, Any], repeats: int) -> float:
     return statistics.median(once() for _ in range(repeats))
 
 
-def _run(command: list[str]) -> str:
+class Finished:
+    """A bounded subprocess's exit status and its stdout and stderr together."""
+
+    def __init__(self, returncode: int, output: str) -> None:
+        self.returncode = returncode
+        self.output = output
+
+
+def bounded(command: list[str], timeout_s: float) -> Finished:
+    """Run command in its own process group; past timeout_s the whole group is killed (a
+    pytest's daemons too) and what it printed so far is kept, exit 124 as timeout(1) says."""
+    proc = subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
     try:
-        return subprocess.run(
-            command, capture_output=True, text=True, timeout=30, check=False
-        ).stdout.strip()
+        output, _ = proc.communicate(timeout=timeout_s)
+        return Finished(proc.returncode, output)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return Finished(124, f"{output}\n[killed after {timeout_s:.0f} s]")
+
+
+def _run(command: list[str], timeout_s: float = 30) -> str:
+    try:
+        return bounded(command, timeout_s).output.strip()
     except OSError as exc:
         return f"{command[0]}: {exc}"
+
+
+# ---------------------------------------------------------------------------- versions
+
+
+def package_versions() -> dict[str, str | None]:
+    """The installed version of each distribution the check and the daemon import (the
+    first found on sys.path, i.e. a carried wheel before the host's)."""
+    versions: dict[str, str | None] = {}
+    for name in DEPENDS_ON:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def environment_numbers() -> dict[str, Any]:
+    """Python, the packages, NVML's driver and GPUs, /dev/shm: printed first, driver or not."""
+    from taogpud import nvml
+
+    inventory = nvml.inventory(read_process_names=False)
+    size, free = shm_bytes()
+    return {
+        "python": platform.python_version(),
+        "packages": package_versions(),
+        "driver": inventory.driver_version or inventory.reason,
+        "cuda_driver_version": inventory.cuda_driver_version,
+        "gpus": [
+            f"{gpu.name}, {gpu.memory_total_bytes // 2**20} MiB, cc {gpu.compute_capability}"
+            for gpu in inventory.devices
+        ],
+        "dev_shm_MiB": {"size": size // 2**20, "free": free // 2**20},
+        "bandwidth_elements": fitting_elements((size, free)),
+    }
 
 
 # ---------------------------------------------------------------------------- the report
 
 
-def render(checks: list[Check], total_s: float) -> str:
+def render(checks: list[Check], total_s: float, final: bool = True, cut: str | None = None) -> str:
+    state = f"{total_s:.0f} s in all" if final else f"{total_s:.0f} s so far, still running"
     lines = [
         "# GPU check",
         "",
-        f"Written by `scripts/gpu_check.py` (`make gpu-check`) on {_now()}, "
-        f"{total_s:.0f} s in all. Each check ran in its own try; a failed one shows its error.",
+        f"Written by `scripts/gpu_check.py` (`make gpu-check`) on {_now()}, {state} (deadline "
+        f"{DEADLINE_S:.0f} s). Each check ran in its own try, within its cap; a failed one "
+        "shows its error. Bandwidth: " + BYTES_COUNTED + ".",
         "",
-        "| check | result | seconds | target | measured |",
-        "|---|---|---|---|---|",
+    ]
+    if cut:
+        lines += [f"**Cut short**: {cut}", ""]
+    lines += [
+        "| check | result | seconds | cap s | target | measured |",
+        "|---|---|---|---|---|---|",
     ]
     for check in checks:
         target, measured = _headline(check)
         status = "ok" if check.ok else "FAILED"
-        lines.append(f"| {check.name} | {status} | {check.seconds:.1f} | {target} | {measured} |")
+        lines.append(
+            f"| {check.name} | {status} | {check.seconds:.1f} | {check.cap_s:.0f} | {target} "
+            f"| {measured} |"
+        )
     lines.append("")
     for check in checks:
         lines += [f"## {check.name}", ""]
@@ -498,7 +691,35 @@ def _headline(check: Check) -> tuple[str, str]:
     return "-", "see below"
 
 
+def watchdog(check: GpuCheck) -> threading.Timer:
+    """At the deadline, whatever is stuck: the report with what was measured, the running
+    check marked cut, the daemons killed, exit 3."""
+
+    def fire() -> None:
+        current = check.current
+        cut = f"the run's deadline of {DEADLINE_S:.0f} s passed"
+        if current is not None:
+            cut += f" during {current.name} (cap {current.cap_s:.0f} s)"
+            current.error = f"cut at the deadline: {current.numbers}"
+            current.seconds = time.monotonic() - (current.deadline - current.cap_s)
+        write([*check.checks, *([current] if current else [])], check.clock.elapsed_s(), cut=cut)
+        for daemon in check.daemons:
+            daemon.proc.kill()
+        print(f"gpu-check: {cut}; report written", flush=True)
+        os._exit(3)
+
+    timer = threading.Timer(max(check.clock.left_s(), 1.0), fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--test-files"]:  # for scripts/gpu_replica.sh
+        print("\n".join(PYTEST_FILES))
+        return 0
+    clock = Clock()
+    print("gpu-check: " + json.dumps(environment_numbers(), default=str), flush=True)
     from taogpud.backends.cuda import probe_cuda
 
     problem = probe_cuda([0])
@@ -511,33 +732,39 @@ def main() -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(REPO), os.environ.get("PYTHONPATH")])
     )
-    check = GpuCheck(home)
-    started = time.monotonic()
+    check = GpuCheck(home, clock)
+    timer = watchdog(check)
     try:
         for name in ("environment", "warm_up", "bandwidth", "matmul_overhead", "warm_vs_cold",
                      "evidence", "sticky_error", "oom"):  # fmt: skip
             check.run(name, getattr(check, name))
     finally:
-        if check.daemon is not None:
-            check.daemon.stop()
+        check.stop_daemons()
     check.run("pytest_gpu", check.pytest_gpu)
-    total_s = time.monotonic() - started
-    write(check.checks, total_s)
+    timer.cancel()
+    write(check.checks, clock.elapsed_s())
     shutil.rmtree(home, ignore_errors=True)
     return 0 if all(c.ok for c in check.checks) else 1
 
 
-def write(checks: list[Check], total_s: float) -> None:
+def write(checks: list[Check], total_s: float, final: bool = True, cut: str | None = None) -> None:
+    """The report and its numbers, in bench/results and in $OUT; rewritten whole each time."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     report = RESULTS / "gpu-check.md"
     numbers = RESULTS / "gpu-check-numbers.json"
-    report.write_text(render(checks, total_s))
-    numbers.write_text(json.dumps([c.as_dict() for c in checks], indent=2, default=str) + "\n")
+    _write_atomic(report, render(checks, total_s, final=final or cut is not None, cut=cut))
+    _write_atomic(numbers, json.dumps([c.as_dict() for c in checks], indent=2, default=str) + "\n")
     out = os.environ.get("OUT")
     if out:
         for path in (report, numbers):
             shutil.copy(path, Path(out) / path.name)
     print(f"wrote {report} and {numbers}", flush=True)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    scratch = path.with_suffix(path.suffix + ".tmp")
+    scratch.write_text(text)
+    scratch.replace(path)
 
 
 if __name__ == "__main__":

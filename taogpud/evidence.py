@@ -4,7 +4,13 @@ Inside a cuda worker: `NvmlWatch` finds the NVML device with the worker's CUDA P
 (CUDA_DEVICE_ORDER=PCI_BUS_ID makes the numbering agree, but the bus id is what both name
 alike), a `UtilizationSampler` thread reads its utilisation while jobs run (only then), and
 at the end of each job `job_evidence` turns what NVML said into the record's `evidence`.
-`job_evidence` and the sampler take plain data and a reader function: tests feed them.
+`job_evidence` and the sampler take plain data and reader functions: tests feed them.
+
+What a utilisation figure can say: NVML's reading is the share of its last sample window
+(1/6 s to 1 s, by product) in which a kernel ran, so a job shorter than that window can read
+0 % on a busy GPU. The window is recorded beside the peak, and such a job's utilisation is
+"too short to sample", never 0 %. The energy is NVML's total-energy counter of the whole
+device across the job's span: jobs that overlapped it (counted) and other processes share it.
 
 NVML lists host pids: in a container with its own pid namespace the worker's pid is not
 among them, and the evidence says so (`pid_seen_on_gpu: false` with a note), never guesses.
@@ -20,7 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SAMPLE_PERIOD_S = 0.05  # NVML's own utilisation window is 1/6 s to 1 s; faster adds nothing
+NVML_WINDOW_S = (1 / 6, 1.0)  # what one utilisation reading averages over, by product
 PIDS_SHOWN = 16
+TOO_SHORT = "too short to sample"
 
 
 def normalise_bus_id(bus_id: str) -> str:
@@ -37,8 +45,22 @@ class JobWindow:
     """The utilisation samples seen while one job ran."""
 
     started_s: float = field(default_factory=time.monotonic)
+    ended_s: float | None = None
     peak_percent: int | None = None
     samples: int = 0
+    energy_start_mj: int | None = None  # NVML's total-energy counter at the start, mJ
+    energy_end_mj: int | None = None
+    overlapped: int = 0  # other jobs on this device that ran during some part of this one
+
+    @property
+    def span_s(self) -> float:
+        return (self.ended_s if self.ended_s is not None else time.monotonic()) - self.started_s
+
+    @property
+    def energy_j(self) -> float | None:
+        if self.energy_start_mj is None or self.energy_end_mj is None:
+            return None
+        return (self.energy_end_mj - self.energy_start_mj) / 1000
 
     def add(self, percent: int | None) -> None:
         if percent is None:
@@ -55,8 +77,14 @@ class UtilizationSampler:
     an idle worker makes no NVML calls. The thread is started and retired under one lock,
     so a job that begins as the last one ends never finds the sampler half gone."""
 
-    def __init__(self, read: Callable[[], int | None], period_s: float = SAMPLE_PERIOD_S) -> None:
+    def __init__(
+        self,
+        read: Callable[[], int | None],
+        period_s: float = SAMPLE_PERIOD_S,
+        read_energy_mj: Callable[[], int | None] | None = None,
+    ) -> None:
         self._read = read
+        self._read_energy_mj = read_energy_mj
         self._period_s = period_s
         self._lock = threading.Lock()
         self._open: dict[int, JobWindow] = {}
@@ -64,9 +92,12 @@ class UtilizationSampler:
         self._thread: threading.Thread | None = None
 
     def begin(self) -> JobWindow:
-        window = JobWindow()
-        window.add(self._safe_read())  # a job shorter than one period still gets a sample
+        window = JobWindow(energy_start_mj=self._safe(self._read_energy_mj))
+        window.add(self._safe(self._read))  # a job shorter than one period still gets a sample
         with self._lock:
+            for other in self._open.values():  # both share the device's energy from now on
+                other.overlapped += 1
+            window.overlapped = len(self._open)
             self._open[id(window)] = window
             self._idle.clear()
             if self._thread is None:
@@ -75,7 +106,9 @@ class UtilizationSampler:
         return window
 
     def end(self, window: JobWindow) -> JobWindow:
-        window.add(self._safe_read())  # covers the job's last moments (NVML averages backwards)
+        window.add(self._safe(self._read))  # the job's last moments (NVML averages backwards)
+        window.energy_end_mj = self._safe(self._read_energy_mj)
+        window.ended_s = time.monotonic()
         with self._lock:
             self._open.pop(id(window), None)
             if not self._open:
@@ -90,7 +123,7 @@ class UtilizationSampler:
     def _loop(self) -> None:
         while True:
             idle = self._idle.wait(self._period_s)
-            percent = None if idle else self._safe_read()
+            percent = None if idle else self._safe(self._read)
             with self._lock:
                 if not self._open:
                     self._thread = None
@@ -98,9 +131,12 @@ class UtilizationSampler:
                 for window in self._open.values():
                     window.add(percent)
 
-    def _safe_read(self) -> int | None:
+    @staticmethod
+    def _safe(read: Callable[[], int | None] | None) -> int | None:
+        if read is None:
+            return None
         try:
-            return self._read()
+            return read()
         except Exception:  # NVML hiccups must never fail a job; the sample is simply missing
             return None
 
@@ -126,13 +162,49 @@ def job_evidence(
         "worker_pid": worker_pid,
         "pid_seen_on_gpu": seen,
         "gpu_pids": pids[:PIDS_SHOWN] if pids is not None else None,
-        "utilization_peak_percent": window.peak_percent,
-        "utilization_samples": window.samples,
+        **utilization(window),
+        **energy(window),
     }
     evidence["verdict"], note = _verdict(uuid_matches, seen, pids, cuda_uuid, nvml_uuid)
     if note:
         evidence["note"] = note
     return evidence
+
+
+def utilization(window: JobWindow) -> dict[str, Any]:
+    """The peak beside the window it was read over; a job shorter than NVML's longest
+    window that read nothing is "too short to sample", not 0 %."""
+    peak = window.peak_percent
+    span_s = window.span_s
+    fields: dict[str, Any] = {
+        "utilization_peak_percent": peak,
+        "utilization_samples": window.samples,
+        "utilization_window_s": [round(bound, 3) for bound in NVML_WINDOW_S],
+        "job_span_s": round(span_s, 4),
+    }
+    if not peak and span_s < NVML_WINDOW_S[1]:
+        fields["utilization_peak_percent"] = TOO_SHORT
+        fields["utilization_note"] = (
+            f"the job ran {span_s * 1000:.1f} ms, less than NVML's utilisation window "
+            f"({NVML_WINDOW_S[0]:.2f}-{NVML_WINDOW_S[1]:.0f} s): a reading of 0 says nothing"
+        )
+    return fields
+
+
+def energy(window: JobWindow) -> dict[str, Any]:
+    """The device's energy across the job's span, and who shares it."""
+    joules = window.energy_j
+    if joules is None:
+        return {"energy_j": None}
+    return {
+        "energy_j": round(joules, 3),
+        "energy_overlapping_jobs": window.overlapped,
+        "energy_note": (
+            "NVML's total-energy counter of the whole device over this job's span: the "
+            f"{window.overlapped} job(s) on it that overlapped this one, and any other process "
+            "on the GPU, share this figure"
+        ),
+    }
 
 
 def _verdict(
@@ -199,6 +271,13 @@ class NvmlWatch:
 
     def utilization_percent(self) -> int | None:
         return int(self._pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+
+    def energy_mj(self) -> int | None:
+        """mJ since the driver loaded (Volta and newer; NotSupported elsewhere: None)."""
+        try:
+            return int(self._pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+        except self._pynvml.NVMLError:
+            return None
 
     def compute_pids(self) -> list[int] | None:
         try:

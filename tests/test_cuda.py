@@ -293,8 +293,10 @@ def test_the_parent_of_a_process_is_read_from_proc() -> None:
 # ---------------------------------------------------------------------------- NVML evidence
 
 
-def window(*samples: int) -> JobWindow:
-    seen = JobWindow()
+def window(*samples: int, span_s: float = 2.0) -> JobWindow:
+    """A finished job's window that ran span_s (longer than NVML's window by default)."""
+    now = time.monotonic()
+    seen = JobWindow(started_s=now - span_s, ended_s=now)
     for sample in samples:
         seen.add(sample)
     return seen
@@ -348,6 +350,65 @@ def test_evidence_flags_cuda_and_nvml_disagreeing() -> None:
     )
     assert evidence["verdict"] == "uuid_mismatch"
     assert UUID in evidence["note"] and other in evidence["note"]
+
+
+def confirmed(seen: JobWindow) -> dict[str, Any]:
+    return job_evidence(
+        worker_pid=77,
+        cuda_uuid=UUID,
+        nvml_uuid=UUID,
+        pci_bus_id=None,
+        gpu_pids=[77],
+        window=seen,
+    )
+
+
+def test_evidence_records_nvmls_sample_window_beside_the_peak() -> None:
+    """A 2 s job: its peak, how long it ran, and the 1/6-1 s window NVML averages over."""
+    evidence = confirmed(window(0, 88, span_s=2.0))
+    assert evidence["utilization_peak_percent"] == 88
+    assert evidence["utilization_window_s"] == [0.167, 1.0]
+    assert evidence["job_span_s"] == pytest.approx(2.0, abs=0.01)
+    assert "utilization_note" not in evidence
+
+
+def test_a_job_shorter_than_the_window_is_too_short_to_sample_not_zero() -> None:
+    """A 40 ms job that read 0 %: 'too short to sample', with its span, never 0."""
+    evidence = confirmed(window(0, 0, span_s=0.04))
+    assert evidence["utilization_peak_percent"] == "too short to sample"
+    assert "40.0 ms" in evidence["utilization_note"]
+    busy = confirmed(window(0, 35, span_s=0.04))  # a short job NVML did see busy keeps it
+    assert busy["utilization_peak_percent"] == 35
+
+
+def test_the_energy_is_the_devices_counter_delta_shared_by_overlapping_jobs() -> None:
+    """Fed counter readings: each job gets its own delta; overlapping ones say they share it."""
+    counter = iter([1_000, 1_500, 4_000, 9_000, 20_000, 30_000])  # mJ, as NVML counts
+    sampler = UtilizationSampler(lambda: 50, period_s=10, read_energy_mj=lambda: next(counter))
+    alone = sampler.begin()  # 1_000
+    sampler.end(alone)  # 1_500
+    first = sampler.begin()  # 4_000
+    second = sampler.begin()  # 9_000: overlaps the first
+    sampler.end(first)  # 20_000
+    sampler.end(second)  # 30_000
+    assert confirmed(alone)["energy_j"] == 0.5
+    assert confirmed(alone)["energy_overlapping_jobs"] == 0
+    one, two = confirmed(first), confirmed(second)
+    assert (one["energy_j"], two["energy_j"]) == (16.0, 21.0)
+    assert one["energy_overlapping_jobs"] == two["energy_overlapping_jobs"] == 1
+    assert "overlapped" in one["energy_note"] and "share" in one["energy_note"]
+
+
+def test_no_energy_counter_gives_no_energy_figure() -> None:
+    """A GPU whose NVML has no energy counter (or a failing read): energy_j is None."""
+
+    def broken() -> int:
+        raise RuntimeError("NVML: Not Supported")
+
+    sampler = UtilizationSampler(lambda: 50, period_s=10, read_energy_mj=broken)
+    job = sampler.begin()
+    sampler.end(job)
+    assert confirmed(job)["energy_j"] is None
 
 
 def test_bus_ids_of_nvml_and_cuda_compare_equal() -> None:

@@ -616,6 +616,28 @@ def test_probe_on_cuda_reports_the_gpu(gpu: Backend) -> None:
     assert summary["compute_capability"]
 
 
+def summed_magnitude(arrays: Mapping[str, Any]) -> float:
+    """sum |element| over a task's outputs: the size of what its checksums add up."""
+    return float(sum(np.abs(np.asarray(array)).sum() for array in arrays.values()))
+
+
+def agrees_with(expected: float, scale: float) -> Any:
+    """Two valid float64 results agree to 1e-9 of themselves, or of the magnitude that was
+    summed: an fft's checksums are 0 plus rounding noise (±1e-12 here), which no relative
+    tolerance of 0 accepts; rounding grows with what was summed, and so does this."""
+    return pytest.approx(expected, rel=1e-9, abs=1e-9 * scale)
+
+
+def test_the_checksum_tolerance_takes_rounding_noise_not_a_wrong_answer() -> None:
+    """linspace's fft: checksums −9.1e-13 and 2.3e-13 (two valid FFTs) agree; 1e-3 off does not."""
+    spectrum = np.fft.fft(np.linspace(0, 1, 4096))
+    scale = summed_magnitude({"spectrum": spectrum})
+    assert agrees_with(2.3e-13, scale) == -9.1e-13
+    assert pytest.approx(2.3e-13, rel=1e-9) != -9.1e-13  # what the old tolerance said
+    assert agrees_with(2.3e-13, scale) != 1e-3
+    assert agrees_with(1.0, 1.0) != 1.0 + 1e-7  # a vector_add-sized checksum stays strict
+
+
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("name", ["vector_add", "saxpy", "reduce_sum", "fft", "sort"])
@@ -624,10 +646,9 @@ def test_builtins_on_cuda_match_numpy_for_the_same_inputs(gpu: Backend, name: st
     inputs = {key: np.linspace(0, 1, 4096) for key in tasks.get(name).inputs}
     on_gpu, gpu_arrays = run_task(gpu, name, {"dtype": "float64"}, inputs=inputs)
     on_cpu, cpu_arrays = run_task(create_backend(cpu_spec()), name, {"dtype": "float64"}, inputs)
+    scale = summed_magnitude(cpu_arrays)
     for key, value in on_cpu.items():
-        assert on_gpu[key] == (
-            pytest.approx(value, rel=1e-9) if isinstance(value, float) else value
-        )
+        assert on_gpu[key] == (agrees_with(value, scale) if isinstance(value, float) else value)
     for key, value in cpu_arrays.items():
         np.testing.assert_allclose(gpu_arrays[key], value, rtol=1e-9, atol=1e-9)
 

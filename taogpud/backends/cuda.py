@@ -283,7 +283,9 @@ class CudaBackend(Backend):
     def _open_nvml(self, pci_bus_id: str) -> None:
         self._watch = NvmlWatch(pci_bus_id)
         if self._watch.available:
-            self._sampler = UtilizationSampler(self._watch.utilization_percent)
+            self._sampler = UtilizationSampler(
+                self._watch.utilization_percent, read_energy_mj=self._watch.energy_mj
+            )
 
     def _stream(self, slot_index: int) -> Any:
         with self._streams_lock:
