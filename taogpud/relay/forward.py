@@ -63,6 +63,14 @@ class Exchange:
     tokens: Tokens = field(default_factory=Tokens)
     hung_up: bool = False
     stream: bool = False
+    on_end: Callable[[], None] | None = None  # once, just before the answer's last byte
+
+    def end(self) -> None:
+        """The answer is about to be whole: free the user's slot and count the tokens now,
+        so that a client's next request (sent as soon as it has the last byte) sees both."""
+        hook, self.on_end = self.on_end, None
+        if hook is not None:
+            hook()
 
 
 class RelayError(Exception):
@@ -128,11 +136,17 @@ class Relay:
         if over is not None:
             hint = f"wait {over.retry_after_s} s, or ask the admin about [relay.limits]"
             raise RelayError(429, ErrorBody("relay_limit", over.message, hint), over.retry_after_s)
+        exchange.on_end = lambda: self._ended(exchange)
         try:
             forwarding = self._forward(scope, send, body, exchange, snapshot)
             await _until_hang_up(receive, forwarding, exchange)
         finally:
-            self.limiter.release(exchange.uid)
+            exchange.end()
+
+    def _ended(self, exchange: Exchange) -> None:
+        self.limiter.release(exchange.uid)
+        if exchange.tokens.seen:
+            self.limiter.add_tokens(exchange.uid, exchange.tokens.total)
 
     async def _forward(
         self, scope: Scope, send: Send, body: bytes, exchange: Exchange, snapshot: ConfigSnapshot
@@ -177,8 +191,6 @@ class Relay:
         return Exchange(uid, via, scope["method"], path, tool_of(user_agent))
 
     def _finish(self, exchange: Exchange, snapshot: ConfigSnapshot) -> None:
-        if exchange.tokens.seen:
-            self.limiter.add_tokens(exchange.uid, exchange.tokens.total)
         model = exchange.model or "-"
         self.use.record(UseKey(exchange.uid, model, exchange.status), exchange.tokens)
         if request_trace_enabled():
@@ -290,9 +302,10 @@ async def _relay_body(response: httpx.Response, send: Send, exchange: Exchange) 
         if exchange.bytes_out <= MAX_JSON_BYTES:
             kept.append(piece)
         await send({"type": "http.response.body", "body": piece, "more_body": True})
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
     if exchange.bytes_out <= MAX_JSON_BYTES:
         usage_of_json(b"".join(kept), exchange.tokens)
+    exchange.end()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _relay_stream(
@@ -313,6 +326,7 @@ async def _relay_stream(
             event = _error_event(family, said)
             exchange.bytes_out += len(event)
             await send({"type": "http.response.body", "body": event, "more_body": True})
+    exchange.end()
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -340,6 +354,7 @@ async def _relay_error_answer(
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
     _count_out(exchange, body)
+    exchange.end()
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
