@@ -8,8 +8,11 @@ reached neither the client nor (daemon_home's check) any log.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -407,3 +410,38 @@ def test_tcp_listener_port_is_really_loopback(relayd: RunningDaemon) -> None:
     port = int(base.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=2):
         pass
+
+
+def ctl(daemon: RunningDaemon, home: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_CONFIG_HOME": str(home)}
+    env.pop("TAOTOKEN_API_KEY", None)
+    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+@pytest.mark.slow
+def test_taogpuctl_relay_token_env_status_and_doctor(
+    relayd: RunningDaemon, provider: FakeProvider, tmp_path: Any
+) -> None:
+    """`relay token` keeps the token 0600; `relay env` prints lines an SDK works with;
+    `relay status` shows the use; `doctor` passes the relay check end to end."""
+    saved = ctl(relayd, tmp_path, "relay", "token")
+    assert saved.returncode == 0, saved.stderr
+    path = tmp_path / "taogpud" / "relay-token"
+    assert path.stat().st_mode & 0o777 == 0o600
+    lines = ctl(relayd, tmp_path, "relay", "env", "--tool", "openai").stdout.splitlines()
+    env = dict(line.removeprefix("export ").split("=", 1) for line in lines)
+    assert env["OPENAI_API_KEY"] == path.read_text().strip()
+    client = kept(openai.OpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"]))
+    client.chat.completions.create(model="default", messages=[{"role": "user", "content": "x"}])
+    claw = ctl(relayd, tmp_path, "relay", "env", "--tool", "openclaw").stdout
+    entry = json.loads(claw.split("\n", 1)[1])["models"]["providers"]["taogpud"]
+    assert entry["api"] == "openai-completions" and entry["apiKey"] == env["OPENAI_API_KEY"]
+    status = json.loads(ctl(relayd, tmp_path, "relay", "status", "--json").stdout)
+    assert status["enabled"] and status["use"][0]["model"] == "claude-sonnet-4"
+    doctor = json.loads(ctl(relayd, tmp_path, "doctor", "--json").stdout)
+    relay_check = next(c for c in doctor["checks"] if c["name"] == "relay")
+    assert relay_check["status"] == "pass", relay_check
+    assert ctl(relayd, tmp_path, "relay", "token", "--revoke").returncode == 0
+    assert not path.exists()
+    assert_no_key(saved.stdout, saved.stderr, lines, claw, status, doctor)
