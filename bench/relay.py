@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import start_daemon  # noqa: E402
-from fake_provider import Reply, fake_provider, openai_stream  # noqa: E402
+from conftest import start_daemon
+from fake_provider import Reply, fake_provider, openai_stream
 
 KEY = "sk-bench-" + "0" * 24
 BODY = json.dumps({"model": "default", "messages": [{"role": "user", "content": "hi"}]})
