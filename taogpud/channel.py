@@ -646,3 +646,6 @@ def _hostname(url: str) -> str:
 
 def _suffix(said: str) -> str:
     return f" ({said})" if said else ""
+
+
+retry_after_s = _retry_after_s  # public: the relay honours Retry-After the same way

@@ -53,6 +53,7 @@ from taogpud.cli_output import (
 )
 from taogpud.client import NPY_MAGIC, ApiError, Client, DaemonUnreachable, Job
 from taogpud.errors import ConfigError, Problem
+from taogpud.relay.cli import relay_app, relay_check
 
 if TYPE_CHECKING:
     from taogpud.config import ConfigSnapshot
@@ -71,6 +72,7 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="The daemon's config: show, validate, status.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+app.add_typer(relay_app, name="relay")  # taogpud/relay/cli.py
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
 SettingsFlag = Annotated[Path | None, typer.Option("--settings", help="The settings.json to use.")]
@@ -604,6 +606,7 @@ def doctor_command(
             running = client.config()
             daemon = answer.get("daemon")
             checks = doctor_run.cli_checks(answer, running, client.socket_path, files, os.environ)
+            checks.append(relay_check(client))
     except DaemonUnreachable as exc:
         checks = doctor_run.offline_checks(exc.message, exc.hint, files, os.environ)
     ok = report_ok(checks)

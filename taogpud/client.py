@@ -132,6 +132,22 @@ class Client:
         }
         return self._dict("GET", f"/v1/doctor?{urlencode(query)}", wait_s=timeout_s)
 
+    # --- the relay (taogpud.relay) --------------------------------------------------------
+
+    def relay_token(self) -> dict[str, Any]:
+        """A new relay token for the caller ({uid, token, listen}); the old one stops working."""
+        return self._dict("POST", "/v1/relay/token")
+
+    def relay_revoke(self, uid: int | None = None) -> dict[str, Any]:
+        return self._dict("DELETE", "/v1/relay/token" + ("" if uid is None else f"?uid={uid}"))
+
+    def relay_status(self) -> dict[str, Any]:
+        return self._dict("GET", "/v1/relay/status")
+
+    def relay_models(self) -> tuple[int, bytes]:
+        """GET /v1/models through the relay on this socket: (HTTP status, body)."""
+        return self._request("GET", "/relay/v1/models", wait_s=PING_WAIT_S)
+
     # --- jobs -----------------------------------------------------------------------------
 
     def submit(

@@ -17,6 +17,7 @@ The API key never appears in a Problem, a repr, redacted() or diff().
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 from collections.abc import Mapping
@@ -332,6 +333,58 @@ class RaySection(BaseModel):
     ready_timeout_s: Number = Field(300, gt=0)  # an actor placed and warm (CUDA compiles)
 
 
+def check_loopback_listen(listen: str) -> str:
+    """`HOST:PORT` with a loopback IP literal (127.0.0.0/8, [::1]); "" = no TCP listener."""
+    if listen == "":
+        return listen
+    host, _, port = listen.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        fix = {"fix": 'use a loopback address like "127.0.0.1:8742" (or "" for none)'}
+        message = (
+            "is not a loopback address and port: the relay hands out the daemon's key, so it "
+            "listens on 127.0.0.0/8 or [::1] only"
+        )
+        raise PydanticCustomError("relay_listen", message, fix)
+    if not port.isdigit() or int(port) > 65535:
+        fix = {"fix": 'give a port 0-65535, like "127.0.0.1:8742" (0: any free port)'}
+        raise PydanticCustomError("relay_listen", "has no valid port", fix)
+    return listen
+
+
+RelayListen = Annotated[
+    str,
+    AfterValidator(check_loopback_listen),
+    Field(json_schema_extra=_allowed('"127.0.0.1:PORT", "[::1]:PORT" or ""')),
+]
+
+
+class RelayLimits(BaseModel):
+    """Per-user limits of the relay; absent = no limit."""
+
+    model_config = _SECTION
+    concurrent: Int | None = Field(None, ge=1)  # requests in flight at once
+    per_minute: Int | None = Field(None, ge=1)  # requests started in any 60 s
+    tokens_per_day: Int | None = Field(None, ge=1)  # tokens the provider reported, since 00:00 UTC
+
+
+class RelaySection(BaseModel):
+    """taogpud extension (issue 21): the AI tools' channel through the daemon (taogpud.relay)."""
+
+    model_config = _SECTION
+    enabled: bool = False  # the pass-through on the Unix socket (/relay/...) and on `listen`
+    listen: RelayListen = "127.0.0.1:8742"  # the loopback TCP listener; "" = Unix socket only
+    # where the daemon's key goes: "auto" = x-api-key on Anthropic-style paths (/v1/messages…),
+    # `Authorization: Bearer` on every other
+    key_header: Literal["auto", "authorization", "x-api-key"] = "auto"
+    max_body_mb: Int = Field(32, ge=1, le=1024)  # a request body, images included
+    limits: RelayLimits = RelayLimits()
+
+
 class ConfigFile(_LayeredSettings):
     """config.toml, snake_case as in the file."""
 
@@ -342,6 +395,7 @@ class ConfigFile(_LayeredSettings):
     api: ApiSection = ApiSection()
     scheduling: SchedulingSection = SchedulingSection()
     ray: RaySection = RaySection()
+    relay: RelaySection = RelaySection()
 
 
 # ---- the snapshot -------------------------------------------------------------------------

@@ -33,6 +33,9 @@ from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.pool import shm
 from taogpud.pool.executor import create_pool
 from taogpud.pool.plan import plan_workers
+from taogpud.relay import listen as relay_listen
+from taogpud.relay.forward import Relay
+from taogpud.relay.listen import RelayListener
 from taogpud.reload import Reloader, watch_files
 from taogpud.scheduler import Policy, Scheduler
 from taogpud.state import DaemonState
@@ -69,6 +72,7 @@ class Daemon:
         self._reloader: Reloader | None = None
         self._signals_seen = 0
         self._owns_socket_file = True
+        self._relay: tuple[socket.socket | None, RelayListener | None, Relay | None] = (None,) * 3
         self.exit_hooks_safe = True  # the pool's word, read once the store is closed
 
     async def run(self) -> int:
@@ -99,6 +103,7 @@ class Daemon:
 
         Binding comes first: a second daemon on a live socket fails before it spawns
         anything, and clients that connect while the workers warm wait in the backlog."""
+        self._relay = (relay_listen.inherited_socket(), None, None)  # before listen_socket()
         inherited = systemd.listen_socket()
         self._owns_socket_file = inherited is None  # systemd's socket unit owns its file
         sock = inherited or bind_unix_socket(self.socket_path)
@@ -152,8 +157,9 @@ class Daemon:
     async def _serve(
         self, state: DaemonState, sock: socket.socket
     ) -> tuple[_Server, asyncio.Task[None]]:
+        app = create_app(state)
         server_config = uvicorn.Config(
-            create_app(state),
+            app,
             http=serving_jobs(JobSubmits(state)),
             lifespan="off",
             log_config=None,
@@ -167,6 +173,8 @@ class Daemon:
             await asyncio.sleep(0.005)
         if serving.done():
             serving.result()  # raises what stopped the server
+        relay_sock = self._relay[0]
+        self._relay = (None, await relay_listen.start(app.state.relay, relay_sock), app.state.relay)
         return server, serving
 
     async def _shutdown(
@@ -183,6 +191,7 @@ class Daemon:
             state.scheduler.interrupt_running()
         server.should_exit = True
         await serving
+        await relay_listen.stop(*self._relay[1:])
         await state.pool.stop(WORKER_STOP_TIMEOUT_S)
         state.arrays.release_unused()  # /dev/shm is memory: keep only what queued jobs need
         self._remove_socket_file()

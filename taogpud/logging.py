@@ -111,7 +111,8 @@ def _orjson_dumps(event: Any, **_: Any) -> bytes:
     return orjson.dumps(event, default=str)
 
 
-JOURNAL_EVENT_PREFIX = "job."  # the job trace (taogpud.trace): its fields become journal fields
+# the job trace (taogpud.trace) and the relay's (taogpud.relay): their fields become journal fields
+JOURNAL_EVENT_PREFIX = ("job.", "relay.request")
 
 
 def render(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> bytes:

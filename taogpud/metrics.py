@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from taogpud.state import DaemonState
@@ -45,7 +46,13 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
 
 
+# Collectors of the daemon's other rooms (the relay's), by name: a new one replaces the old.
+EXTRA_COLLECTORS: dict[str, Collector] = {}
+
+
 def render_metrics(daemon: DaemonState) -> tuple[bytes, str]:
     registry = CollectorRegistry()
     registry.register(DaemonCollector(daemon))
+    for collector in EXTRA_COLLECTORS.values():
+        registry.register(collector)
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,12 +1,15 @@
-"""A real OpenAI-compatible HTTP server on 127.0.0.1 for the API channel's tests.
+"""A real OpenAI- and Anthropic-compatible HTTP server on 127.0.0.1 for the channel's tests.
 
-It answers POST .../v1/chat/completions from a script of replies (then a default one) and
-records what it received. It checks the Authorization header itself and keeps only whether
-it matched: the key is never stored, printed or compared outside the server.
+It answers POST (and GET) on any path from a script of replies (then a default one) and
+records what it received. It checks the Authorization and x-api-key headers itself and keeps
+only whether they matched: the key is never stored, printed or compared outside the server.
+A reply with `events` is a server-sent-event stream, chunked, one chunk per event as the
+real providers send them; `break_after` drops the connection mid-stream (no last chunk).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -24,6 +27,10 @@ class Reply:
     body: bytes | dict[str, Any] | None = None  # None: a chat completion
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    events: tuple[bytes, ...] | None = None  # an SSE stream instead of a body
+    event_delay_s: float = 0.0  # between two events
+    break_after: int | None = None  # drop the connection after this many events
+    echo_auth: bool = False  # a 401 that repeats the credentials it got, as real ones do
 
 
 OK = Reply()
@@ -45,6 +52,67 @@ def completion(model: str = "claude-sonnet", content: str = "pong") -> dict[str,
     }
 
 
+def openai_stream(model: str, words: int = 3, usage: bool = True) -> tuple[bytes, ...]:
+    """A chat completion stream as OpenAI sends it: chunks, a usage chunk, [DONE]."""
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        body = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model}
+        return b"data: " + json.dumps({**body, "choices": [choice]}).encode() + b"\n\n"
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": f"w{i} "}) for i in range(words)]
+    events.append(chunk({}, "stop"))
+    if usage:
+        tail = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": model}
+        tail |= {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": words}}
+        events.append(b"data: " + json.dumps(tail).encode() + b"\n\n")
+    return (*events, b"data: [DONE]\n\n")
+
+
+def anthropic_stream(model: str, words: int = 3) -> tuple[bytes, ...]:
+    """A Messages stream as Anthropic sends it: message_start … message_stop."""
+
+    def event(name: str, data: dict[str, Any]) -> bytes:
+        return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
+
+    message = {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 7, "output_tokens": 1},
+    }  # fmt: skip
+    events = [
+        event("message_start", {"message": message}),
+        event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+    ]
+    events += [
+        event(
+            "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": f"w{i} "}}
+        )
+        for i in range(words)
+    ]
+    events += [
+        event("content_block_stop", {"index": 0}),
+        event(
+            "message_delta",
+            {
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": words},
+            },
+        ),
+        event("message_stop", {}),
+    ]
+    return tuple(events)
+
+
+def anthropic_message(model: str) -> dict[str, Any]:
+    return {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": model,
+        "content": [{"type": "text", "text": "pong"}], "stop_reason": "end_turn",
+        "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1},
+    }  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Seen:
     """One request as the server saw it: the key itself is not kept."""
@@ -53,11 +121,16 @@ class Seen:
     has_auth: bool
     auth_matches: bool  # Authorization == "Bearer <expected key>"
     body: Any
+    method: str = "POST"
+    x_api_key_matches: bool = False  # x-api-key == the expected key
+    headers: dict[str, str] = field(default_factory=dict)  # the key's own value as "<key>"
 
 
 class FakeProvider:
     def __init__(self, expected_key: str | None) -> None:
         self._expected = None if expected_key is None else f"Bearer {expected_key}"
+        self._expected_raw = expected_key
+        self.stream_ends: list[str] = []  # per stream: "complete" | "client_gone" | "broken"
         self.script: list[Reply] = []
         self.default = OK
         self.require_auth = False  # True: a request without the expected key gets a 401
@@ -81,33 +154,55 @@ class FakeProvider:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are separate writes
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                self.do_POST()
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 auth = self.headers.get("Authorization")
+                x_api_key = self.headers.get("x-api-key")
                 try:
                     body = json.loads(raw)
                 except ValueError:
                     body = raw
                 matches = provider._expected is not None and auth == provider._expected
+                x_matches = (
+                    provider._expected_raw is not None and x_api_key == provider._expected_raw
+                )
+                headers = {
+                    name.lower(): "<key>" if value in (provider._expected, provider._expected_raw)
+                    else value
+                    for name, value in self.headers.items()
+                }  # fmt: skip
+                seen = Seen(
+                    self.path, auth is not None, matches, body, self.command, x_matches, headers
+                )
                 with provider._lock:
-                    provider.seen.append(Seen(self.path, auth is not None, matches, body))
-                if provider.require_auth and not matches:
+                    provider.seen.append(seen)
+                if provider.require_auth and not (matches or x_matches):
                     # as real providers do, the refusal echoes what it got: the channel must
                     # keep that out of everything it shows
                     message = f"Incorrect API key provided: {auth}"
                     reply = Reply(401, {"error": {"message": message, "type": "auth_error"}})
                 else:
                     reply = provider.next_reply()
+                if reply.echo_auth:
+                    message = f"Incorrect API key provided: {auth} / {x_api_key}"
+                    reply = Reply(401, {"error": {"message": message, "type": "auth_error"}})
                 asked = body.get("model") if isinstance(body, dict) else None
                 self._send(reply, asked if isinstance(asked, str) else "claude-sonnet")
 
             def _send(self, reply: Reply, model: str) -> None:
                 time.sleep(reply.delay_s)
+                if reply.events is not None:
+                    self._stream(reply)
+                    return
                 if reply.body is None:
                     payload = json.dumps(completion(model)).encode()  # echoes the model asked
                 elif isinstance(reply.body, dict):
@@ -124,6 +219,35 @@ class FakeProvider:
                     self.wfile.write(payload)
                 except OSError:
                     pass  # the client gave up (a timeout test): nothing to answer
+
+            def _stream(self, reply: Reply) -> None:
+                """Chunked SSE, one chunk per event; `break_after`: close without the end."""
+                end = "complete"
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    for index, event in enumerate(reply.events or ()):
+                        if reply.break_after is not None and index >= reply.break_after:
+                            end = "broken"
+                            break
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                        self.wfile.flush()
+                        time.sleep(reply.event_delay_s)
+                    else:
+                        self.wfile.write(b"0\r\n\r\n")
+                        self.wfile.flush()
+                except OSError:
+                    end = "client_gone"
+                if end != "complete":
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                with provider._lock:
+                    provider.stream_ends.append(end)
 
         return Handler
 

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from taogpud import __version__
+from taogpud import __version__, relay
 from taogpud.api import arrays, channel, config, doctor, jobs, system
 from taogpud.api.peer import SCOPE_KEY
 from taogpud.errors import ErrorBody, TaogpudError
@@ -40,6 +40,7 @@ def create_app(state: DaemonState) -> FastAPI:
     app.add_exception_handler(Exception, _unexpected_error)
     app.add_middleware(BodyLimit, state=state)
     app.add_middleware(RequestTrace)
+    relay.mount(app, state)  # /relay/... (the AI channel, taogpud.relay) and /v1/relay/...
     return app
 
 

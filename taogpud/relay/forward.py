@@ -1,0 +1,475 @@
+"""The relay's ASGI side: who may call, the answer streamed to the client, one trace line.
+
+    Relay.serve(scope, receive, send, path, uid)   one request, whoever let it in
+    UnixRelay    /relay/... on the daemon's socket: the caller is SO_PEERCRED's uid
+    TcpRelay     the loopback listener: the Host must be its own, the caller a relay token
+
+Answers of the relay itself use the API's one error shape {code, message, hint}; answers of
+the provider go to the client as they came (an error body with the key scrubbed from it), a
+stream piece by piece as it arrives. A client that hangs up cancels the upstream request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from taogpud import trace
+from taogpud.api.peer import SCOPE_KEY
+from taogpud.channel import ChannelSettings, Scrubber, public_url
+from taogpud.config import ConfigSnapshot, RelaySection
+from taogpud.errors import ErrorBody
+from taogpud.jobs import Peer
+from taogpud.logging import request_trace_enabled
+from taogpud.relay import upstream
+from taogpud.relay.limits import Limiter
+from taogpud.relay.tokens import TokenStore
+from taogpud.relay.tools import tool_of
+from taogpud.relay.usage import MAX_JSON_BYTES, StreamUsage, Tokens, UseKey, UseTable, usage_of_json
+
+PREFIX = "/relay"  # on the Unix socket: /relay/v1/chat/completions → {base}/v1/chat/completions
+MAX_ERROR_BYTES = 1 << 20  # an upstream error body is read whole, to scrub the key from it
+DROPPED_RESPONSE_HEADERS = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "set-cookie", "content-length"}
+)
+
+
+@dataclass
+class Exchange:
+    """What one request did: the fields of its trace line."""
+
+    uid: int | None
+    via: str  # "unix" | "tcp"
+    method: str
+    path: str
+    tool: str
+    started: float = field(default_factory=time.perf_counter)
+    status: int = 0
+    code: str | None = None  # the relay's own error code, when it answered itself
+    alias: str | None = None
+    model: str | None = None
+    attempts: int = 0
+    ttfb_ms: float | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    tokens: Tokens = field(default_factory=Tokens)
+    hung_up: bool = False
+    stream: bool = False
+    on_end: Callable[[], None] | None = None  # once, just before the answer's last byte
+
+    def end(self) -> None:
+        """The answer is about to be whole: free the user's slot and count the tokens now,
+        so that a client's next request (sent as soon as it has the last byte) sees both."""
+        hook, self.on_end = self.on_end, None
+        if hook is not None:
+            hook()
+
+
+class RelayError(Exception):
+    def __init__(self, status: int, body: ErrorBody, retry_after_s: int | None = None) -> None:
+        super().__init__(body.message)
+        self.status = status
+        self.body = body
+        self.retry_after_s = retry_after_s
+
+
+class Relay:
+    """The channel for AI tools. One per daemon; shared by the Unix mount and the TCP listener."""
+
+    def __init__(self, snapshot: Callable[[], ConfigSnapshot], tokens: TokenStore) -> None:
+        self._snapshot = snapshot
+        self.tokens = tokens
+        self.limiter = Limiter()
+        self.use = UseTable()
+        self.tcp_address: str | None = None  # "127.0.0.1:PORT" once the listener is bound
+        self._rng = random.Random()
+        self._client = httpx.AsyncClient(
+            trust_env=True,
+            follow_redirects=False,
+            timeout=None,  # each request sets its own (upstream.Outgoing.timeout_s)
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+        )
+
+    def settings(self) -> RelaySection:
+        return self._snapshot().config.relay
+
+    def snapshot(self) -> ConfigSnapshot:
+        return self._snapshot()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def serve(
+        self, scope: Scope, receive: Receive, send: Send, path: str, uid: int | None, via: str
+    ) -> None:
+        exchange = self._exchange(scope, path, uid, via)
+        snapshot = self._snapshot()
+        try:
+            if not snapshot.config.relay.enabled:
+                raise RelayError(404, _disabled())
+            body = await _read_body(receive, snapshot.config.relay.max_body_mb << 20)
+            exchange.bytes_in = len(body)
+            await self._admitted(scope, receive, send, body, exchange, snapshot)
+        except RelayError as exc:
+            await _answer_error(send, exc, exchange)
+        finally:
+            self._finish(exchange, snapshot)
+
+    async def _admitted(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        body: bytes,
+        exchange: Exchange,
+        snapshot: ConfigSnapshot,
+    ) -> None:
+        over = self.limiter.admit(exchange.uid, snapshot.config.relay.limits)
+        if over is not None:
+            hint = f"wait {over.retry_after_s} s, or ask the admin about [relay.limits]"
+            raise RelayError(429, ErrorBody("relay_limit", over.message, hint), over.retry_after_s)
+        exchange.on_end = lambda: self._ended(exchange)
+        try:
+            forwarding = self._forward(scope, send, body, exchange, snapshot)
+            await _until_hang_up(receive, forwarding, exchange)
+        finally:
+            exchange.end()
+
+    def _ended(self, exchange: Exchange) -> None:
+        self.limiter.release(exchange.uid)
+        if exchange.tokens.seen:
+            self.limiter.add_tokens(exchange.uid, exchange.tokens.total)
+
+    async def _forward(
+        self, scope: Scope, send: Send, body: bytes, exchange: Exchange, snapshot: ConfigSnapshot
+    ) -> None:
+        channel = ChannelSettings.from_snapshot(snapshot)
+        aliased = upstream.resolve_alias(body, channel.models)
+        exchange.alias, exchange.model = aliased.alias, aliased.model
+        family = upstream.family_of(exchange.path)
+        key = upstream.key_header(channel.api_key, snapshot.config.relay.key_header, family)
+        out = upstream.Outgoing(
+            exchange.method,
+            upstream.upstream_url(channel.base_url, exchange.path, scope.get("query_string", b"")),
+            upstream.request_headers(scope["headers"], key),
+            aliased.body,
+            channel.timeout_s,
+            channel.max_retries,
+        )
+        scrub = Scrubber(channel.api_key)
+        try:
+            opened = await upstream.open_upstream(self._client, out, self._rng)
+        except upstream.UpstreamFailed as exc:
+            exchange.attempts = exc.attempts
+            body_ = ErrorBody(exc.code, scrub(exc.message), exc.hint)
+            raise RelayError(exc.status, body_) from None
+        exchange.attempts = opened.attempts
+        response = opened.response
+        try:
+            await _relay_response(response, send, exchange, family, scrub)
+        finally:
+            await response.aclose()
+
+    async def refuse(self, scope: Scope, send: Send, exc: RelayError) -> None:
+        """Answer a request the listener turned away before reading it (traced all the same)."""
+        exchange = self._exchange(scope, scope["path"], None, "tcp")
+        try:
+            await _answer_error(send, exc, exchange)
+        finally:
+            self._finish(exchange, self._snapshot())
+
+    def _exchange(self, scope: Scope, path: str, uid: int | None, via: str) -> Exchange:
+        user_agent = dict(scope["headers"]).get(b"user-agent", b"").decode("latin-1")
+        return Exchange(uid, via, scope["method"], path, tool_of(user_agent))
+
+    def _finish(self, exchange: Exchange, snapshot: ConfigSnapshot) -> None:
+        model = exchange.model or "-"
+        self.use.record(UseKey(exchange.uid, model, exchange.status), exchange.tokens)
+        if request_trace_enabled():
+            trace.deferred(
+                "info" if exchange.status < 500 else "warning",
+                "relay.request",
+                **trace_fields(exchange, snapshot),
+            )
+
+
+def trace_fields(exchange: Exchange, snapshot: ConfigSnapshot) -> dict[str, Any]:
+    return {
+        "uid": exchange.uid,
+        "via": exchange.via,
+        "tool": exchange.tool,
+        "method": exchange.method,
+        "path": exchange.path,
+        "alias": exchange.alias,
+        "model": exchange.model,
+        "status": exchange.status,
+        "code": exchange.code,
+        "stream": exchange.stream,
+        "attempts": exchange.attempts,
+        "ttfb_ms": exchange.ttfb_ms,
+        "total_ms": round((time.perf_counter() - exchange.started) * 1e3, 3),
+        "bytes_in": exchange.bytes_in,
+        "bytes_out": exchange.bytes_out,
+        "tokens": exchange.tokens.as_dict(),
+        "hung_up": exchange.hung_up,
+        "channel": _channel_host(snapshot.settings.provider.base_url),
+        "key_source": snapshot.key_source,
+    }
+
+
+def _channel_host(base_url: str) -> str:
+    return public_url(base_url).split("//", 1)[-1].split("/", 1)[0]
+
+
+# ---- the request and the answer -----------------------------------------------------------
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    pieces: list[bytes] = []
+    seen = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError  # nobody to answer
+        piece = message.get("body", b"")
+        seen += len(piece)
+        if seen > limit:
+            message_text = f"the request body passed the relay's limit of {limit >> 20} MiB"
+            hint = "send less, or raise [relay] max_body_mb in config.toml"
+            raise RelayError(413, ErrorBody("body_too_large", message_text, hint))
+        pieces.append(piece)
+        if not message.get("more_body", False):
+            return b"".join(pieces)
+
+
+async def _until_hang_up(receive: Receive, forwarding: Any, exchange: Exchange) -> None:
+    """Run `forwarding` until it ends or the client hangs up; a hang-up cancels it, and with it
+    the upstream request (its connection is closed as the response is)."""
+    work = asyncio.ensure_future(forwarding)
+    watch = asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            exchange.hung_up = True
+            exchange.status = exchange.status or 499  # nginx's "client closed request"
+            work.cancel()
+        await asyncio.gather(work, return_exceptions=True) if exchange.hung_up else None
+    if not exchange.hung_up:
+        work.result()  # a RelayError goes to the client, a bug to the server
+
+
+async def _disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _relay_response(
+    response: httpx.Response, send: Send, exchange: Exchange, family: str, scrub: Scrubber
+) -> None:
+    if response.status_code >= 400:
+        await _relay_error_answer(response, send, exchange, scrub)
+        return
+    content_type = response.headers.get("content-type", "")
+    exchange.stream = content_type.startswith("text/event-stream")
+    exchange.status = response.status_code
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": _response_headers(response, keep_length=not exchange.stream),
+        }
+    )
+    if exchange.stream:
+        await _relay_stream(response, send, exchange, family, scrub)
+    else:
+        await _relay_body(response, send, exchange)
+
+
+async def _relay_body(response: httpx.Response, send: Send, exchange: Exchange) -> None:
+    kept: list[bytes] = []  # for its usage; a huge answer (embeddings) is not kept
+    async for piece in response.aiter_raw():
+        _count_out(exchange, piece)
+        if exchange.bytes_out <= MAX_JSON_BYTES:
+            kept.append(piece)
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+    if exchange.bytes_out <= MAX_JSON_BYTES:
+        usage_of_json(b"".join(kept), exchange.tokens)
+    exchange.end()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _relay_stream(
+    response: httpx.Response, send: Send, exchange: Exchange, family: str, scrub: Scrubber
+) -> None:
+    usage = StreamUsage(exchange.tokens)
+    provider_error = False
+    try:
+        async for piece in response.aiter_raw():
+            _count_out(exchange, piece)
+            usage.feed(piece)
+            provider_error = provider_error or b"event: error" in piece or b'"error"' in piece
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+    except httpx.HTTPError as exc:  # the provider failed mid-stream: end it with an error event
+        exchange.code = "upstream_broken"
+        if not provider_error:
+            said = scrub(f"the provider's stream broke: {type(exc).__name__}")
+            event = _error_event(family, said)
+            exchange.bytes_out += len(event)
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+    exchange.end()
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _error_event(family: str, message: str) -> bytes:
+    """The event each family's SDK raises on: anthropic's `event: error`, OpenAI's error data."""
+    if family == "anthropic":
+        payload = {"type": "error", "error": {"type": "api_error", "message": message}}
+        return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
+    payload_openai = {"error": {"message": message, "type": "server_error", "code": "relay"}}
+    return b"data: " + orjson.dumps(payload_openai) + b"\n\n"
+
+
+async def _relay_error_answer(
+    response: httpx.Response, send: Send, exchange: Exchange, scrub: Scrubber
+) -> None:
+    """The provider's error, whole, with the key scrubbed out (providers echo what they got)."""
+    raw = b""
+    async for piece in response.aiter_raw():
+        raw += piece
+        if len(raw) > MAX_ERROR_BYTES:
+            break
+    body = scrub(raw[:MAX_ERROR_BYTES].decode("utf-8", "replace")).encode()
+    exchange.status = response.status_code
+    headers = _response_headers(response, keep_length=False)
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    _count_out(exchange, body)
+    exchange.end()
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _count_out(exchange: Exchange, piece: bytes) -> None:
+    if exchange.ttfb_ms is None:
+        exchange.ttfb_ms = round((time.perf_counter() - exchange.started) * 1e3, 3)
+    exchange.bytes_out += len(piece)
+
+
+def _response_headers(response: httpx.Response, keep_length: bool) -> list[tuple[bytes, bytes]]:
+    """The provider's headers, less hop-by-hop ones, cookies and any CORS header: a page in a
+    browser must not be let read the relay's answers."""
+    kept: list[tuple[bytes, bytes]] = []
+    for name, value in response.headers.raw:
+        lower = name.lower().decode("latin-1")
+        if lower.startswith("access-control-"):
+            continue
+        if lower in DROPPED_RESPONSE_HEADERS and not (keep_length and lower == "content-length"):
+            continue
+        kept.append((name.lower(), value))
+    return kept
+
+
+async def _answer_error(send: Send, exc: RelayError, exchange: Exchange) -> None:
+    exchange.status, exchange.code = exc.status, exc.body.code
+    payload = orjson.dumps(exc.body.as_dict())
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
+    if exc.retry_after_s is not None:
+        headers.append((b"retry-after", str(exc.retry_after_s).encode()))
+    exchange.bytes_out += len(payload)
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _disabled() -> ErrorBody:
+    return ErrorBody(
+        "relay_disabled",
+        "the relay is off on this daemon",
+        "set enabled = true in the [relay] table of config.toml and restart taogpud",
+    )
+
+
+# ---- the two ways in ----------------------------------------------------------------------
+
+
+class UnixRelay:
+    """/relay/... on the daemon's Unix socket, in front of the API app; other paths pass on.
+    Who: whoever could open the socket (0660 root:taogpu), by SO_PEERCRED, as for jobs."""
+
+    def __init__(self, app: ASGIApp, relay: Relay) -> None:
+        self.app = app
+        self.relay = relay
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith(PREFIX + "/"):
+            await self.app(scope, receive, send)
+            return
+        peer = scope.get("extensions", {}).get(SCOPE_KEY)
+        uid = peer.uid if isinstance(peer, Peer) else None
+        await self.relay.serve(scope, receive, send, path[len(PREFIX) :], uid, "unix")
+
+
+class TcpRelay:
+    """The loopback TCP listener's app: every path is the provider's.
+
+    A browser page can reach 127.0.0.1 too, through a name it controls (DNS rebinding):
+    the Host must be this listener's own address and port, and no CORS header is ever sent.
+    The caller is the uid whose relay token the request carries, as `Authorization: Bearer`
+    or `x-api-key` (where each tool puts its "API key")."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            self._check_host(scope)
+            uid = self._caller(scope)
+        except RelayError as exc:
+            await self.relay.refuse(scope, send, exc)
+            return
+        await self.relay.serve(scope, receive, send, scope["path"], uid, "tcp")
+
+    def _check_host(self, scope: Scope) -> None:
+        host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+        own = self.relay.tcp_address or ""
+        allowed = {own, f"localhost:{own.rpartition(':')[2]}"}
+        if host not in allowed:
+            raise RelayError(
+                421,
+                ErrorBody(
+                    "wrong_host",
+                    f"the relay answers for Host {own} only, not {host[:100]!r}",
+                    f"send requests to http://{own}/ (a web page cannot use the relay)",
+                ),
+            )
+
+    def _caller(self, scope: Scope) -> int:
+        headers = dict(scope["headers"])
+        token = headers.get(b"x-api-key", b"").decode("latin-1")
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        if not token and auth[:7].lower() == "bearer ":
+            token = auth[7:].strip()
+        uid = self.relay.tokens.uid_of(token) if token else None
+        if uid is None:
+            what = "is not a valid relay token" if token else "carries no relay token"
+            raise RelayError(
+                401,
+                ErrorBody(
+                    "relay_token_required",
+                    f"the request {what}; the relay forwards nothing without one",
+                    "run `taogpuctl relay token` and use what `taogpuctl relay env --tool TOOL` "
+                    "prints (the token goes where the tool's API key would)",
+                ),
+            )
+        return uid

@@ -1,0 +1,213 @@
+"""One forwarded request, up to the provider's response head: headers, aliases, retries.
+
+    the client's head        →  upstream head
+    Authorization, x-api-key     removed; the daemon's key in the header the provider expects
+    Host, Content-Length,        removed (httpx sets its own); hop-by-hop headers removed
+    Accept-Encoding              identity: the relay reads usage out of the answer
+    everything else              as sent (anthropic-version, OpenAI-Beta, User-Agent, ...)
+
+Deadlines: each attempt must get the response head within the channel's timeout
+(min(provider.timeoutMs, api.request_timeout_s)); after it, every gap between two pieces of the
+body may last that long (httpx's read timeout), so a long stream is never cut while it flows.
+Retries: provider.maxRetries more attempts for a failed connect, a 429 (after its Retry-After)
+and a 5xx. They all happen before the client has seen a byte: once the head is forwarded, a
+failure is the client's to see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import orjson
+from pydantic import SecretStr
+
+from taogpud.channel import Backoff, retry_after_s
+
+Family = Literal["openai", "anthropic"]
+KeyHeader = Literal["auto", "authorization", "x-api-key"]
+
+RETRY_AFTER_MAX_S = 60.0  # a provider asking for a longer wait gets its 429 forwarded instead
+BACKOFF = Backoff(base_s=0.25, cap_s=4.0)
+DROPPED_REQUEST_HEADERS = frozenset(
+    {
+        b"authorization",
+        b"x-api-key",
+        b"host",
+        b"content-length",
+        b"accept-encoding",
+        b"connection",
+        b"keep-alive",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"cookie",  # a browser's cookies for 127.0.0.1 are nobody's business upstream
+        b"origin",
+    }
+)
+
+
+def family_of(path: str) -> Family:
+    """Anthropic-style paths are /v1/messages and below; everything else is OpenAI-style."""
+    return "anthropic" if path == "/v1/messages" or path.startswith("/v1/messages/") else "openai"
+
+
+def upstream_url(base_url: str, path: str, query: bytes) -> str:
+    """{base}{path}?{the client's query}, keeping the base's own path."""
+    parts = urlsplit(base_url)
+    joined = parts.path.rstrip("/") + path
+    return urlunsplit((parts.scheme, parts.netloc, joined, query.decode("latin-1"), ""))
+
+
+def key_header(key: SecretStr | None, mode: KeyHeader, family: Family) -> list[tuple[str, str]]:
+    if key is None:
+        return []
+    if mode == "x-api-key" or (mode == "auto" and family == "anthropic"):
+        return [("x-api-key", key.get_secret_value())]
+    return [("authorization", f"Bearer {key.get_secret_value()}")]
+
+
+def request_headers(
+    client_headers: Iterable[tuple[bytes, bytes]], key: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    kept = [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, value in client_headers
+        if name.lower() not in DROPPED_REQUEST_HEADERS
+    ]
+    return [*kept, ("accept-encoding", "identity"), *key]
+
+
+@dataclass(frozen=True)
+class Aliased:
+    body: bytes
+    alias: str | None  # what the client asked for, when it named an alias
+    model: str | None  # the model sent upstream
+
+
+def resolve_alias(body: bytes, models: Mapping[str, str]) -> Aliased:
+    """settings.json `models` keys in the JSON body's "model" become their model names. A body
+    that is not a JSON object, or names no alias, goes out byte for byte as it came."""
+    if not body.lstrip().startswith(b"{"):
+        return Aliased(body, None, None)
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return Aliased(body, None, None)
+    asked = parsed.get("model") if isinstance(parsed, dict) else None
+    if not isinstance(asked, str):
+        return Aliased(body, None, None)
+    if asked not in models:
+        return Aliased(body, None, asked)
+    parsed["model"] = models[asked]
+    return Aliased(orjson.dumps(parsed), asked, models[asked])
+
+
+class UpstreamFailed(Exception):
+    """No response head from the provider: status and code for the client's error answer."""
+
+    def __init__(self, status: int, code: str, message: str, hint: str, attempts: int) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.hint = hint
+        self.attempts = attempts
+
+
+@dataclass
+class Opened:
+    response: httpx.Response
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    method: str
+    url: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    timeout_s: float
+    max_retries: int
+
+
+async def open_upstream(
+    client: httpx.AsyncClient, out: Outgoing, rng: random.Random, backoff: Backoff = BACKOFF
+) -> Opened:
+    """The provider's response head (body still to read), retrying what may be retried."""
+    attempts = 0
+    while True:
+        attempts += 1
+        retries_left = attempts <= out.max_retries
+        try:
+            response = await _attempt(client, out)
+        except UpstreamFailed as exc:
+            exc.attempts = attempts
+            raise
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            if not retries_left:
+                raise _unreachable(out.url, exc, attempts) from None
+            await asyncio.sleep(backoff.delay_s(attempts, rng))
+            continue
+        if not retries_left or (response.status_code != 429 and response.status_code < 500):
+            return Opened(response, attempts)
+        wait_s = retry_after_s(response.headers.get("retry-after"))
+        if wait_s is None:
+            wait_s = backoff.delay_s(attempts, rng)
+        if wait_s > RETRY_AFTER_MAX_S:
+            return Opened(response, attempts)
+        await response.aclose()
+        await asyncio.sleep(wait_s)
+
+
+async def _attempt(client: httpx.AsyncClient, out: Outgoing) -> httpx.Response:
+    timeout = httpx.Timeout(out.timeout_s)
+    request = client.build_request(
+        out.method, out.url, headers=out.headers, content=out.body, timeout=timeout
+    )
+    try:
+        async with asyncio.timeout(out.timeout_s):
+            return await client.send(request, stream=True)
+    except (TimeoutError, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout):
+        raise UpstreamFailed(
+            504,
+            "upstream_timeout",
+            f"{_host(out.url)} sent no answer within {out.timeout_s:.3g} s",
+            "raise provider.timeoutMs and api.request_timeout_s together, or check the provider",
+            0,
+        ) from None
+    except (httpx.ConnectError, httpx.ConnectTimeout):
+        raise
+    except httpx.HTTPError as exc:
+        raise UpstreamFailed(
+            502,
+            "upstream_failed",
+            f"{_host(out.url)}: {type(exc).__name__}",
+            "the provider closed the connection or answered something that is not HTTP",
+            0,
+        ) from None
+
+
+def _unreachable(url: str, exc: Exception, attempts: int) -> UpstreamFailed:
+    what = "timed out connecting to" if isinstance(exc, httpx.ConnectTimeout) else "cannot reach"
+    return UpstreamFailed(
+        502,
+        "upstream_unreachable",
+        f"the relay {what} {_host(url)} ({attempts} attempts)",
+        "check provider.baseUrl and that the provider (or the proxy before it) is up: "
+        "`taogpuctl api ping`",
+        attempts,
+    )
+
+
+def _host(url: str) -> str:
+    parts = urlsplit(url)
+    return parts.netloc.rpartition("@")[2]
