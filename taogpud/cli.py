@@ -597,7 +597,7 @@ def doctor_command(
     checks that work without it (exit 1, not 3).
     """
     from taogpud import doctor_run
-    from taogpud.doctor import report_ok
+    from taogpud.doctor import Check, in_order, report_ok
 
     files, daemon = (settings, config), None
     try:
@@ -606,9 +606,10 @@ def doctor_command(
             running = client.config()
             daemon = answer.get("daemon")
             checks = doctor_run.cli_checks(answer, running, client.socket_path, files, os.environ)
-            checks.append(relay_check(client))
+            checks = in_order([*checks, relay_check(client)])
     except DaemonUnreachable as exc:
         checks = doctor_run.offline_checks(exc.message, exc.hint, files, os.environ)
+        checks = in_order([*checks, Check("relay", "skip", "no daemon to relay through")])
     ok = report_ok(checks)
     if json_out:
         emit_json({"ok": ok, "checks": [check.as_dict() for check in checks], "daemon": daemon})

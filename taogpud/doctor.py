@@ -51,6 +51,7 @@ CheckStatus = Literal["pass", "warn", "fail", "skip"]
 ORDER = (
     "daemon",
     "api_channel",
+    "relay",
     "probe_job",
     "recent_backends",
     "cuda_driver",

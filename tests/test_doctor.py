@@ -286,7 +286,7 @@ def test_doctor_route_through_the_client(daemon: RunningDaemon) -> None:
     with daemon.client() as client:
         report = client.doctor(ping=False, probe=False)
     names = [check["name"] for check in report["checks"]]
-    assert names == [n for n in ORDER if n not in {"daemon", "shell_env", "config_files"}]
+    assert names == [n for n in ORDER if n not in {"daemon", "relay", "shell_env", "config_files"}]
     checks = checks_of(report)
     assert checks["api_channel"]["status"] == "skip" and checks["probe_job"]["status"] == "skip"
     assert report["daemon"]["pid"] == daemon.proc.pid
