@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from taogpud.install_hints import install_hint
+
 SAMPLE_PERIOD_S = 0.05  # NVML's own utilisation window is 1/6 s to 1 s; faster adds nothing
 PIDS_SHOWN = 16
 
@@ -178,7 +180,7 @@ class NvmlWatch:
                 warnings.simplefilter("ignore", FutureWarning)  # the deprecated `pynvml` shim
                 import pynvml
         except ImportError:
-            self.reason = "nvidia-ml-py is not installed: pip install 'taogpud[nvml]'"
+            self.reason = f"nvidia-ml-py is not installed: {install_hint('nvml')}"
             return
         try:
             pynvml.nvmlInit()
