@@ -423,6 +423,7 @@ def box(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the first test's setup makes the rootfs: 1.5-3 min here
 class TestMinimalDebianJourney:
     """The README's steps on a fresh minbase Debian 12, in order; the first of this file's
     tests, so that its container is down before the host-tree one boots."""
@@ -446,6 +447,12 @@ class TestMinimalDebianJourney:
         assert "CUDA build of the package" in log, log[-3000:]
         assert "/usr/share/doc/taogpud/examples/cpu" in log
         assert "pip install" not in log
+        # Its offline checks: the socket unit would start the failing service on a connect,
+        # and the client would wait in the backlog for its 60 s timeout.
+        doctor = _sh(container, "TAOGPUD_SOCKET=/run/taogpud/absent taogpuctl doctor")
+        assert doctor.returncode == 1, doctor.stderr
+        assert "CUDA build of the package" in doctor.stdout, doctor.stdout
+        assert "pip install" not in doctor.stdout + doctor.stderr
 
     def test_2_the_cpu_pair_then_a_restart_runs_it(self, box: tuple[Container, Path]) -> None:
         """The README's CPU pair and restart: the service runs, its socket is root:taogpu 0660."""
