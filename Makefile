@@ -51,10 +51,17 @@ bench: venv
 	$(PY) bench/run.py
 
 # dist/taogpud_<version>_<arch>.deb: the units, sysusers/tmpfiles, /etc/taogpud and the app
-# in a venv under /opt/taogpud, copied from this venv (no network). EXTRAS= for CPU only.
+# in a venv under /opt/taogpud. EXTRAS= for CPU only. The package's venv is filled from a
+# build venv holding only what it ships (taogpud[EXTRAS]'s runtime closure, and `packaging`
+# for build.py), at the versions of $(VENV) when there is one: not the development venv.
 EXTRAS ?= cuda12
-deb: venv
-	$(PY) packaging/build.py deb --extras '$(EXTRAS)'
+DEB_VENV := build/deb-venv
+deb:
+	rm -rf $(DEB_VENV) && mkdir -p build
+	/usr/bin/python3 -m venv $(DEB_VENV)
+	if [ -x $(VENV)/bin/pip ]; then $(VENV)/bin/pip freeze --exclude-editable > build/deb-constraints.txt; else : > build/deb-constraints.txt; fi
+	$(DEB_VENV)/bin/pip install -q -c build/deb-constraints.txt '.$(if $(EXTRAS),[$(EXTRAS)])' packaging
+	$(DEB_VENV)/bin/python packaging/build.py deb --extras '$(EXTRAS)'
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

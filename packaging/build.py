@@ -27,6 +27,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from taogpud.install_hints import PACKAGE_MARKER
+
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = Path("/opt/taogpud")
 TARGET_PYTHON = "/usr/bin/python3"  # the distribution's interpreter the package depends on
@@ -97,6 +99,8 @@ def make_venv(stage: Path, extras: list[str]) -> None:
             r"(?m)^command = .*$", f"command = {TARGET_PYTHON} -m venv {PREFIX}", cfg.read_text()
         )
     )
+    # Hints then name what works in a package (another build, the CPU pair), not pip.
+    (root / PACKAGE_MARKER).write_text(f"extras={','.join(extras)}\n")
     site = next((root / "lib").glob("python3.*")) / "site-packages"
     dists = runtime_distributions(extras)
     for dist in dists[:-1]:

@@ -8,6 +8,7 @@ Exit codes (DESIGN §11; scripts rely on them):
     2  usage or config error: bad flags or files, an invalid config, and every request the
        daemon rejected as wrong (HTTP 4xx: unknown task, bad params, unknown job, too large)
     3  the daemon cannot be reached (DaemonUnreachable)
+    4  this user may not use the daemon's socket: not in its group (taogpu; NotInGroup)
     130  interrupted (Ctrl-C); a waited job keeps running and the line says how to find it
 
 Errors are one line on stderr, `taogpuctl: <message> (hint: ...)`, never a traceback
@@ -51,7 +52,7 @@ from taogpud.cli_output import (
     warn,
     warn_if_fallback,
 )
-from taogpud.client import NPY_MAGIC, ApiError, Client, DaemonUnreachable, Job
+from taogpud.client import NPY_MAGIC, ApiError, Client, DaemonUnreachable, Job, NotInGroup
 from taogpud.errors import ConfigError, Problem
 from taogpud.relay.cli import relay_app, relay_check
 
@@ -62,6 +63,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the job or check failed
 EXIT_USAGE = 2  # usage or config error
 EXIT_UNREACHABLE = 3  # the daemon cannot be reached
+EXIT_NOT_IN_GROUP = 4  # the socket is its group's (taogpu), and this user is not in it
 
 app = typer.Typer(
     name="taogpuctl",
@@ -91,7 +93,7 @@ class CliError(Exception):
 
 @dataclass(frozen=True)
 class Globals:
-    socket_path: Path | None  # None: taogpud.paths.default_socket()
+    socket_path: Path | None  # None: taogpud.paths.client_sockets() chooses
 
 
 @app.callback()
@@ -99,7 +101,15 @@ def global_options(
     ctx: typer.Context,
     socket_path: Annotated[
         Path | None,
-        typer.Option("--socket", envvar="TAOGPUD_SOCKET", help="The daemon's control socket."),
+        # readable=False: a socket's mode says nothing a connect() would not say better
+        # (a user outside group taogpu gets the client's own message, not a usage error).
+        typer.Option(
+            "--socket",
+            envvar="TAOGPUD_SOCKET",
+            readable=False,
+            help="The daemon's control socket (default: a daemon of your own, else "
+            "/run/taogpud/taogpud.sock).",
+        ),
     ] = None,
 ) -> None:
     """Run and inspect GPU compute jobs on this host's taogpud."""
@@ -647,7 +657,8 @@ def explain(exc: Exception) -> tuple[str, str, int]:
     if isinstance(exc, CliError):
         return exc.message, exc.hint, exc.exit_code
     if isinstance(exc, DaemonUnreachable):
-        return exc.message, exc.hint, EXIT_UNREACHABLE
+        code = EXIT_NOT_IN_GROUP if isinstance(exc, NotInGroup) else EXIT_UNREACHABLE
+        return exc.message, exc.hint, code
     if isinstance(exc, ApiError):
         return f"{exc.message} [{exc.code}]", exc.hint, api_exit_code(exc)
     if isinstance(exc, ConfigError):

@@ -3,6 +3,7 @@
 Used by `taogpuctl`, the tests and the benchmarks. Two exceptions, one line each:
 
     DaemonUnreachable   the socket is missing, refuses, is not ours to open, hangs up or is silent
+      NotInGroup        the socket belongs to a group this user is not in (group taogpu)
     ApiError            the daemon answered with an error ({code, message, hint}, or anything else)
 
 A `Client` holds one keep-alive connection and is not thread-safe by design: use one Client per
@@ -11,6 +12,9 @@ thread (or per process). Nothing here imports numpy unless an array object is up
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +58,10 @@ class DaemonUnreachable(Exception):
         self.hint = hint
 
 
+class NotInGroup(DaemonUnreachable):
+    """The socket is open to its group only, and this user is not (yet) in that group."""
+
+
 class ApiError(Exception):
     """The daemon answered with an error: its {code, message, hint} and the HTTP status."""
 
@@ -73,7 +81,12 @@ class Client:
     """One keep-alive connection to the daemon. Not thread-safe: one Client per thread."""
 
     def __init__(self, socket_path: str | Path | None = None, timeout_s: float = 60.0) -> None:
-        self.socket_path = str(paths.default_socket() if socket_path is None else socket_path)
+        if socket_path is None:
+            chosen, tried = paths.client_sockets()
+        else:
+            chosen, tried = Path(socket_path), [Path(socket_path)]
+        self.socket_path = str(chosen)
+        self.tried = [str(path) for path in tried]  # named when the chosen one fails
         self.timeout_s = timeout_s
         self._conn = UnixHTTPConnection(self.socket_path, timeout_s)
 
@@ -315,7 +328,7 @@ class Client:
             except ConnectionError as exc:
                 self._conn.close()
                 if not kept_alive or attempt == 2:
-                    raise _unreachable(self.socket_path, exc, self.timeout_s) from exc
+                    raise _unreachable(self.socket_path, exc, self.timeout_s, self.tried) from exc
         raise AssertionError("unreachable: the loop returns or raises")
 
     def _exchange(
@@ -330,7 +343,7 @@ class Client:
             raise _malformed_response(self.socket_path, exc) from exc
         except OSError as exc:
             self._conn.close()
-            raise _unreachable(self.socket_path, exc, read_timeout_s) from exc
+            raise _unreachable(self.socket_path, exc, read_timeout_s, self.tried) from exc
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -445,9 +458,15 @@ def _malformed_response(socket_path: str, exc: MalformedResponse) -> ApiError:
     )
 
 
-def _unreachable(socket_path: str, exc: OSError, timeout_s: float) -> DaemonUnreachable:
-    """Which socket, what went wrong, what to do."""
+def _unreachable(
+    socket_path: str, exc: OSError, timeout_s: float, tried: list[str] | None = None
+) -> DaemonUnreachable:
+    """Which socket (and which others were looked at), what went wrong, what to do."""
     start = "is taogpud running? `sudo systemctl start taogpud` (or run `taogpud` yourself)"
+    if isinstance(exc, PermissionError):
+        denied = _not_in_group(socket_path)
+        if denied is not None:
+            return denied
     if isinstance(exc, FileNotFoundError):
         message, hint = f"no daemon socket at {socket_path}", start
     elif isinstance(exc, ConnectionRefusedError):
@@ -465,4 +484,31 @@ def _unreachable(socket_path: str, exc: OSError, timeout_s: float) -> DaemonUnre
     else:
         message = f"cannot use {socket_path}: {exc.strerror or exc}"
         hint = "check the socket path (--socket or TAOGPUD_SOCKET)"
+    if tried and len(tried) > 1:
+        message += f" (looked at {', then '.join(tried)})"
     return DaemonUnreachable(socket_path, message, hint)
+
+
+def _not_in_group(socket_path: str) -> NotInGroup | None:
+    """A socket open to its group (0660), refused to a user outside that group: what to do.
+    None when the refusal has another cause (its mode, a directory on the way)."""
+    try:
+        info = Path(socket_path).stat()
+    except OSError:
+        return None
+    if os.geteuid() == info.st_uid or info.st_gid in (os.getegid(), *os.getgroups()):
+        return None
+    try:
+        group = grp.getgrgid(info.st_gid)
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return None
+    where = f"only members of group {group.gr_name} may use {socket_path}"
+    if user in group.gr_mem:  # added already; this session's groups predate it
+        message = f"you were added to group {group.gr_name} after this session began"
+        return NotInGroup(socket_path, message, f"log in again (or `newgrp {group.gr_name}`)")
+    message = (
+        f"you are not in group {group.gr_name}: "
+        f"`sudo usermod -aG {group.gr_name} $USER`, then log in again"
+    )
+    return NotInGroup(socket_path, message, where)

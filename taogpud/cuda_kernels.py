@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from taogpud.errors import InvalidParams
+from taogpud.install_hints import install_hint
 
 ARCH = re.compile(r"sm_(\d{2,3})([a-z]?)")
 CACHE_PREFIX = "taogpud-kernel-"
@@ -78,7 +79,7 @@ def _nvrtc() -> Any:
     except (ImportError, OSError, RuntimeError) as exc:
         raise KernelCompileError(
             f"NVRTC (the CUDA runtime compiler) cannot be loaded: {exc}",
-            "install the CUDA toolkit's NVRTC, e.g. pip install nvidia-cuda-nvrtc-cu12",
+            install_hint("nvrtc"),
         ) from None
     return nvrtc
 

@@ -18,12 +18,11 @@ from pathlib import Path
 from taogpud import nvml
 from taogpud.cuda_kernels import same_arch
 from taogpud.doctor import Check, CheckStatus, Target, guarded, worst
+from taogpud.install_hints import install_hint
 
 GIB = 1024**3
 RECOMMENDED_CUDA_MAJOR = 12  # the guide's recommendation
-CUPY_INSTALL_HINT = (
-    "pip install 'taogpud[cuda12]' (CUDA 12 driver) or 'taogpud[cuda13]' (CUDA 13 driver)"
-)
+CUPY_INSTALL_HINT = install_hint("cuda")
 DRIVER_HINT = (
     "install the NVIDIA driver so that `nvidia-smi` lists the GPU (in a container, pass the GPU "
     "in; on WSL2, install the Windows driver only), or set gpu.backend to cpu"

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from taogpud.install_hints import install_hint
+
 SAMPLE_PERIOD_S = 0.05  # NVML's own utilisation window is 1/6 s to 1 s; faster adds nothing
 NVML_WINDOW_S = (1 / 6, 1.0)  # what one utilisation reading averages over, by product
 PIDS_SHOWN = 16
@@ -250,7 +252,7 @@ class NvmlWatch:
                 warnings.simplefilter("ignore", FutureWarning)  # the deprecated `pynvml` shim
                 import pynvml
         except ImportError:
-            self.reason = "nvidia-ml-py is not installed: pip install 'taogpud[nvml]'"
+            self.reason = f"nvidia-ml-py is not installed: {install_hint('nvml')}"
             return
         try:
             pynvml.nvmlInit()

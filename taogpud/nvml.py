@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from taogpud.install_hints import install_hint
+
 T = TypeVar("T")
 
 
@@ -68,7 +70,7 @@ def inventory(read_process_names: bool = True) -> Inventory:
             warnings.simplefilter("ignore", FutureWarning)  # the deprecated `pynvml` shim warns
             import pynvml
     except ImportError:
-        return Inventory(reason="nvidia-ml-py is not installed: pip install 'taogpud[nvml]'")
+        return Inventory(reason=f"nvidia-ml-py is not installed: {install_hint('nvml')}")
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 SOCKET_NAME = "taogpud.sock"
+SYSTEM_SOCKET = Path("/run/taogpud") / SOCKET_NAME  # taogpud.socket's, or the root daemon's
 
 
 def user_mode() -> bool:
@@ -21,9 +22,32 @@ def default_socket(environ: Mapping[str, str] | None = None) -> Path:
     if env.get("RUNTIME_DIRECTORY"):  # set by systemd's RuntimeDirectory=
         return Path(env["RUNTIME_DIRECTORY"]) / SOCKET_NAME
     if not user_mode():
-        return Path("/run/taogpud") / SOCKET_NAME
+        return SYSTEM_SOCKET
+    return user_socket(env)
+
+
+def user_socket(environ: Mapping[str, str] | None = None) -> Path:
+    """Where a user's own daemon (`taogpud` run by them) binds: under $XDG_RUNTIME_DIR."""
+    env = os.environ if environ is None else environ
     runtime = env.get("XDG_RUNTIME_DIR") or f"/tmp/taogpud-{os.geteuid()}"
     return Path(runtime) / "taogpud" / SOCKET_NAME
+
+
+def client_sockets(environ: Mapping[str, str] | None = None) -> tuple[Path, list[Path]]:
+    """The socket a client uses, and every one it considered, in order.
+
+    $TAOGPUD_SOCKET alone when set; else a user daemon's socket if one exists (a user's own
+    daemon wins over the host's); else the system socket, which serves every member of group
+    taogpu. Root has no user daemon: its daemon is the system one.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("TAOGPUD_SOCKET"):
+        chosen = Path(env["TAOGPUD_SOCKET"])
+        return chosen, [chosen]
+    if not user_mode():
+        return SYSTEM_SOCKET, [SYSTEM_SOCKET]
+    own = user_socket(env)
+    return (own if own.exists() else SYSTEM_SOCKET), [own, SYSTEM_SOCKET]
 
 
 def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:

@@ -8,7 +8,12 @@ the whole file. Tests talk to the socket from the host through /proc/<PID 1>/roo
 run systemctl/journalctl inside with nsenter (the host has no bus to the container).
 See ../shared/notes/systemd-e2e.md for why each nspawn option is there.
 
-Needs root and systemd-nspawn (`apt-get install systemd-container`); skipped otherwise.
+TestMinimalDebianJourney boots a second, smaller tree first: a debootstrap minbase Debian 12
+(made once per test session from the Debian archive apt uses here; about 1.5 min), where the
+README's own steps run as an operator and two users would run them.
+
+Needs root and systemd-nspawn (`apt-get install systemd-container`), and debootstrap for the
+journey; skipped otherwise.
 """
 
 from __future__ import annotations
@@ -123,14 +128,18 @@ class Container:
         return (state["ActiveState"], state["SubState"]) == ("active", "running")
 
 
-def _boot(workdir: Path) -> Container:
+HOST_TREE = (
+    "--directory=/", "--volatile=yes",
+    "--overlay=/usr::/usr", "--overlay=/var::/var",  # writable for dpkg, thrown away
+)  # fmt: skip
+
+
+def _boot(workdir: Path, tree: tuple[str, ...] = HOST_TREE, name: str = "test") -> Container:
     console = workdir / "console.log"
     command = [
         "systemd-nspawn", "--quiet", "--register=no", "--keep-unit",
-        f"--machine=taogpud-test-{os.getpid()}", "--console=pipe",
-        "--directory=/", "--volatile=yes", "--private-network",
-        "--overlay=/usr::/usr", "--overlay=/var::/var",  # writable for dpkg, thrown away
-        f"--bind-ro={workdir}",
+        f"--machine=taogpud-{name}-{os.getpid()}", "--console=pipe",
+        *tree, "--private-network", f"--bind-ro={workdir}",
         "--boot", "--", "systemd.mask=systemd-firstboot.service",
     ]  # fmt: skip
     overlays_before = _overlays()
@@ -304,6 +313,259 @@ def _submit_cli(container: Container, *args: str) -> dict[str, Any]:
 def _ensure_running(container: Container) -> None:
     if not container.running():
         container.run("systemctl", "start", "taogpud.service")
+
+
+# --- an operator's journey on a minimal Debian 12 -----------------------------------------
+# Not the host's tree, which has procps, sudo and everything else: a debootstrap minbase
+# rootfs (systemd, python3 and jq added), booted read-only with a tmpfs overlay, so the one
+# rootfs of a test session serves any number of boots. The steps are the README's own
+# commands (README_STEPS, checked to be in README.md), run as root or as two local users:
+# alice in group taogpu, bob outside it.
+
+SUITE = "bookworm"  # Debian 12, systemd 252
+MINBASE_PACKAGES = "systemd,python3,jq"
+SYSTEM_SOCKET = "/run/taogpud/taogpud.sock"
+README_STEPS = {
+    "cpu_pair": "sudo cp /usr/share/doc/taogpud/examples/cpu/{settings.json,config.toml} "
+    "/etc/taogpud/",
+    "restart": "sudo systemctl restart taogpud.socket taogpud.service",
+    "member": "sudo usermod -aG taogpu alice",
+    "submit": "taogpuctl submit vector_add --size 1000000 --wait",
+    "status": "taogpuctl status",
+    "reload": "sudo systemctl reload taogpud",
+    "stop": "sudo systemctl stop taogpud.socket taogpud.service",
+    "purge": "sudo dpkg --purge taogpud",
+}
+NOT_IN_GROUP = (
+    "taogpuctl: you are not in group taogpu: `sudo usermod -aG taogpu $USER`, then log in again"
+)
+EXIT_NOT_IN_GROUP = 4
+
+
+def _debian_mirror() -> str | None:
+    """The Debian archive apt already uses on this host (its sources), for debootstrap."""
+    sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for source in sources:
+        try:
+            lines = source.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            words = line.split("#")[0].split()
+            if words[:1] == ["URIs:"] or words[:1] == ["deb"]:
+                for uri in words[1:]:
+                    if "://" in uri and uri.rstrip("/").endswith("/debian"):
+                        return uri
+    return None
+
+
+@pytest.fixture(scope="session")
+def minbase_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh debootstrap --variant=minbase Debian 12 (290 MB), made once per test session
+    under pytest's basetemp, which keeps the last three sessions' (removing it here took 20 s
+    of disk time on this host, for nothing on a CI machine that is thrown away)."""
+    reason = _skip_reason()
+    mirror = _debian_mirror()
+    if reason is None and shutil.which("debootstrap") is None:
+        reason = "debootstrap is missing (apt-get install debootstrap)"
+    if reason is None and mirror is None:
+        reason = "no Debian archive in /etc/apt/sources.list* for debootstrap"
+    if reason:
+        pytest.skip(reason)
+    assert mirror is not None
+    root = tmp_path_factory.mktemp("minbase") / "rootfs"
+    done = subprocess.run(
+        ["debootstrap", "--variant=minbase", f"--include={MINBASE_PACKAGES}", SUITE,
+         str(root), mirror],
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"debootstrap failed:\n{done.stdout[-3000:]}{done.stderr}"
+    return root
+
+
+def _sh(
+    container: Container, script: str, user: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A README line inside the container: `sudo` lines as root, others as `user` through
+    a login shell (runuser -l), as the user would type them."""
+    script = script.removeprefix("sudo ")
+    argv = ["bash", "-o", "pipefail", "-c", script]
+    if user is not None:
+        argv = ["runuser", "-l", user, "-c", script]
+    return subprocess.run(
+        ["nsenter", "-t", str(container.pid1), "-a", *argv],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def _manager_says(container: Container, since: str) -> list[str]:
+    """What systemd itself logged about taogpud's units since `since`."""
+    entries = container.journal("-u", "taogpud.service", "-u", "taogpud.socket", "_PID=1",
+                                f"--since={since}")  # fmt: skip
+    return [str(e.get("MESSAGE", "")) for e in entries]
+
+
+def _now(container: Container) -> str:
+    return container.run("date", "+%Y-%m-%d %H:%M:%S").strip()
+
+
+@pytest.fixture(scope="class")
+def box(
+    minbase_rootfs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Container, Path]]:
+    """The minbase rootfs booted (read-only, a tmpfs overlay on top) and the .deb to install."""
+    workdir = tmp_path_factory.mktemp("minbase-boot")
+    deb = _build_deb(workdir)
+    tree = (f"--directory={minbase_rootfs}", "--volatile=overlay")
+    booted = _boot(workdir, tree, name="minbase")
+    try:
+        yield booted, deb
+    finally:
+        _stop(booted.nspawn, booted.pid1, booted.overlays_before)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # the first test's setup makes the rootfs: 1.5-3 min here
+class TestMinimalDebianJourney:
+    """The README's steps on a fresh minbase Debian 12, in order; the first of this file's
+    tests, so that its container is down before the host-tree one boots."""
+
+    def test_readme_holds_every_step(self) -> None:
+        """Each command this journey runs is written in README.md exactly so."""
+        readme = (REPO / "README.md").read_text()
+        missing = [line for line in README_STEPS.values() if line not in readme]
+        assert not missing, missing
+
+    def test_1_install_on_the_gpu_pair_says_what_works_in_a_package(
+        self, box: tuple[Container, Path]
+    ) -> None:
+        """dpkg -i with the package's own (GPU) pair on a CPU-only build: the start fails,
+        and the reason names the CUDA build of the package or the CPU pair, never pip."""
+        container, deb = box
+        assert not (container.root / "bin/kill").exists(), "procps is in the minbase tree"
+        done = _sh(container, f"dpkg -i {deb}")
+        assert done.returncode == 0, done.stderr + done.stdout
+        log = container.run("journalctl", "--no-pager", "-u", "taogpud", "-o", "cat")
+        assert "CUDA build of the package" in log, log[-3000:]
+        assert "/usr/share/doc/taogpud/examples/cpu" in log
+        assert "pip install" not in log
+        # Its offline checks: the socket unit would start the failing service on a connect,
+        # and the client would wait in the backlog for its 60 s timeout.
+        doctor = _sh(container, "TAOGPUD_SOCKET=/run/taogpud/absent taogpuctl doctor")
+        assert doctor.returncode == 1, doctor.stderr
+        assert "CUDA build of the package" in doctor.stdout, doctor.stdout
+        assert "pip install" not in doctor.stdout + doctor.stderr
+
+    def test_2_the_cpu_pair_then_a_restart_runs_it(self, box: tuple[Container, Path]) -> None:
+        """The README's CPU pair and restart: the service runs, its socket is root:taogpu 0660."""
+        container, _ = box
+        for step in ("cpu_pair", "restart"):
+            done = _sh(container, README_STEPS[step])
+            assert done.returncode == 0, f"{step}: {done.stderr}{container.log_tail()}"
+        assert container.running(), container.log_tail()
+        sock = container.run("stat", "-c", "%a %U %G", SYSTEM_SOCKET).split()
+        assert sock == ["660", "root", "taogpu"]
+
+    def test_3_a_member_submits_with_the_readme_command(self, box: tuple[Container, Path]) -> None:
+        """alice, in group taogpu, runs `taogpuctl submit … --wait` with no --socket: the
+        client finds the system socket (no daemon of her own runs)."""
+        container, _ = box
+        for user in ("alice", "bob"):
+            container.run("useradd", "--create-home", "--shell", "/bin/bash", user)
+        assert _sh(container, README_STEPS["member"]).returncode == 0
+        done = _sh(container, README_STEPS["submit"], user="alice")
+        assert done.returncode == 0, done.stderr
+        assert "succeeded" in done.stdout and "backend=cpu" in done.stdout, done.stdout
+
+    def test_4_an_outsider_is_told_to_join_the_group(self, box: tuple[Container, Path]) -> None:
+        """bob, outside taogpu: the join-the-group line and exit 4, with or without --socket."""
+        container, _ = box
+        for line in (README_STEPS["status"], f"taogpuctl --socket {SYSTEM_SOCKET} status"):
+            done = _sh(container, line, user="bob")
+            assert done.returncode == EXIT_NOT_IN_GROUP, f"{line}: {done.stderr}"
+            assert done.stderr.startswith(NOT_IN_GROUP), done.stderr
+
+    def test_5_reload_needs_no_procps(self, box: tuple[Container, Path]) -> None:
+        """`systemctl reload` on a system without /bin/kill reaches the daemon as SIGHUP."""
+        container, _ = box
+        pid = _main_pid(container)
+        done = _sh(container, README_STEPS["reload"])
+        assert done.returncode == 0, done.stderr + container.log_tail()
+
+        def reloaded() -> bool:
+            lines = [e["MESSAGE"] for e in container.journal("-u", "taogpud", "_TRANSPORT=stdout")]
+            events = [json.loads(m) for m in lines if m.startswith("{")]
+            return any("SIGHUP" in str(e.get("trigger", "")) for e in events)
+
+        container.wait_until("the reload logged by the daemon", reloaded, timeout_s=15)
+        container.wait_until("running again", container.running, timeout_s=15)
+        assert _main_pid(container) == pid
+
+    def test_6_the_readmes_journal_examples_work(self, box: tuple[Container, Path]) -> None:
+        """Every line of the README's journal block exits 0; the jq one prints job events."""
+        container, _ = box
+        readme = (REPO / "README.md").read_text()
+        block = readme.split("### Journal", 1)[1].split("```", 2)[1]
+        lines = [ln.split("  #")[0].strip() for ln in block.splitlines() if ln.strip()]
+        lines = [ln.replace("3f1c2a…", "x") for ln in lines]
+        assert lines
+        for line in lines:
+            done = _sh(container, line)
+            assert done.returncode == 0, f"{line}: {done.stderr}"
+        jq_lines = [ln for ln in lines if "fromjson?" in ln]
+        assert jq_lines
+        printed = _sh(container, jq_lines[0]).stdout
+        assert '"backend": "cpu"' in printed, printed[-2000:]
+
+    def test_7_an_upgrade_stops_and_starts_both_units(self, box: tuple[Container, Path]) -> None:
+        """dpkg -i over the installed package: prerm stops socket and service, postinst
+        starts both again; no warning that the socket would start the service back."""
+        container, deb = box
+        pid = _main_pid(container)
+        since = _now(container)
+        done = _sh(container, f"dpkg -i {deb}")
+        assert done.returncode == 0, done.stderr
+        assert "still active" not in done.stderr + done.stdout
+        for unit in ("taogpud.socket", "taogpud.service"):
+            assert container.show("ActiveState", unit=unit)["ActiveState"] == "active", unit
+        assert _main_pid(container) != pid
+        said = _manager_says(container, since)
+        assert any(m.startswith("Closed taogpud.socket") for m in said), said
+
+    def test_8_stop_with_the_socket_stays_stopped_and_leaves_nothing(
+        self, box: tuple[Container, Path]
+    ) -> None:
+        """The README's stop: both units down, the socket file gone, the service not back a
+        moment later, and systemd had no left-over process of the daemon's to kill."""
+        container, _ = box
+        since = _now(container)
+        done = _sh(container, README_STEPS["stop"])
+        assert done.returncode == 0, done.stderr
+        assert "can still be activated" not in done.stderr and "still active" not in done.stderr
+        time.sleep(1)
+        for unit in ("taogpud.socket", "taogpud.service"):
+            assert container.show("ActiveState", unit=unit)["ActiveState"] == "inactive", unit
+        assert not container.socket_path.exists()
+        said = _manager_says(container, since)
+        assert not [m for m in said if "Killing process" in m or "remains running" in m], said
+
+    def test_9_purge_removes_its_own_and_names_what_stays(
+        self, box: tuple[Container, Path]
+    ) -> None:
+        """dpkg --purge: state and cache gone; the admin's API key stays, and postrm says so."""
+        container, _ = box
+        key = "install -m 0600 /dev/stdin /etc/credstore/taotoken_api_key"
+        assert _sh(container, f"echo {SECRET} | {key}").returncode == 0
+        done = _sh(container, README_STEPS["purge"])
+        assert done.returncode == 0, done.stderr
+        said = done.stderr + done.stdout
+        assert "/etc/credstore/taotoken_api_key stays" in said, said
+        assert SECRET not in said
+        for gone in ("var/lib/taogpud", "var/cache/taogpud", "etc/taogpud", "opt/taogpud"):
+            assert not (container.root / gone).exists(), gone
+        assert (container.root / "etc/credstore/taotoken_api_key").exists()
+        state = container.show("LoadState", "ActiveState")
+        assert state["ActiveState"] == "inactive", state
 
 
 # --- the package ------------------------------------------------------------------------

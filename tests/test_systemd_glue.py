@@ -415,3 +415,70 @@ def test_deferred_lines_follow_the_loops_callback_in_order_with_their_own_time(
     written = calendar.timegm(time.strptime(request["timestamp"][:19], "%Y-%m-%dT%H:%M:%S"))
     written += float("0." + request["timestamp"][20:26])
     assert abs(written - held["deferred_at"]) < 0.1  # not 0.2 s later, when it was written
+
+
+# --- what the packaged service leaves and says -------------------------------------------
+
+
+def _tracker_of(pid: int) -> int:
+    """The resource tracker multiprocessing started for `pid`: one of its children."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"multiprocessing.resource_tracker" in cmdline:
+                return int(child)
+    raise AssertionError(f"no resource tracker among the children of {pid}")
+
+
+def _alive(pid: int, mark: bytes) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return mark in cmdline and "State:\tZ" not in status
+
+
+def test_stop_ends_the_resource_tracker_before_the_daemon_exits(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """The daemon's stop ends multiprocessing's resource tracker itself. Held stopped
+    (SIGSTOP), the tracker cannot leave on its own when the daemon's pipe closes: it is
+    gone after the stop only if the daemon ended it, as systemd would otherwise have to."""
+    daemon = daemon_factory()
+    tracker = _tracker_of(daemon.proc.pid)
+    os.kill(tracker, signal.SIGSTOP)
+    try:
+        assert daemon.stop() == 0
+        assert not _alive(tracker, b"multiprocessing.resource_tracker")
+    finally:
+        if _alive(tracker, b"multiprocessing.resource_tracker"):
+            os.kill(tracker, signal.SIGKILL)
+
+
+def test_hints_name_what_works_in_a_package(tmp_path: Path) -> None:
+    """In a package's venv (its marker file) no hint says pip: the CUDA build or the CPU pair."""
+    from taogpud.install_hints import CPU_PAIR, PACKAGE_MARKER, install_hint
+
+    assert "pip install 'taogpud[cuda12]'" in install_hint("cuda", tmp_path)
+    (tmp_path / PACKAGE_MARKER).write_text("extras=\n")
+    for part in ("cuda", "nvml", "opencl", "nvrtc"):
+        assert "pip" not in install_hint(part, tmp_path), part
+    assert "CUDA build of the package" in install_hint("cuda", tmp_path)
+    assert CPU_PAIR in install_hint("cuda", tmp_path)
+
+
+def test_make_deb_installs_only_what_the_package_ships(tmp_path: Path) -> None:
+    """`make deb EXTRAS=` builds its venv from taogpud's runtime closure, not from the
+    development venv's `.[dev,cuda12,ray,opencl]`."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        ["make", "-n", "-B", "-C", str(root), "deb", "EXTRAS=", f"VENV={tmp_path}/venv"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    installs = [line for line in done.stdout.splitlines() if "pip install" in line]
+    assert installs, done.stdout
+    assert all("dev" not in line and "cuda12" not in line for line in installs), installs
+    assert any(" '.' packaging" in line for line in installs), installs

@@ -20,10 +20,9 @@ from taogpud.backends.base import Backend, DeviceInfo, PhaseClock, WorkerSpec
 from taogpud.cuda_kernels import resolve_arch, same_arch
 from taogpud.errors import BackendUnavailable
 from taogpud.evidence import NvmlWatch, UtilizationSampler, job_evidence, unavailable
+from taogpud.install_hints import install_hint
 
-INSTALL_HINT = (
-    "pip install 'taogpud[cuda12]' (CUDA 12 driver) or 'taogpud[cuda13]' (CUDA 13 driver)"
-)
+INSTALL_HINT = install_hint("cuda")
 
 # cudaError_t values probe_cuda explains; the rest get the runtime's own words.
 _INSUFFICIENT_DRIVER = 35

@@ -21,8 +21,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from taogpud.install_hints import install_hint
+
 PROBE_TIMEOUT_S = 120.0  # a cold PoCL build is about a second; a GPU driver's first can be more
-INSTALL_HINT = "pip install 'taogpud[opencl]'"
+INSTALL_HINT = install_hint("opencl")
 DRIVER_HINT = (
     "install an OpenCL driver (ICD): pocl-opencl-icd for the CPU, or the GPU vendor's; "
     "`clinfo -l` lists what the ICD loader finds"

@@ -16,6 +16,7 @@ from taogpud.backends.base import WorkerSpec
 from taogpud.errors import BackendUnavailable
 from taogpud.logging import get_logger
 from taogpud.pool import protocol as msg
+from taogpud.pool.leftovers import end_resource_tracker
 from taogpud.pool.worker import WorkerHandle, WorkerState
 
 BACKOFF_FIRST_S = 1.0
@@ -65,6 +66,7 @@ class WorkerPool:
         for task in self._respawns:
             task.cancel()
         await asyncio.gather(*(w.stop(timeout_s) for w in self.workers))
+        end_resource_tracker()  # else systemd kills it as a left-over after the unit stops
 
     def kill_all(self) -> None:
         for worker in self.workers:
