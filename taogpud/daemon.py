@@ -27,7 +27,7 @@ from taogpud.api.app import create_app
 from taogpud.api.hot import JobSubmits
 from taogpud.api.listen import bind_unix_socket
 from taogpud.api.protocol import serving_jobs
-from taogpud.arrays import ArrayStore
+from taogpud.arrays import ArrayStore, upload_quota_bytes
 from taogpud.errors import BackendUnavailable, ConfigError
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.pool import shm
@@ -132,6 +132,7 @@ class Daemon:
         os.environ.update(kernel_cache_env(state_dir))  # inherited by the spawned workers
         store = JobStore(state_dir / STORE_NAME)
         arrays = ArrayStore(_array_budget_bytes(), store, shm.namespace_of(state_dir))
+        arrays.user_quota_bytes = upload_quota_bytes(self.snapshot, arrays)
         arrays.restore()
         scheduler = Scheduler(
             Policy.from_snapshot(self.snapshot), store, arrays, state_dir / OUTPUTS_DIR_NAME

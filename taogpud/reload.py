@@ -25,6 +25,7 @@ from watchfiles import Change, awatch
 from taogpud import config
 from taogpud import logging as tlog
 from taogpud.api.models import ChangeView, ReloadView
+from taogpud.arrays import upload_quota_bytes
 from taogpud.config_ray import restart_only
 from taogpud.errors import BackendUnavailable, ConfigError, Problem
 from taogpud.pool.plan import plan_workers
@@ -121,6 +122,7 @@ class Reloader:
         self.state.snapshot = new
         self.state.generation += 1
         self.state.scheduler.apply_policy(Policy.from_snapshot(new))
+        self.state.arrays.user_quota_bytes = upload_quota_bytes(new, self.state.arrays)
         tlog.set_level(new.settings.logging.level)
         tlog.set_request_trace(new.settings.logging.request_trace)
         tlog.set_secrets(*(k.get_secret_value() for k in (old.api_key, new.api_key) if k))
