@@ -40,6 +40,7 @@ from taogpud.store import JobStore
 
 WARM_TIMEOUT_S = 300.0  # CUDA kernel compilation on a cold cache can take minutes
 WORKER_STOP_TIMEOUT_S = 10.0
+PRIVATE_UMASK = 0o077  # everything the daemon and its workers create: 0700 folders, 0600 files
 STORE_NAME = "jobs.sqlite3"
 OUTPUTS_DIR_NAME = "outputs"
 RECENT_JOBS_SHOWN = 1000  # finished jobs brought back into memory at start, for `list`
@@ -102,6 +103,10 @@ class Daemon:
         inherited = systemd.listen_socket()
         self._owns_socket_file = inherited is None  # systemd's socket unit owns its file
         sock = inherited or bind_unix_socket(self.socket_path)
+        # After the bind (the socket's folder may be new, and its users must reach it): the
+        # store, its WAL, kept outputs and the workers' files are created private, whatever
+        # umask the daemon was started with, never chmod-ed afterwards.
+        os.umask(PRIVATE_UMASK)
         try:
             state = self._build_state()
         except BaseException:
@@ -129,6 +134,7 @@ class Daemon:
     def _build_state(self) -> DaemonState:
         plan = plan_workers(self.snapshot)
         state_dir = self.args.state_dir or default_state_dir()
+        private_dir(state_dir)
         os.environ.update(kernel_cache_env(state_dir))  # inherited by the spawned workers
         store = JobStore(state_dir / STORE_NAME)
         arrays = ArrayStore(_array_budget_bytes(), store, shm.namespace_of(state_dir))
@@ -255,6 +261,14 @@ def _summary(state: DaemonState) -> dict[str, object]:
         "config_digest": state.snapshot.digest,
         "key_source": state.snapshot.key_source,
     }
+
+
+def private_dir(path: Path) -> None:
+    """The state directory, 0700: made so, or narrowed if an older daemon or a person made it
+    wider (its files are then out of other users' reach, whatever their own modes)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
 
 
 def _array_budget_bytes() -> int:
