@@ -31,6 +31,7 @@ from taogpud.arrays import ArrayStore, upload_quota_bytes
 from taogpud.errors import BackendUnavailable, ConfigError
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.pool import shm
+from taogpud.pool.environ import keep_from_children
 from taogpud.pool.executor import create_pool
 from taogpud.pool.plan import plan_workers
 from taogpud.reload import Reloader, watch_files
@@ -305,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tlog.configure(snapshot.settings.logging.level, snapshot.settings.logging.request_trace)
     tlog.set_secrets(snapshot.api_key.get_secret_value() if snapshot.api_key else None)
+    keep_from_children(snapshot.config.api.api_key_env)
     for problem in snapshot.warnings:
         log.warning("config.warning", **problem.as_dict())
     daemon = Daemon(snapshot, args, args.socket or default_socket())
