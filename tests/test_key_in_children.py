@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import start_daemon
 from fake_provider import Reply, fake_provider
 from pydantic import SecretStr
 from test_channel import ping, settings_for
+from test_ray_executor import RAY_CONFIG, _end_leftovers, _pids_naming, needs_ray, ray_env
 
 from taogpud.channel import Scrubber
 
@@ -99,3 +103,27 @@ def test_a_text_that_only_looks_masked_is_left_alone() -> None:
     scrub = Scrubber(SecretStr(KEY))
     for text in ("rate a ***** b", "sk-other****abcd", "version 1.2...3", "wait..."):
         assert scrub(text) == text
+
+
+@pytest.mark.slow
+@needs_ray
+def test_no_process_of_a_local_ray_inherits_the_key() -> None:
+    """executor ray, address local: the daemon's Ray (raylet, GCS, the actors: children of the
+    daemon, some re-parented) has no key in any environment."""
+    home = Path(tempfile.mkdtemp(prefix="tgd-ray-", dir="/tmp"))
+    ray_root = home / "r"
+    ray_root.mkdir()
+    env = {**ray_env(ray_root), "TAOTOKEN_API_KEY": KEY}
+    daemon = start_daemon(home / "d", None, RAY_CONFIG, env)
+    try:
+        with daemon.client() as client:
+            assert client.run("vector_add", {"size": 1000})["status"] == "succeeded"
+        pids = set(descendants(daemon.proc.pid)) | set(_pids_naming(str(ray_root)))
+        assert len(pids) >= 3
+        assert KEY.encode() in environ_of(daemon.proc.pid)
+        assert [pid for pid in sorted(pids) if KEY.encode() in environ_of(pid)] == []
+    finally:
+        daemon.stop(signal.SIGTERM, timeout_s=30)
+        daemon.stop(signal.SIGKILL)
+        _end_leftovers(str(ray_root))
+        shutil.rmtree(home, ignore_errors=True)
