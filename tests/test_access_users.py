@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from taogpud.access import ADMIN_GROUP
 from taogpud.client import ApiError, Client, DaemonUnreachable
 
 GROUP = "taogpu"
@@ -39,15 +40,15 @@ class User:
     groups: tuple[int, ...]
 
 
-def _ensure_user(name: str, in_group: bool) -> User:
-    """The system user `name` (no home, no shell), in group taogpu or not; made if missing.
-    Kept afterwards: parallel test workers share them, and they can log in nowhere."""
+def _ensure_user(name: str, *groups: str) -> User:
+    """The system user `name` (no home, no shell) in `groups`; made if missing. Kept
+    afterwards: parallel test workers share them, and they can log in nowhere."""
     with contextlib.suppress(KeyError):
         pwd.getpwnam(name)
-        if in_group:
-            subprocess.run(["usermod", "-aG", GROUP, name], check=True)
+        if groups:
+            subprocess.run(["usermod", "-aG", ",".join(groups), name], check=True)
         return _user(name)
-    extra = ["-G", GROUP] if in_group else []
+    extra = ["-G", ",".join(groups)] if groups else []
     command = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"]
     done = subprocess.run([*command, *extra, name], check=False, capture_output=True, text=True)
     if done.returncode not in (0, 9):  # 9: made meanwhile by a parallel worker
@@ -63,11 +64,13 @@ def _user(name: str) -> User:
 
 @pytest.fixture(scope="module")
 def users() -> dict[str, User]:
-    subprocess.run(["groupadd", "-f", "--system", GROUP], check=True)
+    for group in (GROUP, ADMIN_GROUP):
+        subprocess.run(["groupadd", "-f", "--system", group], check=True)
     return {
-        "alice": _ensure_user("tgd-alice", True),
-        "carol": _ensure_user("tgd-carol", True),
-        "mallory": _ensure_user("tgd-mallory", False),
+        "alice": _ensure_user("tgd-alice", GROUP),
+        "carol": _ensure_user("tgd-carol", GROUP),
+        "mallory": _ensure_user("tgd-mallory"),
+        "admin": _ensure_user("tgd-admin", GROUP, ADMIN_GROUP),
     }
 
 
@@ -236,3 +239,23 @@ def test_uploads_evict_only_their_owners_pending_arrays(
     assert arrays["user_quota_bytes"] == 1 << 20
     assert arrays["your_pending_bytes"] == 600_128  # her one array: header 128 + data
     assert "never evicts another user's" in arrays["eviction"]
+
+
+def test_a_member_of_the_admin_group_may_use_and_see_anyones(
+    users: dict[str, User], shared_daemon: Callable[..., Any]
+) -> None:
+    """A user in taogpu-admin runs on alice's array and sees her job whole."""
+    daemon = shared_daemon()
+    sock = daemon.socket_path
+
+    def alice_job(client: Client) -> Any:
+        return client.run("reduce_sum", inputs={"x": _upload(client)})
+
+    job = value(as_user(users["alice"], _client_call(sock, alice_job)))
+    array_id = job["inputs"]["x"]
+    ran = as_user(
+        users["admin"], _client_call(sock, lambda c: c.run("reduce_sum", inputs={"x": array_id}))
+    )
+    assert value(ran)["result"]["sum"] == 28.0
+    seen = value(as_user(users["admin"], _client_call(sock, lambda c: c.get(job["id"]))))
+    assert seen["inputs"] == {"x": array_id} and seen["result"] == job["result"]
