@@ -30,7 +30,13 @@ from typing import Any, Protocol
 
 from taogpud.access import may_touch
 from taogpud.config import ConfigSnapshot
-from taogpud.errors import InvalidParams, MissingInput, RequestError, TaogpudError
+from taogpud.errors import (
+    BodyTooLarge,
+    InvalidParams,
+    MissingInput,
+    RequestError,
+    TaogpudError,
+)
 from taogpud.jobs import Peer
 from taogpud.pool import shm
 from taogpud.pool.shm import ArrayRef, BadArray
@@ -174,6 +180,12 @@ class ArrayStore:
             os.close(fd)
         if written != header_bytes + nbytes:
             shm.unlink(name)
+            if written > max_bytes:  # a chunked body declares no length to refuse it by
+                raise BodyTooLarge(
+                    f"the request body passed the upload limit of {max_bytes} bytes "
+                    f"({written} bytes; its .npy header says {header_bytes + nbytes})",
+                    "send the file numpy.save() wrote",
+                )
             raise RequestError(
                 f"the .npy body has {written} bytes, its header says {header_bytes + nbytes}",
                 "the upload was truncated or padded; send the file numpy.save() wrote",

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from taogpud.arrays import ArrayStore, ArrayStoreFull
+from taogpud.errors import BodyTooLarge
 from taogpud.jobs import Peer
 from taogpud.pool import shm
 
@@ -74,3 +75,17 @@ def test_another_users_id_is_none_for_them_and_known_to_root(store: ArrayStore) 
     assert store.get_for(array_id, CAROL) is None
     assert store.get_for(array_id, ALICE) is not None
     assert store.get_for(array_id, Peer(uid=0, gid=0)) is not None
+
+
+def test_a_body_past_the_upload_limit_is_a_413(store: ArrayStore) -> None:
+    """A chunked upload (no length to refuse it by) longer than the limit: body_too_large."""
+    npy = shm.npy_header((10,), "<f4") + bytes(40)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield npy
+        for _ in range(4):
+            yield bytes(1024)
+
+    with pytest.raises(BodyTooLarge) as refused:
+        asyncio.run(store.upload(body(), 2048, owner=ALICE))
+    assert refused.value.http_status == 413 and store.pending_bytes(ALICE.uid) == 0
