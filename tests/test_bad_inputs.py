@@ -134,6 +134,9 @@ def test_a_client_that_hangs_up_mid_upload_is_one_info_line(daemon: RunningDaemo
     assert gone["level"] == "info" and gone["path"] == "/v1/arrays"
     time.sleep(0.3)
     assert [e for e in daemon.events() if e.get("event") == "api.client_gone"] == [gone]
+    assert not [
+        e for e in daemon.events("api.request") if e["path"] == "/v1/arrays" and e["status"] == 499
+    ]
     assert not [e for e in daemon.events() if e.get("level") in ("error", "critical")]
     assert "Traceback" not in daemon.stderr()
 

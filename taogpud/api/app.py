@@ -198,11 +198,12 @@ class RequestTrace:
             await self.app(scope, receive, send_with_status)
         finally:
             peer = scope.get("extensions", {}).get(SCOPE_KEY)
-            log.info(
-                "api.request",
-                method=scope["method"],
-                path=scope["path"],
-                status=status,
-                duration_ms=round((time.perf_counter() - started) * 1e3, 3),
-                uid=getattr(peer, "uid", None),
-            )
+            if status != CLIENT_GONE:  # api.client_gone said it: one line for a hang-up
+                log.info(
+                    "api.request",
+                    method=scope["method"],
+                    path=scope["path"],
+                    status=status,
+                    duration_ms=round((time.perf_counter() - started) * 1e3, 3),
+                    uid=getattr(peer, "uid", None),
+                )
