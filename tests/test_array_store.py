@@ -1,13 +1,14 @@
-"""The array store's bounds, on the real store and real /dev/shm images (no daemon needed):
-an upload makes room only from its own owner's pending arrays."""
+"""The array store's bounds, on the real store and real /dev/shm images (a daemon only for
+the config key): an upload makes room only from its own owner's pending arrays."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import numpy as np
 import pytest
+from conftest import CPU_CONFIG, RunningDaemon, deep_merge, to_toml
 
 from taogpud.arrays import ArrayStore, ArrayStoreFull
 from taogpud.errors import BodyTooLarge
@@ -89,3 +90,17 @@ def test_a_body_past_the_upload_limit_is_a_413(store: ArrayStore) -> None:
     with pytest.raises(BodyTooLarge) as refused:
         asyncio.run(store.upload(body(), 2048, owner=ALICE))
     assert refused.value.http_status == 413 and store.pending_bytes(ALICE.uid) == 0
+
+
+def test_the_quota_is_in_status_and_a_reload_changes_it(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """memory.upload_quota_mb shows in status as user_quota_bytes and applies live."""
+    daemon = daemon_factory(config={"memory": {"upload_quota_mb": 1}})
+    with daemon.client() as client:
+        assert client.status()["arrays"]["user_quota_bytes"] == 1 << 20
+        daemon.config_path.write_text(
+            to_toml(deep_merge(CPU_CONFIG, {"memory": {"upload_quota_mb": 3}}))
+        )
+        assert client.reload_config()["ok"]
+        assert client.status()["arrays"]["user_quota_bytes"] == 3 << 20

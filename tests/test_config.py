@@ -151,6 +151,7 @@ def test_seed_values_are_the_model_defaults(files: Files) -> None:
         "backend.cuda.allow_user_kernels",
         "backend.opencl.device_index",
         "scheduling.queue_limit",
+        "memory.upload_quota_mb",  # issue 17: each user's pending uploads
         "scheduling.drain_timeout_s",
         "scheduling.job_timeout_s",
         "scheduling.executor",  # issue 10: the executor and its [ray] table
