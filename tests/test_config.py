@@ -342,7 +342,7 @@ def test_unknown_key_did_you_mean_in_config(files: Files) -> None:
 def test_unknown_key_without_a_close_match_lists_valid_keys(files: Files) -> None:
     """With nothing close, the fix lists the keys valid at that level."""
     problem = only(files.problems(None, "[memory]\nzzz = 1\n"), "memory.zzz")
-    assert problem.fix == "remove it; valid here: pool_size_mb, auto_grow"
+    assert problem.fix == "remove it; valid here: pool_size_mb, auto_grow, upload_quota_mb"
 
 
 def test_out_of_range_says_given_allowed_and_fix(files: Files) -> None:
