@@ -157,40 +157,27 @@ class ArrayStore:
         belongs to `owner`."""
         owner_uid = owner.uid if owner is not None else None
         chunks = _Chunks(body)
-        head = await chunks.read_head()
-        try:
-            shape, descr, header_bytes = shm.parse_header(head)
-            dtype = checked_dtype(descr)
-        except BadArray as exc:
-            raise RequestError(str(exc), "send the bytes numpy.save() writes") from None
-        nbytes = _data_bytes(shape, dtype)
-        if header_bytes + nbytes > max_bytes:
+        shape, dtype, header_bytes = _read_header(await chunks.read_head())
+        total = header_bytes + _data_bytes(shape, dtype)
+        if total > max_bytes:
             raise RequestError(
-                f"array of {nbytes} bytes is larger than the upload limit of {max_bytes} bytes",
+                f"array of {total - header_bytes} bytes is larger than the upload limit of "
+                f"{max_bytes} bytes",
                 "split the input, or raise the limit",
             )
-        self._make_room(header_bytes + nbytes, owner_uid)
-        name, fd = self._create(header_bytes + nbytes)
+        self._make_room(total, owner_uid)
+        name, fd = self._create(total)
         try:
-            written = await chunks.write_into(fd, header_bytes + nbytes, tap)
+            written = await chunks.write_into(fd, total, tap)
         except BaseException:
             shm.unlink(name)
             raise
         finally:
             os.close(fd)
-        if written != header_bytes + nbytes:
+        if written != total:
             shm.unlink(name)
-            if written > max_bytes:  # a chunked body declares no length to refuse it by
-                raise BodyTooLarge(
-                    f"the request body passed the upload limit of {max_bytes} bytes "
-                    f"({written} bytes; its .npy header says {header_bytes + nbytes})",
-                    "send the file numpy.save() wrote",
-                )
-            raise RequestError(
-                f"the .npy body has {written} bytes, its header says {header_bytes + nbytes}",
-                "the upload was truncated or padded; send the file numpy.save() wrote",
-            )
-        ref = ArrayRef(name, shape, dtype, header_bytes, nbytes, owner_uid)
+            raise _wrong_length(written, total, max_bytes)
+        ref = ArrayRef(name, shape, dtype, header_bytes, total - header_bytes, owner_uid)
         array_id = "a" + secrets.token_hex(8)
         self._add(array_id, ref)
         return array_id, ref
@@ -300,6 +287,30 @@ def check_dtypes(task: str, job_dtype: str | None, refs: dict[str, ArrayRef]) ->
                 f"submit with dtype={given} (--param dtype={given}) if {task} takes it, or "
                 f"upload the array as {wanted}",
             )
+
+
+def _read_header(head: bytes) -> tuple[tuple[int, ...], str, int]:
+    """(shape, dtype, header length) of an upload, or the 400 that says what is wrong."""
+    try:
+        shape, descr, header_bytes = shm.parse_header(head)
+        return shape, checked_dtype(descr), header_bytes
+    except BadArray as exc:
+        raise RequestError(str(exc), "send the bytes numpy.save() writes") from None
+
+
+def _wrong_length(written: int, total: int, max_bytes: int) -> TaogpudError:
+    """A body whose length is not its header's: past the limit a 413 (a chunked body has no
+    length to refuse it by before it is read), else a 400."""
+    if written > max_bytes:
+        return BodyTooLarge(
+            f"the request body passed the upload limit of {max_bytes} bytes "
+            f"({written} bytes; its .npy header says {total})",
+            "send the file numpy.save() wrote",
+        )
+    return RequestError(
+        f"the .npy body has {written} bytes, its header says {total}",
+        "the upload was truncated or padded; send the file numpy.save() wrote",
+    )
 
 
 def _size(ref: ArrayRef) -> int:
