@@ -9,6 +9,7 @@ interpreter may sit where the user could not even read it).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import pwd
@@ -26,6 +27,7 @@ from taogpud.access import ADMIN_GROUP
 from taogpud.client import ApiError, Client, DaemonUnreachable
 
 GROUP = "taogpu"
+USERS_LOCK = Path("/tmp/taogpud-test-users.lock")
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None,
     reason="creating users and switching to them needs root and useradd (CI runs as root)",
@@ -51,7 +53,7 @@ def _ensure_user(name: str, *groups: str) -> User:
     extra = ["-G", ",".join(groups)] if groups else []
     command = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin"]
     done = subprocess.run([*command, *extra, name], check=False, capture_output=True, text=True)
-    if done.returncode not in (0, 9):  # 9: made meanwhile by a parallel worker
+    if done.returncode != 0:
         raise AssertionError(f"useradd {name}: {done.stderr}")
     return _user(name)
 
@@ -64,14 +66,17 @@ def _user(name: str) -> User:
 
 @pytest.fixture(scope="module")
 def users() -> dict[str, User]:
-    for group in (GROUP, ADMIN_GROUP):
-        subprocess.run(["groupadd", "-f", "--system", group], check=True)
-    return {
-        "alice": _ensure_user("tgd-alice", GROUP),
-        "carol": _ensure_user("tgd-carol", GROUP),
-        "mallory": _ensure_user("tgd-mallory"),
-        "admin": _ensure_user("tgd-admin", GROUP, ADMIN_GROUP),
-    }
+    # One test worker at a time: useradd fails, not waits, while another holds /etc/passwd.
+    with USERS_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for group in (GROUP, ADMIN_GROUP):
+            subprocess.run(["groupadd", "-f", "--system", group], check=True)
+        return {
+            "alice": _ensure_user("tgd-alice", GROUP),
+            "carol": _ensure_user("tgd-carol", GROUP),
+            "mallory": _ensure_user("tgd-mallory"),
+            "admin": _ensure_user("tgd-admin", GROUP, ADMIN_GROUP),
+        }
 
 
 def as_user(user: User, action: Callable[[], Any]) -> Any:
