@@ -1,10 +1,20 @@
-"""The daemon's arrays: uploaded inputs and kept outputs, as shared .npy images.
+"""The daemon's arrays: uploaded inputs, as shared .npy images.
 
-Bounded by bytes. An array a queued or running job uses is pinned and never
-evicted; past the budget the oldest unpinned arrays go first. When nothing can
-be evicted the upload is refused with the numbers, instead of /dev/shm filling up.
+Each array belongs to the uid that uploaded it (SO_PEERCRED): only that user (or root, or
+group taogpu-admin) may use it as a job's input, and another user's id is answered exactly
+as an unknown one, so ids cannot be probed.
+
+Bounded by bytes, twice. All arrays together stay within `budget_bytes`; each user's
+*pending* arrays (held, and used by no queued or running job) within `user_quota_bytes`.
+An array a queued or running job uses is pinned and never evicted. An upload makes room
+by evicting only its own owner's pending arrays, oldest first; never another user's. When
+that is not enough the upload is refused with the numbers, instead of /dev/shm filling up.
 The store remembers them, so a restarted daemon takes back what /dev/shm still
 holds (everything but after a reboot) and queued jobs keep their inputs.
+
+Only plain numbers are taken: booleans, integers, floats and complex numbers of any size
+and byte order; object, structured, string, void and datetime dtypes are refused at upload.
+A job whose task has a `dtype` param takes only inputs of that dtype (`check_dtypes`).
 """
 
 from __future__ import annotations
@@ -18,10 +28,26 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from taogpud.errors import RequestError, TaogpudError
+from taogpud.access import may_touch
+from taogpud.config import ConfigSnapshot
+from taogpud.errors import (
+    BodyTooLarge,
+    InvalidParams,
+    MissingInput,
+    RequestError,
+    TaogpudError,
+)
+from taogpud.jobs import Peer
 from taogpud.pool import shm
 from taogpud.pool.shm import ArrayRef, BadArray
 from taogpud.store import JobStore
+
+NUMERIC_KINDS = "biufc"  # numpy dtype kinds an upload may have
+EVICTION = (
+    "an upload first evicts its own owner's pending arrays, oldest first, until the owner's "
+    "pending bytes fit user_quota_bytes and all arrays fit budget_bytes; it never evicts "
+    "another user's array or one a queued or running job uses"
+)
 
 
 class BodyTap(Protocol):
@@ -40,9 +66,14 @@ class ArrayStoreFull(TaogpudError):
 
 class ArrayStore:
     def __init__(
-        self, budget_bytes: int, store: JobStore | None = None, namespace: str = "default"
+        self,
+        budget_bytes: int,
+        store: JobStore | None = None,
+        namespace: str = "default",
+        user_quota_bytes: int | None = None,
     ) -> None:
         self.budget_bytes = budget_bytes
+        self.user_quota_bytes = user_quota_bytes or default_quota_bytes(budget_bytes)
         self.namespace = namespace  # shm.namespace_of(state directory)
         self._store = store  # remembers which images are ours across a daemon restart
         self._arrays: OrderedDict[str, ArrayRef] = OrderedDict()
@@ -51,6 +82,30 @@ class ArrayStore:
 
     def get(self, array_id: str) -> ArrayRef | None:
         return self._arrays.get(array_id)
+
+    def get_for(self, array_id: str, peer: Peer) -> ArrayRef | None:
+        """The array if `peer` may use it; None when it is unknown *or* someone else's."""
+        ref = self._arrays.get(array_id)
+        return ref if ref is not None and may_touch(ref.owner_uid, peer) else None
+
+    def inputs_for(self, peer: Peer, inputs: dict[str, str]) -> dict[str, ArrayRef]:
+        """The job's input arrays, each one the submitter may use; else MissingInput, the
+        same answer for an id that never existed and for another user's."""
+        refs = {}
+        for name, array_id in inputs.items():
+            ref = self.get_for(array_id, peer)
+            if ref is None:
+                raise MissingInput(
+                    f"input {name!r}: no array with id {array_id!r}",
+                    "upload it first (POST /v1/arrays, or taogpuctl submit --input "
+                    "NAME=FILE.npy); past your upload quota your oldest unused uploads go",
+                )
+            refs[name] = ref
+        return refs
+
+    def pending_bytes(self, owner_uid: int | None) -> int:
+        """What `owner_uid`'s pending arrays (used by no queued or running job) hold."""
+        return sum(_size(ref) for _, ref in self._pending_of(owner_uid))
 
     def restore(self) -> None:
         """Take back the uploads a previous run left in /dev/shm, then sweep what is not ours."""
@@ -91,38 +146,38 @@ class ArrayStore:
         return len(unused)
 
     async def upload(
-        self, body: AsyncIterator[bytes], max_bytes: int, tap: BodyTap | None = None
+        self,
+        body: AsyncIterator[bytes],
+        max_bytes: int,
+        tap: BodyTap | None = None,
+        owner: Peer | None = None,
     ) -> tuple[str, ArrayRef]:
         """Stream a request body (.npy) straight into shared memory; with the connection's
-        `tap`, the pieces after the header are copied there as they arrive."""
+        `tap`, the pieces after the header are copied there as they arrive. The array
+        belongs to `owner`."""
+        owner_uid = owner.uid if owner is not None else None
         chunks = _Chunks(body)
-        head = await chunks.read_head()
-        try:
-            shape, dtype, header_bytes = shm.parse_header(head)
-        except BadArray as exc:
-            raise RequestError(str(exc), "send the bytes numpy.save() writes") from None
-        nbytes = _data_bytes(shape, dtype)
-        if header_bytes + nbytes > max_bytes:
+        shape, dtype, header_bytes = _read_header(await chunks.read_head())
+        total = header_bytes + _data_bytes(shape, dtype)
+        if total > max_bytes:
             raise RequestError(
-                f"array of {nbytes} bytes is larger than the upload limit of {max_bytes} bytes",
+                f"array of {total - header_bytes} bytes is larger than the upload limit of "
+                f"{max_bytes} bytes",
                 "split the input, or raise the limit",
             )
-        self._make_room(header_bytes + nbytes)
-        name, fd = self._create(header_bytes + nbytes)
+        self._make_room(total, owner_uid)
+        name, fd = self._create(total)
         try:
-            written = await chunks.write_into(fd, header_bytes + nbytes, tap)
+            written = await chunks.write_into(fd, total, tap)
         except BaseException:
             shm.unlink(name)
             raise
         finally:
             os.close(fd)
-        if written != header_bytes + nbytes:
+        if written != total:
             shm.unlink(name)
-            raise RequestError(
-                f"the .npy body has {written} bytes, its header says {header_bytes + nbytes}",
-                "the upload was truncated or padded; send the file numpy.save() wrote",
-            )
-        ref = ArrayRef(name, shape, dtype, header_bytes, nbytes)
+            raise _wrong_length(written, total, max_bytes)
+        ref = ArrayRef(name, shape, dtype, header_bytes, total - header_bytes, owner_uid)
         array_id = "a" + secrets.token_hex(8)
         self._add(array_id, ref)
         return array_id, ref
@@ -142,17 +197,124 @@ class ArrayStore:
                 "free memory in /dev/shm, or send a smaller array",
             ) from None
 
-    def _make_room(self, needed: int) -> None:
-        for array_id in [a for a in self._arrays if a not in self._pins]:
-            if self.used_bytes + needed <= self.budget_bytes:
+    def _pending_of(self, owner_uid: int | None) -> list[tuple[str, ArrayRef]]:
+        """The owner's pending arrays, oldest first."""
+        return [
+            (array_id, ref)
+            for array_id, ref in self._arrays.items()
+            if ref.owner_uid == owner_uid and array_id not in self._pins
+        ]
+
+    def _make_room(self, needed: int, owner_uid: int | None) -> None:
+        """Room for `needed` bytes of `owner_uid`'s: see EVICTION."""
+        quota = self.user_quota_bytes
+        if needed > quota:
+            raise ArrayStoreFull(
+                f"an array of {needed} bytes is larger than the upload quota of {quota} bytes "
+                "per user",
+                "split the input, or ask the administrator to raise memory.upload_quota_mb",
+            )
+        pending = self._pending_of(owner_uid)
+        held = sum(_size(ref) for _, ref in pending)
+        for array_id, ref in pending:
+            if held + needed <= quota and self.used_bytes + needed <= self.budget_bytes:
                 return
             self.remove(array_id)
+            held -= _size(ref)
         if self.used_bytes + needed > self.budget_bytes:
             raise ArrayStoreFull(
                 f"no room for {needed} bytes: {self.used_bytes} of {self.budget_bytes} bytes "
-                "are held by arrays that queued or running jobs use",
+                "are held by arrays that queued or running jobs use and other users' uploads",
                 "wait for running jobs to finish, or send smaller arrays",
             )
+
+    def view(self, peer: Peer) -> dict[str, Any]:
+        """The bounds as `status` shows them, with the caller's own pending bytes."""
+        return {
+            "budget_bytes": self.budget_bytes,
+            "used_bytes": self.used_bytes,
+            "user_quota_bytes": self.user_quota_bytes,
+            "your_pending_bytes": self.pending_bytes(peer.uid),
+            "eviction": EVICTION,
+        }
+
+
+def upload_quota_bytes(snapshot: ConfigSnapshot, arrays: ArrayStore) -> int:
+    """memory.upload_quota_mb, or the default for the store's budget."""
+    quota_mb = snapshot.config.memory.upload_quota_mb
+    return quota_mb << 20 if quota_mb else default_quota_bytes(arrays.budget_bytes)
+
+
+def default_quota_bytes(budget_bytes: int) -> int:
+    """A quarter of the budget: four users' pending uploads at the quota still fit."""
+    return max(budget_bytes // 4, 1)
+
+
+def checked_dtype(descr: str) -> str:
+    """The .npy header's descr as numpy's dtype string ("<f4"), if it is a plain number type;
+    else BadArray naming it. Numpy parses it here, in the daemon: an unknown or an object
+    dtype never reaches a worker."""
+    import numpy as np
+
+    try:
+        dtype = np.dtype(descr)
+    except (TypeError, ValueError, KeyError, SyntaxError, OverflowError) as exc:
+        raise BadArray(f".npy descr {descr!r} is not a dtype numpy knows ({exc})") from None
+    if dtype.hasobject or dtype.kind not in NUMERIC_KINDS:
+        raise BadArray(
+            f".npy descr {descr!r} is {dtype}: only plain numbers are taken (booleans, integers, "
+            "floats, complex), not objects, structures, strings or dates"
+        )
+    return str(dtype.str)
+
+
+def check_dtypes(task: str, job_dtype: str | None, refs: dict[str, ArrayRef]) -> None:
+    """The one rule for every task: an input of a job with a `dtype` param has that dtype.
+    Never converted (float64 computed as float32 would lose precision without a word)."""
+    if job_dtype is None:
+        return  # the task takes its inputs as they are
+    import numpy as np
+
+    try:
+        wanted = np.dtype(job_dtype)
+    except TypeError:  # a plug-in's `dtype` that is no numpy dtype: not ours to judge
+        return
+    for name, ref in refs.items():
+        given = np.dtype(ref.dtype)
+        if given.newbyteorder("=") != wanted:
+            raise InvalidParams(
+                f"{task}: input {name!r} is {given}, the job's dtype is {wanted}",
+                f"submit with dtype={given} (--param dtype={given}) if {task} takes it, or "
+                f"upload the array as {wanted}",
+            )
+
+
+def _read_header(head: bytes) -> tuple[tuple[int, ...], str, int]:
+    """(shape, dtype, header length) of an upload, or the 400 that says what is wrong."""
+    try:
+        shape, descr, header_bytes = shm.parse_header(head)
+        return shape, checked_dtype(descr), header_bytes
+    except BadArray as exc:
+        raise RequestError(str(exc), "send the bytes numpy.save() writes") from None
+
+
+def _wrong_length(written: int, total: int, max_bytes: int) -> TaogpudError:
+    """A body whose length is not its header's: past the limit a 413 (a chunked body has no
+    length to refuse it by before it is read), else a 400."""
+    if written > max_bytes:
+        return BodyTooLarge(
+            f"the request body passed the upload limit of {max_bytes} bytes "
+            f"({written} bytes; its .npy header says {total})",
+            "send the file numpy.save() wrote",
+        )
+    return RequestError(
+        f"the .npy body has {written} bytes, its header says {total}",
+        "the upload was truncated or padded; send the file numpy.save() wrote",
+    )
+
+
+def _size(ref: ArrayRef) -> int:
+    return ref.header_bytes + ref.nbytes
 
 
 def _data_bytes(shape: tuple[int, ...], dtype: str) -> int:

@@ -32,11 +32,13 @@ outside (server bodies, exception texts) goes through `Scrubber` before it is sh
 from __future__ import annotations
 
 import asyncio
+import base64
 import email.utils
 import json
 import math
 import os
 import random
+import re
 import socket
 import ssl
 import time
@@ -166,17 +168,47 @@ def key_sources_tried(snapshot: ConfigSnapshot, environ: Mapping[str, str]) -> t
 
 
 class Scrubber:
-    """Replaces the key (raw, and as reprs and byte reprs escape it) in any text."""
+    """Replaces the key in any text: raw, as reprs and byte reprs escape it, base64-encoded
+    (alone or inside a longer base64 text, such as Basic auth), and masked as providers
+    echo it back ("sk-ab****wxyz": some first and last characters around asterisks)."""
 
     def __init__(self, secret: SecretStr | None) -> None:
         value = secret.get_secret_value() if secret is not None else ""
         forms = {value, repr(value)[1:-1], repr(value.encode("utf-8", "replace"))[2:-1]}
+        forms |= _base64_forms(value.encode("utf-8", "replace")) if value else set()
         self._forms = sorted((form for form in forms if len(form) >= 4), key=len, reverse=True)
+        self._key = value
 
     def __call__(self, text: str) -> str:
         for form in self._forms:
             text = text.replace(form, REDACTED)
-        return text
+        return _MASKED.sub(self._unmask, text) if len(self._key) >= 8 else text
+
+    def _unmask(self, found: re.Match[str]) -> str:
+        """A masked token is the key's when what shows of it is the key's own start and end."""
+        start, end = found.group(1), found.group(3).rstrip(".,;:")
+        shown = len(start) + len(end)
+        key = self._key
+        if shown and shown < len(key) and key.startswith(start) and key.endswith(end):
+            return REDACTED + found.group(3)[len(end) :]  # a sentence's full stop stays
+        return found.group(0)
+
+
+# A token with a run of mask characters inside: what shows before it, the run, what after.
+_MASKED = re.compile(r"([\w\-.~+/]*?)(\*{3,}|•{3,}|\.{3}|…)([\w\-.~+/]*)")
+
+
+def _base64_forms(raw: bytes) -> set[str]:
+    """The base64 text of `raw` at each of the three alignments it can have inside longer
+    data (only the characters that depend on `raw` alone), standard and URL-safe."""
+    forms = set()
+    for offset in range(3):
+        encoded = base64.b64encode(bytes(offset) + raw).decode("ascii")
+        first, last = -(-offset // 3), (offset + len(raw)) // 3  # whole 3-byte groups of raw
+        core = encoded[4 * first : 4 * last]
+        if len(core) >= 8:
+            forms |= {core, core.replace("+", "-").replace("/", "_")}
+    return forms
 
 
 def url_problem(base_url: str) -> tuple[PingStatus, str, str] | None:

@@ -385,10 +385,21 @@ def status_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
         f"queued {view['queued']}/{view.get('queue_limit', '-')}  "
         f"strategy {view.get('strategy', '-')}  jobs total {view.get('jobs_total', '-')}"
     )
+    if view.get("arrays"):
+        arrays = view["arrays"]
+        emit_line(
+            f"uploads {_mib(arrays['used_bytes'])}/{_mib(arrays['budget_bytes'])} MiB  "
+            f"yours pending {_mib(arrays['your_pending_bytes'])}/"
+            f"{_mib(arrays['user_quota_bytes'])} MiB (quota; past it your oldest unused go)"
+        )
     columns = ("device", "index", "pid", "state", "running", "slots", "jobs_done", "restarts")
     emit_table(columns, [[worker.get(c) for c in columns] for worker in view["workers"]])
     if view["fallback"]:
         warn(f"running on CPU fallback workers, not a GPU: {view.get('fallback_reason')}")
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:,.1f}"
 
 
 @app.command("tasks")

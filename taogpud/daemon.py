@@ -27,10 +27,11 @@ from taogpud.api.app import create_app
 from taogpud.api.hot import JobSubmits
 from taogpud.api.listen import bind_unix_socket
 from taogpud.api.protocol import serving_jobs
-from taogpud.arrays import ArrayStore
+from taogpud.arrays import ArrayStore, upload_quota_bytes
 from taogpud.errors import BackendUnavailable, ConfigError
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.pool import shm
+from taogpud.pool.environ import keep_from_children
 from taogpud.pool.executor import create_pool
 from taogpud.pool.plan import plan_workers
 from taogpud.relay import listen as relay_listen
@@ -43,6 +44,7 @@ from taogpud.store import JobStore
 
 WARM_TIMEOUT_S = 300.0  # CUDA kernel compilation on a cold cache can take minutes
 WORKER_STOP_TIMEOUT_S = 10.0
+PRIVATE_UMASK = 0o077  # everything the daemon and its workers create: 0700 folders, 0600 files
 STORE_NAME = "jobs.sqlite3"
 OUTPUTS_DIR_NAME = "outputs"
 RECENT_JOBS_SHOWN = 1000  # finished jobs brought back into memory at start, for `list`
@@ -107,6 +109,10 @@ class Daemon:
         inherited = systemd.listen_socket()
         self._owns_socket_file = inherited is None  # systemd's socket unit owns its file
         sock = inherited or bind_unix_socket(self.socket_path)
+        # After the bind (the socket's folder may be new, and its users must reach it): the
+        # store, its WAL, kept outputs and the workers' files are created private, whatever
+        # umask the daemon was started with, never chmod-ed afterwards.
+        os.umask(PRIVATE_UMASK)
         try:
             state = self._build_state()
         except BaseException:
@@ -134,9 +140,11 @@ class Daemon:
     def _build_state(self) -> DaemonState:
         plan = plan_workers(self.snapshot)
         state_dir = self.args.state_dir or default_state_dir()
+        private_dir(state_dir)
         os.environ.update(kernel_cache_env(state_dir))  # inherited by the spawned workers
         store = JobStore(state_dir / STORE_NAME)
         arrays = ArrayStore(_array_budget_bytes(), store, shm.namespace_of(state_dir))
+        arrays.user_quota_bytes = upload_quota_bytes(self.snapshot, arrays)
         arrays.restore()
         scheduler = Scheduler(
             Policy.from_snapshot(self.snapshot), store, arrays, state_dir / OUTPUTS_DIR_NAME
@@ -265,6 +273,14 @@ def _summary(state: DaemonState) -> dict[str, object]:
     }
 
 
+def private_dir(path: Path) -> None:
+    """The state directory, 0700: made so, or narrowed if an older daemon or a person made it
+    wider (its files are then out of other users' reach, whatever their own modes)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+
+
 def _array_budget_bytes() -> int:
     """Half of /dev/shm, at most 8 GiB: uploads and kept outputs live there."""
     stat = os.statvfs(shm.SHM_DIR)
@@ -299,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tlog.configure(snapshot.settings.logging.level, snapshot.settings.logging.request_trace)
     tlog.set_secrets(snapshot.api_key.get_secret_value() if snapshot.api_key else None)
+    keep_from_children(snapshot.config.api.api_key_env)
     for problem in snapshot.warnings:
         log.warning("config.warning", **problem.as_dict())
     daemon = Daemon(snapshot, args, args.socket or default_socket())

@@ -14,6 +14,7 @@
     ├── OutputNotFound             output_not_found 404  the job kept no output of that name
     ├── NotPermitted               forbidden       403   the caller may not touch this job
     ├── Rejected                   too_large       413   the job can never fit a device (admission)
+    ├── BodyTooLarge               body_too_large  413   a request body passed its route's limit
     ├── QueueFull                  queue_full      429   the bounded queue is full; retry later
     └── Draining                   draining        503   the daemon is stopping; no new jobs
 
@@ -140,6 +141,11 @@ class NotPermitted(TaogpudError):
 
 class Rejected(TaogpudError):
     code = "too_large"
+    http_status = 413
+
+
+class BodyTooLarge(TaogpudError):
+    code = "body_too_large"
     http_status = 413
 
 

@@ -22,12 +22,11 @@ from typing import Any
 from taogpud import tasks, trace
 from taogpud.access import check_access
 from taogpud.api.models import JobRequest
-from taogpud.arrays import ArrayStore
+from taogpud.arrays import ArrayStore, check_dtypes
 from taogpud.config import ConfigSnapshot
 from taogpud.errors import (
     Draining,
     JobNotFound,
-    MissingInput,
     QueueFull,
     Rejected,
     RequestError,
@@ -106,7 +105,7 @@ class Scheduler:
         self._check_enabled(task)
         self._check_backend(task)
         validated = tasks.validate_params(task, request.params)
-        self._check_inputs(task, request.inputs)
+        self._check_inputs(task, validated, request.inputs, peer)
         estimate = task.estimate_bytes(validated) + self._input_bytes(request.inputs)
         self._admit(request, estimate)
         job = JobRecord(
@@ -157,14 +156,13 @@ class Scheduler:
         for backend in sorted({w.spec.backend for w in self._pool().workers}):
             task.body_for(backend)  # raises UnsupportedTask, naming the backends it has
 
-    def _check_inputs(self, task: tasks.Task, inputs: dict[str, str]) -> None:
+    def _check_inputs(
+        self, task: tasks.Task, params: Any, inputs: dict[str, str], peer: Peer
+    ) -> None:
+        """Each input is known, the submitter's own (arrays.py) and of the job's dtype."""
         tasks.check_input_names(task, inputs)
-        for name, array_id in inputs.items():
-            if self.arrays.get(array_id) is None:
-                raise MissingInput(
-                    f"input {name!r}: no array with id {array_id!r}",
-                    "upload it first (POST /v1/arrays, or taogpuctl submit --input NAME=FILE.npy)",
-                )
+        refs = self.arrays.inputs_for(peer, inputs)
+        check_dtypes(task.name, getattr(params, "dtype", None), refs)
 
     def _input_bytes(self, inputs: dict[str, str]) -> int:
         refs = (self.arrays.get(array_id) for array_id in inputs.values())

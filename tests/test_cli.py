@@ -313,11 +313,12 @@ def test_status_json_has_the_contract_fields(ctl: Ctl) -> None:
 
 
 def test_status_human_shows_workers(ctl: Ctl) -> None:
-    """Plain `status` names the backend and prints one row per worker."""
+    """Plain `status` names the backend, the upload room and quota, and one row per worker."""
     result = ctl("status")
     assert result.returncode == 0, result.stderr
     assert "backend cpu" in result.stdout
     assert "cpu:0" in result.stdout
+    assert "yours pending 0.0/" in result.stdout and "(quota;" in result.stdout
 
 
 def test_config_status_json_has_generation_and_last_reload(ctl: Ctl) -> None:

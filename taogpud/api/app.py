@@ -9,12 +9,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from taogpud import __version__, relay
 from taogpud.api import arrays, channel, config, doctor, jobs, system
 from taogpud.api.peer import SCOPE_KEY
-from taogpud.errors import ErrorBody, TaogpudError
+from taogpud.errors import BodyTooLarge, ErrorBody, TaogpudError
 from taogpud.logging import get_logger, request_trace_enabled
 from taogpud.state import DaemonState
 
@@ -37,6 +39,7 @@ def create_app(state: DaemonState) -> FastAPI:
     app.add_exception_handler(TaogpudError, _taogpud_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected_error)
     app.add_middleware(BodyLimit, state=state)
     app.add_middleware(RequestTrace)
@@ -82,6 +85,21 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(
         exc.status_code, ErrorBody(code, message, "the routes are in GET /v1/openapi.json")
     )
+
+
+CLIENT_GONE = 499  # as nginx logs it: the client closed the connection before the answer
+
+
+async def _client_gone(request: Request, _: Exception) -> Response:
+    """The client hung up mid-body: nothing to answer and nothing wrong here, one info line.
+    (Left to the catch-all handler it was an error with a traceback, and uvicorn's second.)"""
+    peer = request.scope.get("extensions", {}).get(SCOPE_KEY)
+    log.info("api.client_gone", method=request.method, path=request.url.path, uid=_uid(peer))
+    return Response(status_code=CLIENT_GONE)
+
+
+def _uid(peer: Any) -> int | None:
+    return getattr(peer, "uid", None)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
@@ -149,7 +167,10 @@ def _counting(receive: Receive, limit: int) -> Receive:
         message = await receive()
         seen += len(message.get("body", b""))
         if seen > limit:
-            raise TaogpudError(f"the request body passed the limit of {limit} bytes")
+            raise BodyTooLarge(  # a chunked body, which declares no length to refuse it by
+                f"the request body passed the limit of {limit} bytes",
+                "send less, or upload arrays through POST /v1/arrays",
+            )
         return message
 
     return wrapped
@@ -178,11 +199,12 @@ class RequestTrace:
             await self.app(scope, receive, send_with_status)
         finally:
             peer = scope.get("extensions", {}).get(SCOPE_KEY)
-            log.info(
-                "api.request",
-                method=scope["method"],
-                path=scope["path"],
-                status=status,
-                duration_ms=round((time.perf_counter() - started) * 1e3, 3),
-                uid=getattr(peer, "uid", None),
-            )
+            if status != CLIENT_GONE:  # api.client_gone said it: one line for a hang-up
+                log.info(
+                    "api.request",
+                    method=scope["method"],
+                    path=scope["path"],
+                    status=status,
+                    duration_ms=round((time.perf_counter() - started) * 1e3, 3),
+                    uid=getattr(peer, "uid", None),
+                )

@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from pydantic import ValidationError
 
-from taogpud.access import check_access
+from taogpud.access import check_access, view_of
 from taogpud.api.deps import Daemon
 from taogpud.api.models import JobRequest
 from taogpud.api.peer import peer_of
@@ -69,31 +69,37 @@ async def submit(
     return _job_response(job, 201)
 
 
+# Everyone sees every job; another user's without what it holds (access.view_of).
+
+
 @router.get("", response_model=list[JobRecord])
 async def list_jobs(
+    request: Request,
     daemon: Daemon,
     status: JobState | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> Response:
-    jobs = daemon.store.recent(status, limit)
+    peer = peer_of(request)
+    jobs = [view_of(job, peer) for job in daemon.store.recent(status, limit)]
     body = b"[" + b",".join(job.model_dump_json().encode() for job in jobs) + b"]"
     return Response(body, media_type=JSON)
 
 
 @router.get("/{job_id}", response_model=JobRecord)
-async def get_job(job_id: str, daemon: Daemon) -> Response:
-    return _job_response(daemon.scheduler.get(job_id))
+async def get_job(job_id: str, request: Request, daemon: Daemon) -> Response:
+    return _job_response(view_of(daemon.scheduler.get(job_id), peer_of(request)))
 
 
 @router.get("/{job_id}/wait", response_model=JobRecord)
 async def wait_job(
     job_id: str,
+    request: Request,
     daemon: Daemon,
     timeout_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 30.0,
 ) -> Response:
     job = daemon.scheduler.get(job_id)
     await daemon.store.wait(job_id, timeout_s)
-    return _job_response(job)
+    return _job_response(view_of(job, peer_of(request)))
 
 
 @router.post("/{job_id}/cancel", response_model=JobRecord)

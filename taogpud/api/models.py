@@ -73,6 +73,16 @@ class WorkerView(BaseModel):
     problem: str | None = None  # a worker that is not warm: why (its warm-up failure or death)
 
 
+class ArraysView(BaseModel):
+    """The bounds on uploads (taogpud/arrays.py), as one caller sees them."""
+
+    budget_bytes: int  # all arrays together
+    used_bytes: int
+    user_quota_bytes: int  # each user's pending arrays (used by no queued or running job)
+    your_pending_bytes: int  # the caller's pending arrays
+    eviction: str  # the order in which an upload makes room
+
+
 class StatusView(BaseModel):
     state: str
     backend: str
@@ -89,6 +99,7 @@ class StatusView(BaseModel):
     workers: list[WorkerView]
     executor: str = "local"  # where the workers live: "local" | "ray"
     executor_problem: str | None = None  # e.g. a Ray cluster that does not answer
+    arrays: ArraysView | None = None
 
 
 class InfoView(BaseModel):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
 from taogpud import __version__, tasks
 from taogpud.api.deps import Daemon
-from taogpud.api.models import HealthView, InfoView, StatusView, WorkerView
+from taogpud.api.models import ArraysView, HealthView, InfoView, StatusView, WorkerView
+from taogpud.api.peer import peer_of
 from taogpud.metrics import render_metrics
 from taogpud.state import DaemonState
 
@@ -39,8 +40,10 @@ async def info(daemon: Daemon) -> InfoView:
 
 
 @router.get("/v1/status", response_model=StatusView)
-async def status(daemon: Daemon) -> StatusView:
-    return status_of(daemon)
+async def status(request: Request, daemon: Daemon) -> StatusView:
+    view = status_of(daemon)
+    view.arrays = ArraysView(**daemon.arrays.view(peer_of(request)))
+    return view
 
 
 @router.get("/v1/devices")

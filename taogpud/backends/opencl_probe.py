@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from taogpud.install_hints import install_hint
+from taogpud.pool.environ import child_env  # a leaf: imports nothing of taogpud
 
 PROBE_TIMEOUT_S = 120.0  # a cold PoCL build is about a second; a GPU driver's first can be more
 INSTALL_HINT = install_hint("opencl")
@@ -86,7 +87,12 @@ def inventory(
         command += ["--platform", str(platform), "--devices", _devices_arg(devices)]
     try:
         done = subprocess.run(
-            command, check=False, capture_output=True, text=True, timeout=timeout_s
+            command,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=child_env(),  # never the API key
         )
     except subprocess.TimeoutExpired:
         return OpenclInventory(

@@ -40,6 +40,7 @@ from taogpud.config import RaySection
 from taogpud.errors import BackendUnavailable
 from taogpud.logging import get_logger
 from taogpud.pool import protocol as msg
+from taogpud.pool.environ import without_secrets
 from taogpud.pool.execute import STICKY_ERROR_CODES
 from taogpud.pool.interface import PoolSink
 from taogpud.pool.ray_actor import CONTROL, WorkerActor
@@ -161,7 +162,11 @@ class RayWorkerPool:
         timeout_s = self.settings.connect_timeout_s
         os.environ.setdefault(GCS_RECONNECT_ENV, str(GCS_RECONNECT_S))
         try:
-            await self._keeper.start(lambda: ray.init(**kwargs), timeout_s)
+            # A local Ray's processes (and the actors they start) are children of the daemon:
+            # none gets the key. Only at start, before the API serves: nothing else of the
+            # daemon reads its environment while ray.init runs.
+            with without_secrets():
+                await self._keeper.start(lambda: ray.init(**kwargs), timeout_s)
         except TimeoutError:
             raise BackendUnavailable(
                 f"the Ray cluster at ray.address = {address!r} did not answer within "

@@ -39,6 +39,7 @@ class ArrayRef:
     dtype: str  # numpy dtype string, e.g. "<f4"
     header_bytes: int  # data starts here
     nbytes: int  # data bytes (the file is header_bytes + nbytes)
+    owner_uid: int | None = None  # who uploaded it (SO_PEERCRED); only they may use it
 
     @property
     def path(self) -> Path:
@@ -82,6 +83,8 @@ def _header_fields(text: bytes) -> tuple[tuple[int, ...], str]:
         fortran = bool(fields["fortran_order"])
     except (ValueError, SyntaxError, KeyError, TypeError) as exc:
         raise BadArray(f".npy header cannot be read: {exc}") from exc
+    except (RecursionError, MemoryError):  # e.g. thousands of unary minus signs
+        raise BadArray(".npy header cannot be read: it nests too deeply") from None
     if fortran:
         raise BadArray("Fortran-ordered arrays are not supported; save with np.ascontiguousarray")
     if not isinstance(fields["descr"], str) or dtype.startswith("|O"):

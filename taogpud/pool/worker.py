@@ -21,6 +21,7 @@ from multiprocessing.process import BaseProcess
 from taogpud.backends.base import DeviceInfo, WorkerSpec
 from taogpud.pool import protocol as msg
 from taogpud.pool.child import worker_main
+from taogpud.pool.environ import without_secrets
 
 SPAWN = multiprocessing.get_context("spawn")
 _ping_tokens = itertools.count(1)
@@ -81,7 +82,8 @@ class WorkerHandle:
             name=f"taogpud-worker-{self.spec.backend}{self.spec.index}",
             daemon=True,
         )
-        process.start()
+        with without_secrets():  # nor its resource tracker, which the first start spawns
+            process.start()
         for conn in (child_conn, *(theirs for _, theirs in slot_pipes)):
             conn.close()  # so our ends see EOF when the child dies
         self._process, self._conn, self.pid = process, parent_conn, process.pid

@@ -47,7 +47,7 @@ class _Params(BaseModel):
 
 class SizedParams(_Params):
     size: Int = Field(1_000_000, ge=1, le=MAX_ELEMENTS, description="number of elements")
-    dtype: Dtype = Field("float32", description="element type; uploaded inputs are converted")
+    dtype: Dtype = Field("float32", description="element type; uploaded inputs must have it")
     seed: Int = Field(0, ge=0, le=2**63 - 1, description="seed of xp.random.default_rng")
 
 
@@ -57,7 +57,7 @@ class SaxpyParams(SizedParams):
 
 class MatmulParams(_Params):
     n: Int = Field(1024, ge=1, le=MAX_MATRIX_N, description="rows and columns of a and b")
-    dtype: Dtype = Field("float32", description="element type; uploaded inputs are converted")
+    dtype: Dtype = Field("float32", description="element type; uploaded inputs must have it")
     seed: Int = Field(0, ge=0, le=2**63 - 1, description="seed of xp.random.default_rng")
 
 

@@ -1,0 +1,106 @@
+"""The array store's bounds, on the real store and real /dev/shm images (a daemon only for
+the config key): an upload makes room only from its own owner's pending arrays."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import numpy as np
+import pytest
+from conftest import CPU_CONFIG, RunningDaemon, deep_merge, to_toml
+
+from taogpud.arrays import ArrayStore, ArrayStoreFull
+from taogpud.errors import BodyTooLarge
+from taogpud.jobs import Peer
+from taogpud.pool import shm
+
+ALICE, CAROL = Peer(uid=1001, gid=1001), Peer(uid=1002, gid=1002)
+ARRAY_BYTES = 128 + 4000  # header and data of 1,000 float32
+
+
+@pytest.fixture
+def store() -> Iterator[ArrayStore]:
+    """Room for three arrays in all, two pending per user."""
+    arrays = ArrayStore(
+        3 * ARRAY_BYTES, namespace="test-array-store", user_quota_bytes=2 * ARRAY_BYTES
+    )
+    yield arrays
+    arrays.release_unused()  # every image it made (no test leaves one pinned)
+
+
+def upload(store: ArrayStore, owner: Peer) -> str:
+    npy = shm.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield npy
+
+    array_id, _ = asyncio.run(store.upload(body(), 1 << 20, owner=owner))
+    return array_id
+
+
+def test_an_upload_evicts_its_owners_oldest_pending_array_past_the_quota(store: ArrayStore) -> None:
+    first, second = upload(store, ALICE), upload(store, ALICE)
+    third = upload(store, ALICE)
+    assert store.get(first) is None and store.get(second) and store.get(third)
+    assert store.pending_bytes(ALICE.uid) == 2 * ARRAY_BYTES
+
+
+def test_a_full_budget_refuses_rather_than_evict_another_users_array(store: ArrayStore) -> None:
+    """alice holds two, carol one (the whole budget): carol's next upload may evict only her
+    own; alice's arrays stay even when that leaves carol without room."""
+    alice = [upload(store, ALICE), upload(store, ALICE)]
+    carols = upload(store, CAROL)
+    store.pin([carols])  # a queued job uses it: not hers to evict either
+    with pytest.raises(ArrayStoreFull, match="other users' uploads"):
+        upload(store, CAROL)
+    assert all(store.get(array_id) for array_id in [*alice, carols])
+    store.unpin([carols])
+    replacing = upload(store, CAROL)  # her own pending one goes
+    assert store.get(carols) is None and store.get(replacing)
+    assert all(store.get(array_id) for array_id in alice)
+
+
+def test_an_array_past_the_quota_is_refused_with_the_numbers(store: ArrayStore) -> None:
+    npy = shm.npy_header((3000,), "<f4") + bytes(12000)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield npy
+
+    with pytest.raises(ArrayStoreFull, match=f"quota of {2 * ARRAY_BYTES} bytes"):
+        asyncio.run(store.upload(body(), 1 << 20, owner=ALICE))
+
+
+def test_another_users_id_is_none_for_them_and_known_to_root(store: ArrayStore) -> None:
+    array_id = upload(store, ALICE)
+    assert store.get_for(array_id, CAROL) is None
+    assert store.get_for(array_id, ALICE) is not None
+    assert store.get_for(array_id, Peer(uid=0, gid=0)) is not None
+
+
+def test_a_body_past_the_upload_limit_is_a_413(store: ArrayStore) -> None:
+    """A chunked upload (no length to refuse it by) longer than the limit: body_too_large."""
+    npy = shm.npy_header((10,), "<f4") + bytes(40)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield npy
+        for _ in range(4):
+            yield bytes(1024)
+
+    with pytest.raises(BodyTooLarge) as refused:
+        asyncio.run(store.upload(body(), 2048, owner=ALICE))
+    assert refused.value.http_status == 413 and store.pending_bytes(ALICE.uid) == 0
+
+
+def test_the_quota_is_in_status_and_a_reload_changes_it(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """memory.upload_quota_mb shows in status as user_quota_bytes and applies live."""
+    daemon = daemon_factory(config={"memory": {"upload_quota_mb": 1}})
+    with daemon.client() as client:
+        assert client.status()["arrays"]["user_quota_bytes"] == 1 << 20
+        daemon.config_path.write_text(
+            to_toml(deep_merge(CPU_CONFIG, {"memory": {"upload_quota_mb": 3}}))
+        )
+        assert client.reload_config()["ok"]
+        assert client.status()["arrays"]["user_quota_bytes"] == 3 << 20
