@@ -196,7 +196,7 @@ def test_another_users_job_shows_nothing_it_holds(
 def test_a_user_outside_the_group_cannot_connect(
     users: dict[str, User], shared_daemon: Callable[..., Any]
 ) -> None:
-    """mallory (not in taogpu) is refused by the socket's mode 0660 root:taogpu."""
+    """mallory (not in taogpu) is refused by the socket's mode 0660 root:taogpu, and told to join."""
     daemon = shared_daemon()
 
     def try_health() -> Any:
@@ -207,7 +207,7 @@ def test_a_user_outside_the_group_cannot_connect(
             return {"unreachable": exc.message}
 
     outcome = value(as_user(users["mallory"], try_health))
-    assert "unreachable" in outcome and "ermission" in outcome["unreachable"]
+    assert "unreachable" in outcome and "not in group taogpu" in outcome["unreachable"]
 
 
 def test_uploads_evict_only_their_owners_pending_arrays(

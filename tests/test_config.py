@@ -163,6 +163,13 @@ def test_seed_values_are_the_model_defaults(files: Files) -> None:
         "ray.local_num_cpus",
         "ray.connect_timeout_s",
         "ray.ready_timeout_s",
+        "relay.enabled",  # issue 21: the AI tools' channel through the daemon
+        "relay.listen",
+        "relay.key_header",
+        "relay.max_body_mb",
+        "relay.limits.concurrent",
+        "relay.limits.per_minute",
+        "relay.limits.tokens_per_day",
     }
 
 

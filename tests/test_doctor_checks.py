@@ -124,7 +124,7 @@ def test_order_and_ok() -> None:
     assert [c.name for c in in_order(checks)] == ["daemon", "api_key", "wsl"]
     assert report_ok(checks)
     assert not report_ok([*checks, Check("probe_job", "fail", "")])
-    assert len(set(ORDER)) == len(ORDER) == 13
+    assert len(set(ORDER)) == len(ORDER) == 14
 
 
 # --- probe_job -----------------------------------------------------------------------------
