@@ -196,7 +196,7 @@ def test_another_users_job_shows_nothing_it_holds(
 def test_a_user_outside_the_group_cannot_connect(
     users: dict[str, User], shared_daemon: Callable[..., Any]
 ) -> None:
-    """mallory (not in taogpu) is refused by the socket's mode 0660 root:taogpu, and told to join."""
+    """mallory (not in taogpu) is refused by the socket's mode 0660 and told to join."""
     daemon = shared_daemon()
 
     def try_health() -> Any:
