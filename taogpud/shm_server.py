@@ -108,6 +108,8 @@ def vet_memfd(fd: int, frozen: bool) -> tuple[int, int, int, bool]:
             + (": a frozen input must be write-sealed" if frozen else ""),
         )
     stat = os.fstat(fd)
+    if stat.st_size == 0:
+        raise RequestError("the memfd is empty", "ftruncate it to its size before sealing it")
     writable = not seals & (fcntl.F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)
     return stat.st_dev, stat.st_ino, stat.st_size, writable
 
@@ -244,7 +246,9 @@ class _Connection:
 
     def _readable(self) -> None:
         try:
-            data, fds, flags, _ = socket.recv_fds(self.sock, 1 << 16, wire.MAX_FDS)
+            data, fds, flags, _ = socket.recv_fds(
+                self.sock, 1 << 16, wire.MAX_FDS, socket.MSG_CMSG_CLOEXEC
+            )
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
