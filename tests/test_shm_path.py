@@ -11,6 +11,7 @@ import mmap
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -311,3 +312,34 @@ def test_another_users_memory_is_never_reachable(daemon: RunningDaemon) -> None:
     mine.close()
     os.close(fd)
     assert secret_view == b"mine"
+
+
+def test_the_shm_socket_is_bound_like_the_daemons(daemon: RunningDaemon) -> None:
+    shm_socket = wire.socket_path_for(daemon.socket_path)
+    assert stat.S_ISSOCK(shm_socket.stat().st_mode)
+    assert stat.S_IMODE(shm_socket.stat().st_mode) == 0o660
+    daemon.stop()
+    assert not shm_socket.exists()
+
+
+def test_a_queued_job_on_client_memory_is_interrupted_by_a_restart(daemon_factory: Any) -> None:
+    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 1}})
+    with daemon.client() as client:
+        blocker = client.submit("sleep", {"ms": 5000})
+        connection = Raw(daemon)
+        connection.attach()
+        wire.send(connection.sock, submit({"a": region(0, [4]), "b": region(0, [4])}))
+        queued = next(j for j in _poll_jobs(client, "queued"))
+        assert queued["memory"] == {"handover": "shared", "bytes": 32}
+    time.sleep(0.1)  # the store writes behind within a few ms
+    daemon.stop(signal.SIGKILL)
+    connection.close()
+    again = daemon.restart()
+    try:
+        with again.client() as client:
+            job = client.get(queued["id"])
+            assert job["status"] == "interrupted", job
+            assert "client's memory" in job["error"]["message"]
+            assert client.get(blocker["id"])["status"] in ("interrupted", "queued", "running")
+    finally:
+        again.stop()
