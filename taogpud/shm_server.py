@@ -13,7 +13,6 @@ memory here at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import functools
 import math
@@ -259,15 +258,21 @@ class _Connection:
             self.close()  # hung up, or sent more descriptors than a message may carry
             return
         self._in += data
+        while (message := self._next_message()) is not None:
+            fds, self._fds = self._fds, []
+            self._handle(message, fds)
+
+    def _next_message(self) -> dict[str, Any] | None:
         try:
-            while (message := wire.take_message(self._in)) is not None:
-                fds, self._fds = self._fds, []
-                self._handle(message, fds)
+            return wire.take_message(self._in)
         except ValueError as exc:  # not our framing: say so once, then hang up
             self._reply({"error": RequestError(str(exc), "speak shm_wire").body().as_dict()})
             self.close()
+            return None
 
     def _handle(self, message: dict[str, Any], fds: list[int]) -> None:
+        """One request; `fds` are the descriptors that came with it (each step pops the
+        one it takes, and what is left is closed here)."""
         try:
             op = message.get("op")
             if op == "attach":
@@ -277,10 +282,14 @@ class _Connection:
             else:
                 raise RequestError(f"unknown op {op!r}", "ops: attach, submit")
         except TaogpudError as exc:
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)  # adopt() closed the one it vetted; EBADF is fine
             self._reply({"error": exc.body().as_dict()})
+        except Exception as exc:  # a bug: logged, answered, and the daemon carries on
+            log.exception("shm.request_failed", op=str(message.get("op")))
+            body = TaogpudError(f"internal error: {type(exc).__name__}", "see the daemon's log")
+            self._reply({"error": body.body().as_dict()})
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def _attach(self, fds: list[int]) -> None:
         if len(fds) != 1:

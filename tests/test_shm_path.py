@@ -343,3 +343,14 @@ def test_a_queued_job_on_client_memory_is_interrupted_by_a_restart(daemon_factor
             assert client.get(blocker["id"])["status"] in ("interrupted", "queued", "running")
     finally:
         again.stop()
+
+
+def test_an_unknown_op_and_a_broken_frame_are_answered_in_the_error_shape(raw: Raw) -> None:
+    assert raw.ask({"op": "steal"})["error"]["code"] == "invalid_request"
+    fd = memfd(4096)
+    answer = raw.ask({"op": "steal"}, [fd])  # a descriptor no step takes is closed, not kept
+    os.close(fd)
+    assert answer["error"]["code"] == "invalid_request"
+    raw.sock.sendall(len(b"[1]").to_bytes(4, "big") + b"[1]")
+    assert wire.receive(raw.sock)["error"]["message"] == "a message must be a JSON object"
+    assert raw.sock.recv(1) == b""  # then it hung up
