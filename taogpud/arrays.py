@@ -24,7 +24,7 @@ import dataclasses
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -268,7 +268,14 @@ def checked_dtype(descr: str) -> str:
     return str(dtype.str)
 
 
-def check_dtypes(task: str, job_dtype: str | None, refs: dict[str, ArrayRef]) -> None:
+class HasDtype(Protocol):
+    """An input as the dtype rule sees it: an uploaded array or a region of client memory."""
+
+    @property
+    def dtype(self) -> str: ...
+
+
+def check_dtypes(task: str, job_dtype: str | None, refs: Mapping[str, HasDtype]) -> None:
     """The one rule for every task: an input of a job with a `dtype` param has that dtype.
     Never converted (float64 computed as float32 would lose precision without a word)."""
     if job_dtype is None:

@@ -89,6 +89,8 @@ class Client:
         self.tried = [str(path) for path in tried]  # named when the chosen one fails
         self.timeout_s = timeout_s
         self._conn = UnixHTTPConnection(self.socket_path, timeout_s)
+        self.shared_memory_bytes = 1 << 30  # compute()'s memfd: its size, sealed once made
+        self._shared_arrays: Any = None
 
     # --- daemon and catalog ---------------------------------------------------------------
 
@@ -278,10 +280,31 @@ class Client:
             raise _api_error(status, data)
         return data
 
+    # --- numpy in, numpy out (client_shm.py) ------------------------------------------------
+
+    def compute(self, task: str, params: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        """Run `task` on ndarrays (`a=…, b=…`): its outputs as ndarrays, `.job` the record.
+        Through this process's shared memory on this host, else the HTTP body."""
+        return self._shared().compute(task, params, **kwargs)
+
+    def empty(self, shape: tuple[int, ...] | int, dtype: Any = "float32") -> Any:
+        """An ndarray in the shared memory `compute` hands to the worker without a copy."""
+        return self._shared().empty(shape, dtype)
+
+    def _shared(self) -> Any:
+        if self._shared_arrays is None:
+            from taogpud.client_shm import SharedArrays
+
+            self._shared_arrays = SharedArrays(self, self.shared_memory_bytes)
+        return self._shared_arrays
+
     # --- connection -----------------------------------------------------------------------
 
     def close(self) -> None:
         self._conn.close()
+        if self._shared_arrays is not None:
+            self._shared_arrays.close()
+            self._shared_arrays = None
 
     def __enter__(self) -> Client:
         return self

@@ -39,6 +39,8 @@ from taogpud.relay.forward import Relay
 from taogpud.relay.listen import RelayListener
 from taogpud.reload import Reloader, watch_files
 from taogpud.scheduler import Policy, Scheduler
+from taogpud.shm_server import ShmServer
+from taogpud.shm_wire import socket_path_for
 from taogpud.state import DaemonState
 from taogpud.store import JobStore
 
@@ -76,6 +78,7 @@ class Daemon:
         self._owns_socket_file = True
         self._relay: tuple[socket.socket | None, RelayListener | None, Relay | None] = (None,) * 3
         self.exit_hooks_safe = True  # the pool's word, read once the store is closed
+        self.shm: ShmServer | None = None  # the shared-memory socket beside the HTTP one
 
     async def run(self) -> int:
         state, server, serving = await self._startup()
@@ -124,11 +127,21 @@ class Daemon:
             state.scheduler.recover(state.store.unfinished())
             state.store.load_recent(RECENT_JOBS_SHOWN)
             server, serving = await self._serve(state, sock)
+            self._start_shm(state)
         except BaseException:
             state.pool.kill_all()
             self._remove_socket_file()
             raise
         return state, server, serving
+
+    def _start_shm(self, state: DaemonState) -> None:
+        """`<socket>.shm`: local clients' own memory, handed over once (shm_server.py).
+        Each uid may hold as much there as the array store's budget. Not with executor
+        "ray": its workers may be on other hosts, which a memfd cannot reach."""
+        if state.snapshot.config.scheduling.executor != "local":
+            return
+        self.shm = ShmServer(state.scheduler, state.store, state.arrays.budget_bytes)
+        self.shm.start(socket_path_for(self.socket_path))
 
     async def _watch(self, reloader: Reloader) -> None:
         paths = reloader.watched_paths()
@@ -200,6 +213,8 @@ class Daemon:
         server.should_exit = True
         await serving
         await relay_listen.stop(*self._relay[1:])
+        if self.shm is not None:
+            self.shm.close()
         await state.pool.stop(WORKER_STOP_TIMEOUT_S)
         state.arrays.release_unused()  # /dev/shm is memory: keep only what queued jobs need
         self._remove_socket_file()

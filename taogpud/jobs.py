@@ -40,6 +40,7 @@ class OutputView(BaseModel):
     shape: list[int]
     dtype: str
     nbytes: int
+    offset: int | None = None  # in the client's shared memory (docs/shared-memory.md)
 
 
 class Peer(BaseModel):
@@ -87,6 +88,8 @@ class JobRecord(BaseModel):
     result: dict[str, Any] | None = None
     outputs: list[OutputView] = Field(default_factory=list)
     error: JobErrorView | None = None
+    # Inputs from the client's own memory: {"handover": "shared" | "sealed", "bytes": N}.
+    memory: dict[str, Any] | None = None
 
 
 _id_bits = random.Random(secrets.randbits(64))  # ids need to be unique, not secret

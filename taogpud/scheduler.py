@@ -15,6 +15,7 @@ import bisect
 import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from taogpud.errors import (
 from taogpud.jobs import JobErrorView, JobRecord, JobState, OutputView, Peer, new_job_id
 from taogpud.pool import protocol as msg
 from taogpud.pool.interface import Pool, Worker
+from taogpud.pool.regions import RegionRef
 from taogpud.pool.worker import WorkerState
 from taogpud.store import JobStore
 from taogpud.tasks.kernel import KERNEL_TASK_NAME
@@ -89,6 +91,7 @@ class Scheduler:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._idle = asyncio.Event()
         self._idle.set()
+        self._regions: dict[str, JobRegions] = {}  # job id → its regions in a client's memory
 
     @property
     def queued(self) -> int:
@@ -96,7 +99,11 @@ class Scheduler:
 
     # -- submit ---------------------------------------------------------------------------
 
-    def submit(self, request: JobRequest, peer: Peer) -> JobRecord:
+    def submit(
+        self, request: JobRequest, peer: Peer, regions: JobRegions | None = None
+    ) -> JobRecord:
+        """Admit a job; with `regions` (shm_server.py) its inputs and outputs are in the
+        client's own memory instead of the array store."""
         if not self.accepting:
             raise Draining(
                 "taogpud is stopping and takes no new jobs", "submit again once it is back"
@@ -105,14 +112,19 @@ class Scheduler:
         self._check_enabled(task)
         self._check_backend(task)
         validated = tasks.validate_params(task, request.params)
-        self._check_inputs(task, validated, request.inputs, peer)
-        estimate = task.estimate_bytes(validated) + self._input_bytes(request.inputs)
+        if regions is None:
+            self._check_inputs(task, validated, request.inputs, peer)
+            estimate = task.estimate_bytes(validated) + self._input_bytes(request.inputs)
+        else:  # the client's own memory: its region refs carry the dtypes to check
+            tasks.check_input_names(task, regions.inputs)
+            check_dtypes(task.name, getattr(validated, "dtype", None), regions.inputs)
+            estimate = task.estimate_bytes(validated) + regions.input_bytes()
         self._admit(request, estimate)
         job = JobRecord(
             id=new_job_id(),
             task=task.name,
             params=validated.model_dump(mode="json"),
-            inputs=request.inputs,
+            inputs=request.inputs if regions is None else {},
             priority=request.priority,
             timeout_s=request.timeout_s or self.policy.job_timeout_s,
             affinity=request.affinity,
@@ -121,7 +133,10 @@ class Scheduler:
             max_retries=request.max_retries,
             peer=peer,
             estimate_bytes=estimate,
+            memory=None if regions is None else regions.record(),
         )
+        if regions is not None:
+            self._regions[job.id] = regions
         worker = self._place_at_once(job)
         if worker is not None:  # its order leaves first: the worker runs while the rest is noted
             self._send(job, worker, self._refs(job))  # all found by _check_inputs, just above
@@ -266,7 +281,9 @@ class Scheduler:
         _mark_started: sending first lets the worker run while the daemon notes the start
         (15–20 µs of a tiny job's round trip in an A/B of bench/run.py's dispatch)."""
         output_dir = str(self.outputs_dir / job.id) if job.keep_outputs else None
-        worker.send(msg.RunJob(job.id, job.task, job.params, inputs, output_dir))
+        regions = self._regions.get(job.id)
+        output_region = regions.output if regions is not None else None
+        worker.send(msg.RunJob(job.id, job.task, job.params, inputs, output_dir, output_region))
 
     def _mark_started(self, job: JobRecord, worker: Worker) -> None:
         self._mark_running(job, worker)
@@ -291,6 +308,9 @@ class Scheduler:
         return refs
 
     def _refs(self, job: JobRecord) -> dict[str, Any]:
+        regions = self._regions.get(job.id)
+        if regions is not None:
+            return dict(regions.inputs)
         return {name: self.arrays.get(array_id) for name, array_id in job.inputs.items()}
 
     def _mark_running(self, job: JobRecord, worker: Worker) -> None:
@@ -398,7 +418,10 @@ class Scheduler:
         for job in jobs:
             self.jobs_total += 1
             self.arrays.pin(list(job.inputs.values()))  # _finish unpins, the queue keeps them
-            if job.status is JobState.running and not self._retry(job, "taogpud restarted"):
+            if job.memory is not None:  # its inputs were in a client's memory, gone with us
+                message = "taogpud stopped before the job ran; the client's memory went with it"
+                self._finish(job, JobState.interrupted, _error("interrupted", message))
+            elif job.status is JobState.running and not self._retry(job, "taogpud restarted"):
                 message = "taogpud stopped while the job ran (it restarted since)"
                 self._finish(job, JobState.interrupted, _error("interrupted", message))
             elif job.status is JobState.queued:
@@ -427,7 +450,10 @@ class Scheduler:
         if job.started_at is None:
             job.queue_ms = (job.finished_at - job.created_at) * 1e3
         self.arrays.unpin(list(job.inputs.values()))
+        regions = self._regions.pop(job.id, None)
         self.store.mark_finished(job)
+        if regions is not None:
+            regions.release()  # the client's memory is the daemon's to close once no job names it
         self.finished_counts[(job.task, job.backend or "none", state.value)] += 1
         trace.job_event(job)
 
@@ -455,6 +481,22 @@ class Scheduler:
     def _pool(self) -> Pool:
         assert self.pool is not None, "the scheduler is used before its pool is attached"
         return self.pool
+
+
+@dataclass
+class JobRegions:
+    """A job's inputs and output span in a client's memory, and what to do once it ends."""
+
+    inputs: dict[str, RegionRef]
+    output: RegionRef | None
+    handover: str  # "shared": the client's memory for the connection; "sealed": frozen input
+    release: Callable[[], None] = lambda: None
+
+    def input_bytes(self) -> int:
+        return sum(ref.nbytes for ref in self.inputs.values())
+
+    def record(self) -> dict[str, Any]:
+        return {"handover": self.handover, "bytes": self.input_bytes()}
 
 
 def _fits(worker: Worker, job: JobRecord) -> bool:
@@ -487,7 +529,11 @@ def _finished_error(state: JobState, finished: msg.JobFinished, job: JobRecord) 
 
 def _output_view(output: msg.OutputFile) -> OutputView:
     return OutputView(
-        name=output.name, shape=list(output.shape), dtype=output.dtype, nbytes=output.nbytes
+        name=output.name,
+        shape=list(output.shape),
+        dtype=output.dtype,
+        nbytes=output.nbytes,
+        offset=output.offset,
     )
 
 

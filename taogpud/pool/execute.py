@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from taogpud.backends.base import Backend, DeviceInfo
 from taogpud.errors import BadSummary
 from taogpud.pool import protocol as msg
-from taogpud.pool import shm
+from taogpud.pool import regions, shm
 
 # Backend.sticky_error_code values: the worker exits after reporting one (pool/child.py).
 STICKY_ERROR_CODES = frozenset({"cuda_sticky_error", "opencl_device_lost", "device_unusable"})
@@ -112,13 +112,23 @@ def _run_task(
         )
         output = task.body_for(backend.name)(ctx, params)
         clock.mark("kernel_ms")
-        outputs = (
-            io.keep_outputs(backend, output.arrays, order.output_dir) if order.output_dir else {}
-        )
+        outputs = _keep_outputs(backend, io, output.arrays, order, maps)
         clock.mark("d2h_ms")
         backend.synchronize()  # the job's own faults surface here, inside the job
         timings = clock.timings_ms()
     return plain_summary(order.task, output.summary), outputs, timings
+
+
+def _keep_outputs(
+    backend: Backend, io: JobIO, arrays: dict[str, Any], order: msg.RunJob, maps: list[mmap.mmap]
+) -> dict[str, msg.OutputFile]:
+    if order.output_region is not None:  # into the client's own memory
+        placed = regions.write_outputs(backend.to_host, arrays, order.output_region, maps)
+        return {
+            name: msg.OutputFile(name, shape, dtype, nbytes, offset)
+            for name, (offset, shape, dtype, nbytes) in placed.items()
+        }
+    return io.keep_outputs(backend, arrays, order.output_dir) if order.output_dir else {}
 
 
 def plain_summary(task: str, summary: Any) -> dict[str, Any]:
@@ -198,9 +208,12 @@ def _failed(
     return msg.JobFinished(order.job_id, status, _ms_since(started), error=(code, message, hint))
 
 
-def map_input(ref: shm.ArrayRef, maps: list[mmap.mmap]) -> Any:
-    """A read-only numpy view of a shared .npy image: no copy."""
+def map_input(ref: shm.ArrayRef | regions.RegionRef, maps: list[mmap.mmap]) -> Any:
+    """A read-only numpy view of a shared .npy image or of a client's region: no copy."""
     import numpy as np
+
+    if isinstance(ref, regions.RegionRef):  # the seam: an array in a client's own memory
+        return regions.map_region(ref, maps)
 
     mapped = shm.open_map(ref)
     maps.append(mapped)

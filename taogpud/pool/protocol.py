@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taogpud.backends.base import DeviceInfo
+from taogpud.pool.regions import RegionRef
 from taogpud.pool.shm import ArrayRef
 
 # A worker's exit status after its device became unusable (a sticky CUDA error, a lost
@@ -22,8 +23,9 @@ class RunJob:
     job_id: str
     task: str
     params: dict[str, Any]
-    inputs: dict[str, ArrayRef]
+    inputs: dict[str, ArrayRef | RegionRef]
     output_dir: str | None  # where to keep the outputs; None: do not keep them
+    output_region: RegionRef | None = None  # outputs into the client's memory (pool/regions.py)
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class OutputFile:
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    offset: int | None = None  # written into the client's memory at this offset, not a file
 
 
 @dataclass(frozen=True)

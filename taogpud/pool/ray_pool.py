@@ -46,6 +46,7 @@ from taogpud.pool.interface import PoolSink
 from taogpud.pool.ray_actor import CONTROL, WorkerActor
 from taogpud.pool.ray_calls import KeeperThread, first_line, in_daemon_thread, wait_ref
 from taogpud.pool.ray_data import InputCache, failed, keep_outputs
+from taogpud.pool.shm import ArrayRef
 from taogpud.pool.supervisor import next_respawn_delay
 from taogpud.pool.worker import WorkerState
 
@@ -323,7 +324,7 @@ class RayWorkerPool:
 
     async def _run(self, worker: RayWorker, actor: Any, order: msg.RunJob) -> None:
         try:
-            refs = await self._inputs.acquire(order.inputs)
+            refs = await self._inputs.acquire(_uploads(order))
         except Exception as exc:  # the object store is full or gone: this job's error
             refs, finished = None, failed(order.job_id, exc)
         if refs is not None:
@@ -335,7 +336,7 @@ class RayWorkerPool:
             except Exception as exc:  # the object store, a full disk: this job's error
                 finished = failed(order.job_id, exc)
             finally:
-                self._inputs.release(order.inputs)
+                self._inputs.release(_uploads(order))
         if actor is worker.actor and order.job_id in worker.running:
             self._sink.on_job_finished(worker, finished)
         if finished.error is not None and finished.error[0] in STICKY_ERROR_CODES:
@@ -469,3 +470,12 @@ class RayWorkerPool:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _uploads(order: msg.RunJob) -> dict[str, ArrayRef]:
+    """A Ray job's inputs are uploads: a client's own memory is local to this host, and the
+    shared-memory socket is not served with executor "ray" (daemon.py)."""
+    files = {name: ref for name, ref in order.inputs.items() if isinstance(ref, ArrayRef)}
+    if len(files) != len(order.inputs):
+        raise ValueError("inputs in a client's shared memory cannot reach a Ray worker")
+    return files
