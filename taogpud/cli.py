@@ -8,6 +8,8 @@ Exit codes (DESIGN §11; scripts rely on them):
     2  usage or config error: bad flags or files, an invalid config, and every request the
        daemon rejected as wrong (HTTP 4xx: unknown task, bad params, unknown job, too large)
     3  the daemon cannot be reached (DaemonUnreachable)
+    124  a wait's --timeout passed with the job still queued or running (as timeout(1));
+       the job goes on, and `taogpuctl wait ID` picks it up again
     130  interrupted (Ctrl-C); a waited job keeps running and the line says how to find it
 
 Errors are one line on stderr, `taogpuctl: <message> (hint: ...)`, never a traceback
@@ -30,6 +32,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import orjson
 import typer
 
+from taogpud import cli_conventions, cli_words
+from taogpud.cli_conventions import AmbiguousId, resolve_id
 from taogpud.cli_output import (
     Progress,
     check_lines,
@@ -51,7 +55,7 @@ from taogpud.cli_output import (
     warn,
     warn_if_fallback,
 )
-from taogpud.client import NPY_MAGIC, ApiError, Client, DaemonUnreachable, Job
+from taogpud.client import NPY_MAGIC, ApiError, Client, DaemonUnreachable, Job, is_finished
 from taogpud.errors import ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -166,7 +170,7 @@ def report_job(job: Job, json_out: bool, extra: dict[str, Any] | None = None) ->
     if job["status"] == "succeeded":
         return EXIT_OK
     report_error(*job_problem(job))
-    return EXIT_FAILED
+    return EXIT_FAILED if is_finished(job) else cli_conventions.EXIT_STILL_RUNNING
 
 
 def save_outputs(client: Client, job: Job, directory: Path) -> dict[str, str]:
@@ -216,6 +220,7 @@ def submit_command(
 ) -> int:
     """Submit a job; with --wait, show its progress and where it ran."""
     params = build_params(size, seed, param or [])
+    cli_words.remember(body_priority=priority, body_timeout_s=timeout, body_device=device)
     with connect(ctx) as client:
         request: dict[str, Any] = {
             "inputs": upload_inputs(client, input_ or []),
@@ -256,12 +261,13 @@ def wait_command(
     ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
     timeout: Annotated[
-        float | None, typer.Option(min=0.0, help="Give up after S seconds (exit 1).")
+        float | None, typer.Option(min=0.0, help="Give up after S seconds (exit 124).")
     ] = None,
     json_out: JsonFlag = False,
 ) -> int:
-    """Wait for a job to finish; exit 1 unless it succeeded."""
+    """Wait for a job to finish; exit 1 if it failed, 124 if still running at --timeout."""
     with connect(ctx) as client, Progress(quiet=json_out) as progress:
+        job_id = resolve_id(client, job_id)
         job = client.wait(job_id, timeout_s=timeout, on_update=progress.update)
     return report_job(job, json_out)
 
@@ -274,7 +280,7 @@ def show_command(
 ) -> None:
     """Everything the daemon knows about one job."""
     with connect(ctx) as client:
-        job = client.get(job_id)
+        job = client.get(resolve_id(client, job_id))
     if json_out:
         emit_json(job)
         return
@@ -290,6 +296,7 @@ def list_command(
     json_out: JsonFlag = False,
 ) -> None:
     """Recent jobs, newest first."""
+    cli_words.remember(query_status=status, query_limit=limit)
     with connect(ctx) as client:
         jobs = client.list_jobs(status=status, limit=limit)
     if json_out:
@@ -307,7 +314,7 @@ def cancel_command(
 ) -> None:
     """Cancel a queued or running job."""
     with connect(ctx) as client:
-        job = client.cancel(job_id)
+        job = client.cancel(resolve_id(client, job_id))
     if json_out:
         emit_json(job)
     else:
@@ -326,7 +333,7 @@ def result_command(
 ) -> int:
     """A job's result summary, or (-o FILE) one of its outputs as .npy."""
     with connect(ctx) as client:
-        job = client.get(job_id)
+        job = client.get(resolve_id(client, job_id))
         if job["status"] != "succeeded":
             raise CliError(*job_problem(job), exit_code=EXIT_FAILED)
         if output_file is None:
@@ -615,6 +622,8 @@ def doctor_command(
     return EXIT_OK if ok else EXIT_FAILED
 
 
+app.command("completion")(cli_conventions.completion_command)
+
 # --- reserved --------------------------------------------------------------------------------
 # `trace` lands here, one handler, reusing connect(), emit_json() and report-style exit codes.
 
@@ -629,6 +638,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 def run(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure becomes one stderr line and an exit code."""
     command = typer.main.get_command(app)
+    cli_conventions.install(command, sys.argv[1:] if argv is None else argv)
     try:
         result = command.main(args=argv, prog_name="taogpuctl", standalone_mode=False)
     except Exception as exc:
@@ -640,12 +650,12 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 def explain(exc: Exception) -> tuple[str, str, int]:
     """(message, hint, exit code) for any failure; re-raises a bug under TAOGPUCTL_DEBUG."""
-    if isinstance(exc, CliError):
+    if isinstance(exc, CliError | AmbiguousId):
         return exc.message, exc.hint, exc.exit_code
     if isinstance(exc, DaemonUnreachable):
         return exc.message, exc.hint, EXIT_UNREACHABLE
     if isinstance(exc, ApiError):
-        return f"{exc.message} [{exc.code}]", exc.hint, api_exit_code(exc)
+        return explain_api_error(exc)
     if isinstance(exc, ConfigError):
         return exc.message, exc.hint, EXIT_USAGE
     if isinstance(exc, typer.TyperException | typer.Abort):
@@ -665,6 +675,14 @@ def explain_usage(exc: typer.TyperException | typer.Abort) -> tuple[str, str, in
     # A missing sub-command has already printed the help, leaving the message empty.
     message = one_line(exc.format_message()) or f"{command_path} needs a command"
     return message, f"see `{command_path} --help`", EXIT_USAGE
+
+
+def explain_api_error(exc: ApiError) -> tuple[str, str, int]:
+    """The daemon's error; a validation error in the flags' words, without API code or hint."""
+    human = cli_words.humanize(exc.message)
+    if human is not None:
+        return human, "", api_exit_code(exc)
+    return f"{exc.message} [{exc.code}]", exc.hint, api_exit_code(exc)
 
 
 def api_exit_code(exc: ApiError) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import uvicorn
 
-from taogpud import config, systemd, trace
+from taogpud import __version__, config, systemd, trace
 from taogpud import logging as tlog
 from taogpud.api.app import create_app
 from taogpud.api.hot import JobSubmits
@@ -270,6 +270,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, help="config.toml (scheduler side)")
     parser.add_argument("--socket", type=Path, help="the Unix socket to serve on")
     parser.add_argument("--state-dir", type=Path, help="where jobs and outputs are kept")
+    parser.add_argument("--version", action="version", version=f"taogpud {__version__}")
     return parser.parse_args(argv)
 
 
