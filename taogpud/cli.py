@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import orjson
 import typer
 
-from taogpud import cli_conventions, cli_words
+from taogpud import cli_conventions, cli_files, cli_words
 from taogpud.cli_conventions import AmbiguousId, resolve_id
 from taogpud.cli_output import (
     Progress,
@@ -461,15 +461,19 @@ def config_validate_command(
     _, problems = load_config_problems(settings, config)
     errors = [problem for problem in problems if problem.severity == "error"]
     warnings = [problem for problem in problems if problem.severity != "error"]
+    files = cli_files.checked_files(settings, config, os.environ)
     if json_out:
         emit_json(
             {
                 "ok": not errors,
                 "errors": [problem.as_dict() for problem in errors],
                 "warnings": [problem.as_dict() for problem in warnings],
+                "files": files,
             }
         )
     else:
+        for line in cli_files.checked_lines(files):
+            emit_line(line)
         for problem in problems:
             emit_line(problem_line(problem.as_dict()))
         emit_line(f"config {'invalid' if errors else 'ok'}: {count_problems(errors, warnings)}")

@@ -4,8 +4,10 @@ completion scripts, job-id prefixes, exit 124 for "still running", errors in fla
 from __future__ import annotations
 
 import functools
+import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -162,3 +164,49 @@ def test_show_times_carry_a_zone_and_rounded_ms(ctl: Ctl) -> None:
     assert (len(date), len(clock), zone) == (10, 12, "UTC")
     timings = json_out(subprocess.CompletedProcess([], 0, lines["timings"], ""))
     assert all(round(value, 2) == value for value in timings.values())
+
+
+# --- config files named the same way everywhere ----------------------------------------------
+
+
+def test_config_validate_names_the_files_it_checked(tmp_path: Path) -> None:
+    """`config validate` says which files it read, and for a file not given and absent from
+    the default directory, that the embedded defaults were used (and where it looked)."""
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"gpu": {"backend": "cpu"}}))
+    config = tmp_path / "config.toml"
+    config.write_text('[runtime]\ndevice_type = "cpu"\n[backend.cuda]\nenabled = false\n')
+    both = taogpuctl("config", "validate", "--settings", str(settings), "--config", str(config))
+    assert both.returncode == 0, both.stdout + both.stderr
+    assert f"checked settings.json: {settings}" in both.stdout.splitlines()
+    assert f"checked config.toml: {config}" in both.stdout.splitlines()
+    alone = taogpuctl("config", "validate", "--settings", str(settings), "--json")
+    files = {entry["file"]: entry for entry in json_out(alone)["files"]}
+    assert files["settings.json"]["path"] == str(settings)
+    if files["config.toml"]["path"] is None:  # no config.toml in this host's default directory
+        looked_at = files["config.toml"]["looked_at"]
+        human = taogpuctl("config", "validate", "--settings", str(settings))
+        expected = f"config.toml: none at {looked_at}; used the embedded defaults"
+        assert expected in human.stdout.splitlines()
+
+
+def test_json_comments_are_named_as_such(tmp_path: Path) -> None:
+    """A settings.json with `//` comments: `PATH: line 2, column 3: comments are not JSON`."""
+    settings = tmp_path / "settings.json"
+    settings.write_text('{\n  // the GPU side\n  "gpu": {"backend": "cpu"}\n}\n')
+    result = taogpuctl("config", "validate", "--settings", str(settings))
+    assert result.returncode == 2
+    assert f"{settings}: line 2, column 3: comments are not JSON" in result.stdout
+
+
+def test_every_error_names_its_file_by_path(tmp_path: Path) -> None:
+    """A key error and a syntax error, one per file: both lines begin with the file's path."""
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"gpu": {"backend": "cpu", "deviceID": 0}}))
+    config = tmp_path / "config.toml"
+    config.write_text("[runtime\n")
+    result = taogpuctl("config", "validate", "--settings", str(settings), "--config", str(config))
+    problems = [line for line in result.stdout.splitlines() if "(fix: " in line]
+    assert any(line.startswith(f"{settings}: gpu.deviceID: ") for line in problems), problems
+    assert any(line.startswith(f"{config}: line 1") for line in problems), problems
+    assert all(line.startswith(str(tmp_path)) for line in problems), problems
