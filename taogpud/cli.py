@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import orjson
 import typer
 
-from taogpud import cli_conventions, cli_files, cli_words
+from taogpud import cli_conventions, cli_files, cli_guide, cli_words
 from taogpud.cli_conventions import AmbiguousId, resolve_id
 from taogpud.cli_output import (
     Progress,
@@ -276,11 +276,17 @@ def wait_command(
 def show_command(
     ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
+    evidence: Annotated[
+        bool, typer.Option("--evidence", help="Only its NVML evidence, beside nvidia-smi's.")
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Everything the daemon knows about one job."""
     with connect(ctx) as client:
         job = client.get(resolve_id(client, job_id))
+    if evidence:
+        cli_guide.emit_evidence(job, json_out)
+        return
     if json_out:
         emit_json(job)
         return
@@ -627,6 +633,7 @@ def doctor_command(
 
 
 app.command("completion")(cli_conventions.completion_command)
+app.command("run")(cli_guide.run_command)
 
 # --- reserved --------------------------------------------------------------------------------
 # `trace` lands here, one handler, reusing connect(), emit_json() and report-style exit codes.
@@ -697,4 +704,8 @@ def api_exit_code(exc: ApiError) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    # Run the importable taogpud.cli, not this __main__ copy: the command modules
+    # (cli_guide, …) import taogpud.cli, and one copy means one Globals class.
+    from taogpud.cli import main as importable_main
+
+    importable_main()
