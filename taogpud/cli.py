@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import orjson
 import typer
 
-from taogpud import cli_conventions, cli_files, cli_guide, cli_words
+from taogpud import cli_conventions, cli_files, cli_guide, cli_logs, cli_words
 from taogpud.cli_conventions import AmbiguousId, resolve_id
 from taogpud.cli_output import (
     Progress,
@@ -370,8 +370,16 @@ def pick_output(job: Job, name: str | None) -> str:
 
 
 @app.command("status")
-def status_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
+def status_command(
+    ctx: typer.Context,
+    json_out: JsonFlag = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Redraw until Ctrl-C.")] = False,
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between redraws.")] = 2.0,
+) -> None:
     """Backend, fallback, load against the caps, config generation, one row per worker."""
+    if watch:
+        cli_logs.watch(lambda: status_command(ctx, json_out), interval)
+        return
     with connect(ctx) as client:
         view = client.status()
     if json_out:
@@ -634,6 +642,8 @@ def doctor_command(
 
 app.command("completion")(cli_conventions.completion_command)
 app.command("run")(cli_guide.run_command)
+app.command("trace")(cli_logs.trace_command)
+app.command("logs")(cli_logs.logs_command)
 
 # --- reserved --------------------------------------------------------------------------------
 # `trace` lands here, one handler, reusing connect(), emit_json() and report-style exit codes.

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 import structlog
 
-from taogpud import journal
+from taogpud import journal, trace_ring
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "critical": 50}
 REDACTED = "<redacted>"
@@ -119,6 +119,7 @@ def render(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> bytes:
 
     Runs after `redact`, so the journal fields are the redacted ones."""
     line = _orjson_dumps(event_dict)
+    trace_ring.RING.append(line, event_dict)  # readable through the API (GET /v1/trace)
     writer = _state.journal
     if (
         writer is not None
