@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import orjson
 import typer
 
-from taogpud import cli_conventions, cli_files, cli_guide, cli_logs, cli_words
+from taogpud import cli_conventions, cli_files, cli_guide, cli_logs, cli_top, cli_words
 from taogpud.cli_conventions import AmbiguousId, resolve_id
 from taogpud.cli_output import (
     Progress,
@@ -644,6 +644,7 @@ app.command("completion")(cli_conventions.completion_command)
 app.command("run")(cli_guide.run_command)
 app.command("trace")(cli_logs.trace_command)
 app.command("logs")(cli_logs.logs_command)
+app.command("top")(cli_top.top_command)
 
 # --- reserved --------------------------------------------------------------------------------
 # `trace` lands here, one handler, reusing connect(), emit_json() and report-style exit codes.
