@@ -151,8 +151,10 @@ def job_cells(job: dict[str, Any] | None, now: float) -> list[str]:
 
 
 def queue_table(snapshot: Snapshot) -> Table:
-    """The queue, oldest first: id, user, task, priority, waiting."""
-    queued = sorted(snapshot.queued, key=lambda job: job.get("created_at") or 0)
+    """The queue in the order it will run (higher priority, then older, first)."""
+    queued = sorted(
+        snapshot.queued, key=lambda job: (-(job.get("priority") or 0), job.get("created_at") or 0)
+    )
     title = f"queue: {len(queued)} job{'' if len(queued) == 1 else 's'}"
     table = Table("job", "user", "task", "priority", "waiting", title=title, box=box.SIMPLE_HEAD)
     table.title_justify = "left"
