@@ -18,13 +18,6 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
-
-# typer's own completion (the scripts and the classes that answer them), from its public
-# typer.completion module, which imports them without re-exporting them by name.
-from typer.completion import (  # type: ignore[attr-defined]
-    completion_init,
-    get_completion_script,
-)
 from typer.core import TyperOption
 
 from taogpud import __version__
@@ -61,7 +54,7 @@ def install(command: Any, argv: Sequence[str]) -> None:
         )
     )
     if COMPLETE_VAR in os.environ:  # the shell asks for completions: typer's classes answer
-        completion_init()
+        _typer_completion().completion_init()
     if "submit" in argv and ({"-h", "--help"} & set(argv)):  # the registry costs ~0.5 s
         command.commands["submit"].epilog = submit_epilog()
 
@@ -98,10 +91,19 @@ def completion_command(
     `taogpuctl completion zsh > "${fpath[1]}/_taogpuctl"`,
     `taogpuctl completion fish > ~/.config/fish/completions/taogpuctl.fish`.
     """
-    script = get_completion_script(
+    script = _typer_completion().get_completion_script(
         prog_name="taogpuctl", complete_var=COMPLETE_VAR, shell=shell.value
     )
     typer.echo(str(script))
+
+
+def _typer_completion() -> Any:
+    """typer's own completion (the scripts and the classes that answer them), from its public
+    typer.completion module, which imports them without re-exporting them by name; imported
+    only when completing, as it costs every other command ~15 ms."""
+    import typer.completion
+
+    return typer.completion
 
 
 # --- job ids -----------------------------------------------------------------------------

@@ -7,15 +7,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from taogpud.config_loading import default_config_dir
-from taogpud.paths import user_mode
-
 
 def checked_files(
     settings: Path | None, config: Path | None, environ: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     """One entry per file: {file, path (None: embedded defaults), looked_at}."""
-    from taogpud.config import resolve_paths
+    from taogpud.config import resolve_paths  # here: pydantic costs every other command time
+    from taogpud.config_loading import default_config_dir
+    from taogpud.paths import user_mode
 
     settings_at, config_at, _, _ = resolve_paths(settings, config, environ=environ)
     directory = default_config_dir(environ, system=not user_mode())

@@ -20,7 +20,6 @@ from typing import Annotated, Any
 import typer
 from rich import box
 from rich.console import Group, RenderableType
-from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
@@ -49,6 +48,8 @@ def top_command(
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
 ) -> None:
     """A live view: devices (NVML), workers and slots, the job in each slot, the queue."""
+    from rich.live import Live
+
     from taogpud.cli import connect
 
     with connect(ctx) as client:
