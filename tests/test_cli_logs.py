@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import pytest
 
 from taogpud.client_stream import stream_lines
 from tests.test_cli import Ctl, assert_one_error_line, json_out, taogpuctl
+
+NOBODY = 65534  # the uid the other-user check acts as
 
 
 @pytest.fixture
@@ -112,3 +115,34 @@ def test_status_watch_redraws_until_ctrl_c(daemon: Any) -> None:
         out, err = proc.communicate(timeout=30)
     assert out.count("backend cpu") >= 2, out
     assert "Traceback" not in err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another uid")
+def test_another_uid_sees_only_its_own_job_lines(daemon: Any) -> None:
+    """uid 65534 reading the trace sees its own job and not root's; root's job's events are
+    forbidden to it, as its outputs are."""
+    with daemon.client() as client:
+        root_job = client.run("noop")["id"]
+    for folder in (daemon.home.parent, daemon.home):
+        folder.chmod(0o755)
+    daemon.socket_path.chmod(0o666)
+    script = f"""
+import os
+from taogpud.client import ApiError, Client
+from taogpud.client_stream import stream_lines
+os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})
+client = Client({str(daemon.socket_path)!r})
+own = client.run("noop")["id"]
+seen = {{e.get("job_id") for e in stream_lines(client.socket_path, "/v1/trace?limit=20000")}}
+print(own in seen, {root_job!r} in seen)
+try:
+    list(stream_lines(client.socket_path, "/v1/jobs/{root_job}/events"))
+    print("allowed")
+except ApiError as exc:
+    print(exc.code)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "False", "forbidden"]
