@@ -186,6 +186,9 @@ class LoggingSection(BaseModel):
     model_config = _SECTION
     level: LogLevel = "info"  # any case, and "warn", are accepted
     request_trace: bool = True
+    # also append the trace to this file (0600), where the guide's `grep backend FILE` looks;
+    # for a user-mode daemon without journald. None: stdout / journald only.
+    file: Path | None = None
 
 
 class _LayeredSettings(BaseSettings):

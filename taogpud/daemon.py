@@ -290,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"taogpud: config error: {exc}", file=sys.stderr)
         return 2
     tlog.configure(snapshot.settings.logging.level, snapshot.settings.logging.request_trace)
+    if unusable := tlog.set_trace_file(snapshot.settings.logging.file):
+        print(f"taogpud: settings.json logging.file cannot be written: {unusable}", file=sys.stderr)
+        return 2
     tlog.set_secrets(snapshot.api_key.get_secret_value() if snapshot.api_key else None)
     for problem in snapshot.warnings:
         log.warning("config.warning", **problem.as_dict())

@@ -123,6 +123,9 @@ class Reloader:
         self.state.scheduler.apply_policy(Policy.from_snapshot(new))
         tlog.set_level(new.settings.logging.level)
         tlog.set_request_trace(new.settings.logging.request_trace)
+        new_file = new.settings.logging.file
+        if new_file != old.settings.logging.file and (problem := tlog.set_trace_file(new_file)):
+            log.warning("logging.file_unusable", problem=problem)
         tlog.set_secrets(*(k.get_secret_value() for k in (old.api_key, new.api_key) if k))
         if new.settings.gpu.memory_fraction != old.settings.gpu.memory_fraction:
             self.state.pool.set_memory_fraction(new.settings.gpu.memory_fraction)

@@ -146,3 +146,22 @@ except ApiError as exc:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "False", "forbidden"]
+
+
+def test_trace_file_is_where_the_guides_grep_looks(daemon_factory: Any, daemon_home: Any) -> None:
+    """settings.json logging.file: every trace line is appended there too (mode 0600), so
+    `grep backend FILE` finds the job with its backend; an unwritable path refuses to start."""
+    trace_file = daemon_home / "trace.log"
+    daemon = daemon_factory(settings={"logging": {"file": str(trace_file)}})
+    with daemon.client() as client:
+        job_id = client.run("vector_add", {"size": 100})["id"]
+    daemon.stop()
+    lines = [json.loads(line) for line in trace_file.read_text().splitlines() if "backend" in line]
+    finished = [e for e in lines if e.get("job_id") == job_id and e["event"] == "job.succeeded"]
+    assert finished and finished[0]["backend"] == "cpu"
+    assert trace_file.stat().st_mode & 0o777 == 0o600
+    refused = daemon_factory(
+        settings={"logging": {"file": str(daemon_home / "absent" / "trace.log")}}, wait_ready=False
+    )
+    assert refused.proc.wait(timeout=60) == 2
+    assert "logging.file cannot be written" in refused.stderr()
