@@ -14,8 +14,9 @@ Exit codes (DESIGN §11; scripts rely on them):
 
 Errors are one line on stderr, `taogpuctl: <message> (hint: ...)`, never a traceback
 (TAOGPUCTL_DEBUG=1 shows the traceback of a bug in taogpuctl itself). Every command takes
-`--json` and then prints exactly one JSON document on stdout. Progress and warnings go to
-stderr, so stdout holds only the answer.
+`--json` and then prints exactly one JSON document on stdout, except the streams (`trace`,
+`logs --json`: one JSON document per line, NDJSON) and the views for people (`top`,
+`completion`). Progress and warnings go to stderr, so stdout holds only the answer.
 """
 
 from __future__ import annotations
