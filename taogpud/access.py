@@ -63,3 +63,10 @@ def _in_admin_group(peer: Peer) -> bool:
     except KeyError:
         return False
     return admin_gid in os.getgrouplist(name, peer.gid or 0)
+
+
+def may_see(peer: Peer, owner_uid: int | None) -> bool:
+    """Whether `peer` may read a trace line about uid `owner_uid` (None: the daemon's own)."""
+    if peer.uid is None or peer.uid == 0 or owner_uid in (None, peer.uid):
+        return True
+    return _in_admin_group(peer)

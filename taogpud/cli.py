@@ -9,12 +9,15 @@ Exit codes (DESIGN §11; scripts rely on them):
        daemon rejected as wrong (HTTP 4xx: unknown task, bad params, unknown job, too large)
     3  the daemon cannot be reached (DaemonUnreachable)
     4  this user may not use the daemon's socket: not in its group (taogpu; NotInGroup)
+    124  a wait's --timeout passed with the job still queued or running (as timeout(1));
+       the job goes on, and `taogpuctl wait ID` picks it up again
     130  interrupted (Ctrl-C); a waited job keeps running and the line says how to find it
 
 Errors are one line on stderr, `taogpuctl: <message> (hint: ...)`, never a traceback
 (TAOGPUCTL_DEBUG=1 shows the traceback of a bug in taogpuctl itself). Every command takes
-`--json` and then prints exactly one JSON document on stdout. Progress and warnings go to
-stderr, so stdout holds only the answer.
+`--json` and then prints exactly one JSON document on stdout, except the streams (`trace`,
+`logs --json`: one JSON document per line, NDJSON) and the views for people (`top`,
+`completion`). Progress and warnings go to stderr, so stdout holds only the answer.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import orjson
 import typer
 
+from taogpud import cli_conventions, cli_files, cli_guide, cli_logs, cli_top, cli_words
+from taogpud.cli_conventions import AmbiguousId, resolve_id
 from taogpud.cli_output import (
     Progress,
     check_lines,
@@ -52,7 +57,15 @@ from taogpud.cli_output import (
     warn,
     warn_if_fallback,
 )
-from taogpud.client import NPY_MAGIC, ApiError, Client, DaemonUnreachable, Job, NotInGroup
+from taogpud.client import (
+    NPY_MAGIC,
+    ApiError,
+    Client,
+    DaemonUnreachable,
+    Job,
+    NotInGroup,
+    is_finished,
+)
 from taogpud.errors import ConfigError, Problem
 from taogpud.relay.cli import relay_app, relay_check
 
@@ -178,7 +191,7 @@ def report_job(job: Job, json_out: bool, extra: dict[str, Any] | None = None) ->
     if job["status"] == "succeeded":
         return EXIT_OK
     report_error(*job_problem(job))
-    return EXIT_FAILED
+    return EXIT_FAILED if is_finished(job) else cli_conventions.EXIT_STILL_RUNNING
 
 
 def save_outputs(client: Client, job: Job, directory: Path) -> dict[str, str]:
@@ -228,6 +241,7 @@ def submit_command(
 ) -> int:
     """Submit a job; with --wait, show its progress and where it ran."""
     params = build_params(size, seed, param or [])
+    cli_words.remember(body_priority=priority, body_timeout_s=timeout, body_device=device)
     with connect(ctx) as client:
         request: dict[str, Any] = {
             "inputs": upload_inputs(client, input_ or []),
@@ -268,12 +282,13 @@ def wait_command(
     ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
     timeout: Annotated[
-        float | None, typer.Option(min=0.0, help="Give up after S seconds (exit 1).")
+        float | None, typer.Option(min=0.0, help="Give up after S seconds (exit 124).")
     ] = None,
     json_out: JsonFlag = False,
 ) -> int:
-    """Wait for a job to finish; exit 1 unless it succeeded."""
+    """Wait for a job to finish; exit 1 if it failed, 124 if still running at --timeout."""
     with connect(ctx) as client, Progress(quiet=json_out) as progress:
+        job_id = resolve_id(client, job_id)
         job = client.wait(job_id, timeout_s=timeout, on_update=progress.update)
     return report_job(job, json_out)
 
@@ -282,11 +297,17 @@ def wait_command(
 def show_command(
     ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(metavar="ID", help="The job's id.")],
+    evidence: Annotated[
+        bool, typer.Option("--evidence", help="Only its NVML evidence, beside nvidia-smi's.")
+    ] = False,
     json_out: JsonFlag = False,
 ) -> None:
     """Everything the daemon knows about one job."""
     with connect(ctx) as client:
-        job = client.get(job_id)
+        job = client.get(resolve_id(client, job_id))
+    if evidence:
+        cli_guide.emit_evidence(job, json_out)
+        return
     if json_out:
         emit_json(job)
         return
@@ -302,6 +323,7 @@ def list_command(
     json_out: JsonFlag = False,
 ) -> None:
     """Recent jobs, newest first."""
+    cli_words.remember(query_status=status, query_limit=limit)
     with connect(ctx) as client:
         jobs = client.list_jobs(status=status, limit=limit)
     if json_out:
@@ -319,7 +341,7 @@ def cancel_command(
 ) -> None:
     """Cancel a queued or running job."""
     with connect(ctx) as client:
-        job = client.cancel(job_id)
+        job = client.cancel(resolve_id(client, job_id))
     if json_out:
         emit_json(job)
     else:
@@ -338,7 +360,7 @@ def result_command(
 ) -> int:
     """A job's result summary, or (-o FILE) one of its outputs as .npy."""
     with connect(ctx) as client:
-        job = client.get(job_id)
+        job = client.get(resolve_id(client, job_id))
         if job["status"] != "succeeded":
             raise CliError(*job_problem(job), exit_code=EXIT_FAILED)
         if output_file is None:
@@ -369,8 +391,16 @@ def pick_output(job: Job, name: str | None) -> str:
 
 
 @app.command("status")
-def status_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
+def status_command(
+    ctx: typer.Context,
+    json_out: JsonFlag = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Redraw until Ctrl-C.")] = False,
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between redraws.")] = 2.0,
+) -> None:
     """Backend, fallback, load against the caps, config generation, one row per worker."""
+    if watch:
+        cli_logs.watch(lambda: status_command(ctx, json_out), interval)
+        return
     with connect(ctx) as client:
         view = client.status()
     if json_out:
@@ -477,15 +507,19 @@ def config_validate_command(
     _, problems = load_config_problems(settings, config)
     errors = [problem for problem in problems if problem.severity == "error"]
     warnings = [problem for problem in problems if problem.severity != "error"]
+    files = cli_files.checked_files(settings, config, os.environ)
     if json_out:
         emit_json(
             {
                 "ok": not errors,
                 "errors": [problem.as_dict() for problem in errors],
                 "warnings": [problem.as_dict() for problem in warnings],
+                "files": files,
             }
         )
     else:
+        for line in cli_files.checked_lines(files):
+            emit_line(line)
         for problem in problems:
             emit_line(problem_line(problem.as_dict()))
         emit_line(f"config {'invalid' if errors else 'ok'}: {count_problems(errors, warnings)}")
@@ -640,6 +674,12 @@ def doctor_command(
     return EXIT_OK if ok else EXIT_FAILED
 
 
+app.command("completion")(cli_conventions.completion_command)
+app.command("run")(cli_guide.run_command)
+app.command("trace")(cli_logs.trace_command)
+app.command("logs")(cli_logs.logs_command)
+app.command("top")(cli_top.top_command)
+
 # --- reserved --------------------------------------------------------------------------------
 # `trace` lands here, one handler, reusing connect(), emit_json() and report-style exit codes.
 
@@ -654,6 +694,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 def run(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure becomes one stderr line and an exit code."""
     command = typer.main.get_command(app)
+    cli_conventions.install(command, sys.argv[1:] if argv is None else argv)
     try:
         result = command.main(args=argv, prog_name="taogpuctl", standalone_mode=False)
     except Exception as exc:
@@ -665,13 +706,13 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 def explain(exc: Exception) -> tuple[str, str, int]:
     """(message, hint, exit code) for any failure; re-raises a bug under TAOGPUCTL_DEBUG."""
-    if isinstance(exc, CliError):
+    if isinstance(exc, CliError | AmbiguousId):
         return exc.message, exc.hint, exc.exit_code
     if isinstance(exc, DaemonUnreachable):
         code = EXIT_NOT_IN_GROUP if isinstance(exc, NotInGroup) else EXIT_UNREACHABLE
         return exc.message, exc.hint, code
     if isinstance(exc, ApiError):
-        return f"{exc.message} [{exc.code}]", exc.hint, api_exit_code(exc)
+        return explain_api_error(exc)
     if isinstance(exc, ConfigError):
         return exc.message, exc.hint, EXIT_USAGE
     if isinstance(exc, typer.TyperException | typer.Abort):
@@ -693,6 +734,14 @@ def explain_usage(exc: typer.TyperException | typer.Abort) -> tuple[str, str, in
     return message, f"see `{command_path} --help`", EXIT_USAGE
 
 
+def explain_api_error(exc: ApiError) -> tuple[str, str, int]:
+    """The daemon's error; a validation error in the flags' words, without API code or hint."""
+    human = cli_words.humanize(exc.message)
+    if human is not None:
+        return human, "", api_exit_code(exc)
+    return f"{exc.message} [{exc.code}]", exc.hint, api_exit_code(exc)
+
+
 def api_exit_code(exc: ApiError) -> int:
     """4xx: the request was wrong (usage, 2); 429 / 5xx: it could not be done now (1)."""
     if 400 <= exc.http_status < 500 and exc.http_status != 429:
@@ -701,4 +750,8 @@ def api_exit_code(exc: ApiError) -> int:
 
 
 if __name__ == "__main__":
-    main()
+    # Run the importable taogpud.cli, not this __main__ copy: the command modules
+    # (cli_guide, …) import taogpud.cli, and one copy means one Globals class.
+    from taogpud.cli import main as importable_main
+
+    importable_main()

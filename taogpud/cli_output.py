@@ -131,10 +131,22 @@ def readable_job(job: Job) -> Job:
     shown = dict(job)
     for key, value in job.items():
         if key.endswith("_at") and isinstance(value, int | float):
-            shown[key] = datetime.fromtimestamp(value).isoformat(sep=" ", timespec="milliseconds")
+            shown[key] = local_time(value)
         elif key.endswith("_ms") and isinstance(value, float):
-            shown[key] = round(value, 3)
+            shown[key] = round(value, 2)
+        elif key == "timings" and isinstance(value, dict):
+            shown[key] = {name: rounded_ms(ms) for name, ms in value.items()}
     return shown
+
+
+def local_time(epoch_s: float) -> str:
+    """`2026-12-01 20:24:34.888 UTC`: the host's zone, named, to the millisecond."""
+    moment = datetime.fromtimestamp(epoch_s).astimezone()
+    return f"{moment.isoformat(sep=' ', timespec='milliseconds')[:23]} {moment.tzname()}"
+
+
+def rounded_ms(value: Any) -> Any:
+    return round(value, 2) if isinstance(value, float) else value
 
 
 class Progress:
@@ -194,9 +206,16 @@ def describe_params(task: dict[str, Any]) -> str:
     for name, field in (schema.get("properties") or {}).items():
         kinds = [field.get("type")] if "type" in field else field.get("anyOf", [])
         kind = "|".join(str(k.get("type") if isinstance(k, dict) else k) for k in kinds)
-        default = " (required)" if name in required else f"={field.get('default')}"
+        default = " (required)" if name in required else default_text(field.get("default"))
         parts.append(f"{name}:{kind}{default}")
     return " ".join(parts)
+
+
+def default_text(default: Any) -> str:
+    """`=1000000`, `=float32`, `=[1,2]`; no default at all reads `(optional)`, not `=None`."""
+    if default is None:
+        return " (optional)"
+    return f"={default if isinstance(default, str) else orjson.dumps(default).decode()}"
 
 
 def problem_line(problem: dict[str, str]) -> str:

@@ -21,7 +21,7 @@ import ipaddress
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qsl, urlsplit
@@ -187,6 +187,9 @@ class LoggingSection(BaseModel):
     model_config = _SECTION
     level: LogLevel = "info"  # any case, and "warn", are accepted
     request_trace: bool = True
+    # also append the trace to this file (0600), where the guide's `grep backend FILE` looks;
+    # for a user-mode daemon without journald. None: stdout / journald only.
+    file: Path | None = None
 
 
 class _LayeredSettings(BaseSettings):
@@ -538,12 +541,24 @@ def load(
         key = resolve_api_key(settings, settings_layer, config, environ=env, problems=problems)
     key_env = config.api.api_key_env if config is not None else ApiSection().api_key_env
     problems = scrub(problems, [env.get(key_env, ""), key[0]], settings_layer)
+    problems = name_files(problems, {"settings.json": settings_at, "config.toml": config_at})
     errors = [problem for problem in problems if problem.severity == "error"]
     if errors or settings is None or config is None:
         raise ConfigError(errors)
     warnings = tuple(problem for problem in problems if problem.severity != "error")
     digest = config_digest(settings, config)
     return ConfigSnapshot(settings, config, settings_at, config_at, *key, warnings, digest)
+
+
+def name_files(problems: list[Problem], paths: Mapping[str, Path | None]) -> list[Problem]:
+    """Every problem names its file by the path that was read, as syntax errors do; a label
+    ("settings.json") stays only where the embedded defaults were used (no file)."""
+    return [
+        replace(problem, file=str(paths[problem.file]))
+        if paths.get(problem.file) is not None
+        else problem
+        for problem in problems
+    ]
 
 
 # ---- reload -------------------------------------------------------------------------------

@@ -220,7 +220,7 @@ def _parse_json(
         document = json.loads(text, object_pairs_hook=_JsonObject.from_pairs)
     except json.JSONDecodeError as exc:  # msg names the token, never the document's content
         position = f"line {exc.lineno}, column {exc.colno}"
-        problems.append(Problem(where, position, f"invalid JSON: {exc.msg}", fix))
+        problems.append(Problem(where, position, *_json_complaint(text, exc, label, fix)))
         return None
     except ValueError as exc:  # e.g. a number over Python's 4300-digit limit
         problems.append(Problem(where, label, f"invalid JSON: {exc}", fix))
@@ -231,6 +231,16 @@ def _parse_json(
         problems.append(Problem(where, "line 1", f"must be a JSON object, not {got}", fix))
         return None
     return document
+
+
+def _json_complaint(text: str, exc: json.JSONDecodeError, label: str, fix: str) -> tuple[str, str]:
+    """(message, fix); a `//` or `/* */` comment (JSONC, as editors allow) said as such."""
+    if text.startswith(("//", "/*"), exc.pos):
+        return (
+            f"comments are not JSON: {label} is read as strict JSON, without `//` or `/* */`",
+            "delete the comment (keep notes in a file beside it)",
+        )
+    return f"invalid JSON: {exc.msg}", fix
 
 
 def _parse_toml(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import uvicorn
 
-from taogpud import config, systemd, trace
+from taogpud import __version__, config, systemd, trace
 from taogpud import logging as tlog
 from taogpud.api.app import create_app
 from taogpud.api.hot import JobSubmits
@@ -310,6 +310,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, help="config.toml (scheduler side)")
     parser.add_argument("--socket", type=Path, help="the Unix socket to serve on")
     parser.add_argument("--state-dir", type=Path, help="where jobs and outputs are kept")
+    parser.add_argument("--version", action="version", version=f"taogpud {__version__}")
     return parser.parse_args(argv)
 
 
@@ -329,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"taogpud: config error: {exc}", file=sys.stderr)
         return 2
     tlog.configure(snapshot.settings.logging.level, snapshot.settings.logging.request_trace)
+    if unusable := tlog.set_trace_file(snapshot.settings.logging.file):
+        print(f"taogpud: settings.json logging.file cannot be written: {unusable}", file=sys.stderr)
+        return 2
     tlog.set_secrets(snapshot.api_key.get_secret_value() if snapshot.api_key else None)
     keep_from_children(snapshot.config.api.api_key_env)
     for problem in snapshot.warnings:

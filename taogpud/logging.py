@@ -9,16 +9,19 @@ rather than structlog's filtering logger.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import orjson
 import structlog
 
-from taogpud import journal
+from taogpud import journal, trace_ring
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "critical": 50}
 REDACTED = "<redacted>"
@@ -30,9 +33,24 @@ class _State:
     request_trace = True
     secrets: tuple[str, ...] = ()
     journal: journal.JournalWriter | None = None  # set under journald: job events go there
+    trace_file: int | None = None  # settings.json logging.file, opened for appending
 
 
 _state = _State()
+
+
+def set_trace_file(path: Path | None) -> str | None:
+    """Append every trace line to `path` too (None: stop); why it cannot, else None."""
+    old, _state.trace_file = _state.trace_file, None
+    if old is not None:
+        os.close(old)
+    if path is None:
+        return None
+    try:  # O_APPEND: one write() per line, whole lines even beside another writer
+        _state.trace_file = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    return None
 
 
 def set_level(level: str) -> None:
@@ -120,6 +138,9 @@ def render(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> bytes:
 
     Runs after `redact`, so the journal fields are the redacted ones."""
     line = _orjson_dumps(event_dict)
+    trace_ring.RING.append(line, event_dict)  # readable through the API (GET /v1/trace)
+    if _state.trace_file is not None:
+        _write_trace_file(_state.trace_file, line)
     writer = _state.journal
     if (
         writer is not None
@@ -128,6 +149,12 @@ def render(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> bytes:
     ):
         raise structlog.DropEvent
     return line
+
+
+def _write_trace_file(fd: int, line: bytes) -> None:
+    # a full disk must not stop the daemon; stdout / journald still have the line
+    with contextlib.suppress(OSError):
+        os.write(fd, line + b"\n")
 
 
 def configure(level: str = "info", request_trace: bool = True) -> None:

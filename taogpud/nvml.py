@@ -41,6 +41,8 @@ class GpuDevice:
     memory_used_bytes: int
     utilization_percent: int | None = None
     processes: tuple[GpuProcess, ...] = ()
+    temperature_c: int | None = None  # the GPU die (NVML_TEMPERATURE_GPU)
+    power_w: float | None = None  # the board's draw now
 
     @property
     def arch(self) -> str | None:
@@ -170,6 +172,10 @@ def _device(
     running = attempt(
         f"device {index} processes", lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
     )
+    temperature = attempt(
+        f"device {index} temperature", lambda: pynvml.nvmlDeviceGetTemperature(handle, 0)
+    )
+    power_mw = attempt(f"device {index} power", lambda: pynvml.nvmlDeviceGetPowerUsage(handle))
     return GpuDevice(
         index=index,
         name=_text(attempt(f"device {index} name", lambda: pynvml.nvmlDeviceGetName(handle)))
@@ -182,6 +188,8 @@ def _device(
         memory_used_bytes=int(getattr(memory, "used", 0)),
         utilization_percent=getattr(utilization, "gpu", None),
         processes=tuple(_process(p, read_process_names) for p in running or ()),
+        temperature_c=int(temperature) if isinstance(temperature, int) else None,
+        power_w=power_mw / 1000 if isinstance(power_mw, int) else None,
     )
 
 

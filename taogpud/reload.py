@@ -127,6 +127,9 @@ class Reloader:
         keep_from_children(new.config.api.api_key_env)  # workers rolled from now on
         tlog.set_level(new.settings.logging.level)
         tlog.set_request_trace(new.settings.logging.request_trace)
+        new_file = new.settings.logging.file
+        if new_file != old.settings.logging.file and (problem := tlog.set_trace_file(new_file)):
+            log.warning("logging.file_unusable", problem=problem)
         tlog.set_secrets(*(k.get_secret_value() for k in (old.api_key, new.api_key) if k))
         if new.settings.gpu.memory_fraction != old.settings.gpu.memory_fraction:
             self.state.pool.set_memory_fraction(new.settings.gpu.memory_fraction)

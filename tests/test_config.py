@@ -327,7 +327,8 @@ def test_unknown_key_did_you_mean_in_settings_camel_case(files: Files) -> None:
     """A misspelt settings key gets a did-you-mean in the file's camelCase."""
     problem = only(files.problems({"gpu": {"memoryFracton": 0.5}}), "gpu.memoryFracton")
     assert str(problem) == (
-        'settings.json: gpu.memoryFracton: unknown key (fix: did you mean "memoryFraction"?)'
+        f"{files.root / 'settings.json'}: gpu.memoryFracton: unknown key "
+        '(fix: did you mean "memoryFraction"?)'
     )
 
 

@@ -75,7 +75,7 @@ def test_device_id_outside_the_opencl_devices_names_both_keys(tmp_path: Path) ->
     problem = only(
         problems_of(tmp_path, settings, OPENCL_CONFIG.format(devices="[0, 1]")), "gpu.deviceId"
     )
-    assert problem.file == "settings.json"
+    assert Path(problem.file).name == "settings.json"
     assert "backend.opencl.device_index [0, 1]" in problem.message
     assert problem.fix == "set gpu.deviceId to 0 or 1, or add 2 to backend.opencl.device_index"
 

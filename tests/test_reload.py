@@ -110,7 +110,10 @@ def test_invalid_edit_keeps_the_old_generation_until_fixed(daemon: RunningDaemon
         wait_generation(client, 2)
         assert client.status()["max_concurrent_tasks"] == 2
     error = last["errors"][0]
-    assert (error["file"], error["key"]) == ("config.toml", "scheduling.max_concurent_tasks")
+    assert (error["file"], error["key"]) == (
+        str(daemon.home / "config.toml"),
+        "scheduling.max_concurent_tasks",
+    )
     assert "max_concurrent_tasks" in error["fix"]
     assert daemon.events("config.reload_failed")
 

@@ -15,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from taogpud import __version__, relay
 from taogpud.api import arrays, channel, config, doctor, jobs, system
+from taogpud.api import trace as trace_api
 from taogpud.api.peer import SCOPE_KEY
 from taogpud.errors import BodyTooLarge, ErrorBody, TaogpudError
 from taogpud.logging import get_logger, request_trace_enabled
@@ -34,7 +35,7 @@ def create_app(state: DaemonState) -> FastAPI:
         redoc_url=None,
     )
     app.state.daemon = state
-    for module in (system, jobs, arrays, config, channel, doctor):
+    for module in (system, jobs, arrays, config, channel, doctor, trace_api):
         app.include_router(module.router)
     app.add_exception_handler(TaogpudError, _taogpud_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -1,0 +1,144 @@
+"""What operators expect of a command line from their other tools (git, docker, kubectl, pueue).
+
+- `-h` as well as `--help`, on every command (git, docker);
+- `--version` (every tool);
+- `taogpuctl completion bash|zsh|fish` prints the completion script (kubectl, gh, docker);
+- a job id may be shortened to any unique prefix (git, docker); an ambiguous one is an error
+  listing the candidates;
+- exit 124 when a wait gave up with the job still running (as timeout(1) does), so a script
+  can tell "not finished yet" from "the job failed" (1).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperOption
+
+from taogpud import __version__
+from taogpud.client import ApiError, Client
+
+EXIT_STILL_RUNNING = 124  # the wait's --timeout passed before the job finished
+FULL_ID_LENGTH = 17  # jobs.new_job_id(): 11 hex of milliseconds + 6 random hex
+AMBIGUOUS_SHOWN = 10
+COMPLETE_VAR = "_TAOGPUCTL_COMPLETE"  # what the completion scripts set when they ask
+_HEX = re.compile(r"^[0-9a-f]+$")
+
+SUBMIT_EXAMPLES = """\
+Examples:
+
+  taogpuctl submit vector_add --size 1000000 --wait
+
+  taogpuctl submit sleep --param ms=500 --priority 10
+
+  taogpuctl submit vector_add --input a=a.npy --input b=b.npy -o out/ --wait
+"""
+
+
+def install(command: Any, argv: Sequence[str]) -> None:
+    """Add -h and --version to the root command; give `submit --help` its task list."""
+    command.context_settings["help_option_names"] = ["-h", "--help"]
+    command.params.append(
+        TyperOption(
+            param_decls=["--version"],
+            is_flag=True,
+            expose_value=False,
+            is_eager=True,
+            callback=_print_version,
+            help="Print taogpuctl's version and exit.",
+        )
+    )
+    if COMPLETE_VAR in os.environ:  # the shell asks for completions: typer's classes answer
+        _typer_completion().completion_init()
+    if "submit" in argv and ({"-h", "--help"} & set(argv)):  # the registry costs ~0.5 s
+        command.commands["submit"].epilog = submit_epilog()
+
+
+def _print_version(ctx: Any, _param: Any, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        typer.echo(f"taogpuctl {__version__}")
+        raise typer.Exit(0)
+
+
+def submit_epilog() -> str:
+    """The tasks this host's taogpud knows (its registry, built-ins and plug-ins) and examples."""
+    from taogpud import tasks
+
+    lines = [f"  {task.name:<11} {task.description}" for task in tasks.all_tasks()]
+    return "Tasks (params: taogpuctl tasks):\n\n" + "\n\n".join(lines) + "\n\n" + SUBMIT_EXAMPLES
+
+
+# --- completion --------------------------------------------------------------------------
+
+
+class Shell(StrEnum):
+    bash = "bash"
+    zsh = "zsh"
+    fish = "fish"
+
+
+def completion_command(
+    shell: Annotated[Shell, typer.Argument(help="bash, zsh or fish.")],
+) -> None:
+    """Print the shell completion script, e.g. `source <(taogpuctl completion bash)`.
+
+    Installed for good: `taogpuctl completion bash > /etc/bash_completion.d/taogpuctl`,
+    `taogpuctl completion zsh > "${fpath[1]}/_taogpuctl"`,
+    `taogpuctl completion fish > ~/.config/fish/completions/taogpuctl.fish`.
+    """
+    script = _typer_completion().get_completion_script(
+        prog_name="taogpuctl", complete_var=COMPLETE_VAR, shell=shell.value
+    )
+    typer.echo(str(script))
+
+
+def _typer_completion() -> Any:
+    """typer's own completion (the scripts and the classes that answer them), from its public
+    typer.completion module, which imports them without re-exporting them by name; imported
+    only when completing, as it costs every other command ~15 ms."""
+    import typer.completion
+
+    return typer.completion
+
+
+# --- job ids -----------------------------------------------------------------------------
+
+
+class AmbiguousId(Exception):
+    """A prefix that more than one job id starts with."""
+
+    def __init__(self, prefix: str, candidates: list[str]) -> None:
+        shown = ", ".join(candidates[:AMBIGUOUS_SHOWN])
+        more = len(candidates) - AMBIGUOUS_SHOWN
+        tail = f" and {more} more" if more > 0 else ""
+        super().__init__(f"job id prefix {prefix} is ambiguous: {shown}{tail}")
+        self.message = str(self)
+        self.hint = "give more of the id"
+        self.exit_code = 2  # a usage error, as an unknown id is
+
+
+def resolve_id(client: Client, given: str) -> str:
+    """The full job id for `given`: itself when the daemon knows it, else the one job whose id
+    starts with it. Unknown → the daemon's job_not_found; several → AmbiguousId."""
+    try:
+        client.get(given)
+    except ApiError as exc:
+        if exc.code != "job_not_found" or not _could_be_prefix(given):
+            raise
+        matches = [str(job["id"]) for job in client.list_jobs(limit=10_000)]
+        candidates = sorted(job_id for job_id in matches if job_id.startswith(given))
+        if not candidates:
+            raise
+        if len(candidates) > 1:
+            raise AmbiguousId(given, candidates) from None
+        return candidates[0]
+    return given
+
+
+def _could_be_prefix(given: str) -> bool:
+    return 0 < len(given) < FULL_ID_LENGTH and bool(_HEX.match(given))

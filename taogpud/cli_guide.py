@@ -1,0 +1,105 @@
+"""The setup guide's checks with the guide's own flags (README: "The guide's checklist").
+
+    openclaw run --config "$OPENCLAW_CONFIG" --task vector_add --size 1000000
+    taogpuctl run --config "$OPENCLAW_CONFIG" --task vector_add --size 1000000
+      → job … succeeded task=vector_add device=gpu:0 backend=cuda fallback=false …
+
+`run` is `submit --wait` spelt as the guide spells it. Its `--config` (and `--settings`) name
+the files the guide's tool reads; the daemon runs with its own, so `run` says loudly when the
+daemon's files are not those: the failure this project exists to make visible.
+
+`show ID --evidence` prints the job's NVML evidence beside the `nvidia-smi` query that shows
+the same thing, so the two can be read side by side.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from taogpud.cli_output import emit_json, emit_line, warn
+
+# evidence key → the nvidia-smi query that reads the same fact on the host
+NVIDIA_SMI = {
+    "gpu_uuid": "nvidia-smi --query-gpu=uuid --format=csv,noheader",
+    "pci_bus_id": "nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader",
+    "pid_seen_on_gpu": "nvidia-smi --query-compute-apps=pid,used_memory --format=csv",
+    "gpu_pids": "nvidia-smi --query-compute-apps=pid --format=csv,noheader",
+    "utilization_peak_percent": "nvidia-smi --query-gpu=utilization.gpu --format=csv -lms 100",
+    "energy_j": "nvidia-smi --query-gpu=total_energy_consumption --format=csv",
+}
+
+
+def run_command(
+    ctx: typer.Context,
+    task: Annotated[str, typer.Option("--task", help="The task to run (see `taogpuctl tasks`).")],
+    *,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="The guide's config.toml ($OPENCLAW_CONFIG).")
+    ] = None,
+    settings: Annotated[
+        Path | None, typer.Option("--settings", help="The guide's settings.json.")
+    ] = None,
+    size: Annotated[int | None, typer.Option(help="Shortcut for --param size=N.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Shortcut for --param seed=N.")] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option("--param", "-p", help="KEY=VALUE; VALUE as JSON if it parses."),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")] = (
+        False
+    ),
+) -> int:
+    """The guide's check: run TASK, wait, print `device=… backend=…`; exit 1 unless it succeeded.
+
+    Example: taogpuctl run --config "$OPENCLAW_CONFIG" --task vector_add --size 1000000
+    """
+    from taogpud.cli import build_params, connect, finish_waited
+    from taogpud.cli_output import Progress
+
+    params = build_params(size, seed, param or [])
+    with connect(ctx) as client:
+        warn_if_other_files(client.config(), settings, config)
+        with Progress(quiet=json_out) as progress:
+            job = client.run(task, params, on_update=progress.update)
+        return finish_waited(client, job, json_out, None)
+
+
+def warn_if_other_files(
+    running: dict[str, Any], settings: Path | None, config: Path | None
+) -> None:
+    """A warning for each file given here that is not the one the daemon runs with."""
+    paths = running.get("paths") or {}
+    for name, given in (("settings", settings), ("config", config)):
+        if given is None:
+            continue
+        used = paths.get(name)
+        if used is None or not Path(used).exists() or not same_file(Path(used), given):
+            shown = used or "its embedded defaults"
+            warn(f"the daemon runs with {shown}, not {given}: this job says nothing about {given}")
+
+
+def same_file(left: Path, right: Path) -> bool:
+    try:
+        return left.samefile(right)
+    except OSError:
+        return False
+
+
+def emit_evidence(job: dict[str, Any], json_out: bool) -> None:
+    """The job's NVML evidence, each fact beside the nvidia-smi query that reads it too."""
+    evidence = job.get("evidence") or {}
+    if json_out:
+        emit_json({"id": job["id"], "device": job.get("device"), "evidence": evidence})
+        return
+    emit_line(f"job {job['id']} device={job.get('device') or '-'} backend={job.get('backend')}")
+    if not evidence:
+        emit_line(f"  no NVML evidence: the job ran on {job.get('backend')}, not a CUDA GPU")
+        return
+    width = max(len(key) for key in evidence)
+    for key, value in evidence.items():
+        emit_line(f"  {key.ljust(width)}  {value}")
+        if key in NVIDIA_SMI:
+            emit_line(f"  {' ' * width}  ↔ {NVIDIA_SMI[key]}")

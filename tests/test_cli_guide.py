@@ -1,0 +1,66 @@
+"""The setup guide's checks with the guide's own flags, against a real daemon."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+
+from taogpud.cli_guide import emit_evidence
+from tests.test_cli import Ctl, json_out, taogpuctl
+
+
+@pytest.fixture
+def ctl(daemon: Any) -> Ctl:
+    """taogpuctl aimed at the test's daemon."""
+    return functools.partial(taogpuctl, socket_path=daemon.socket_path)
+
+
+def test_guide_run_with_its_own_flags(ctl: Ctl, daemon: Any) -> None:
+    """`run --config "$OPENCLAW_CONFIG" --task vector_add --size 1000000` with the daemon's own
+    config.toml: exit 0, `device=cpu:N backend=cpu` on the line, no warning."""
+    config = str(daemon.home / "config.toml")
+    result = ctl("run", "--config", config, "--task", "vector_add", "--size", "1000000")
+    assert result.returncode == 0, result.stdout + result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("job "))
+    assert " succeeded task=vector_add device=cpu:" in line
+    assert " backend=cpu " in line
+    assert "WARNING" not in result.stderr
+    as_json = json_out(ctl("run", "--task", "noop", "--json"))
+    assert as_json["status"] == "succeeded"
+
+
+def test_guide_run_warns_when_the_daemon_reads_other_files(ctl: Ctl, tmp_path: Any) -> None:
+    """`run --config OTHER`: the job runs, and a warning says the daemon used its own file."""
+    other = tmp_path / "config.toml"
+    other.write_text("[runtime]\n")
+    result = ctl("run", "--config", str(other), "--task", "noop")
+    assert result.returncode == 0, result.stderr
+    assert f"not {other}: this job says nothing about {other}" in result.stderr
+
+
+def test_show_evidence_on_cpu_says_there_is_none(ctl: Ctl) -> None:
+    """`show ID --evidence` of a CPU job: the device and backend, and why there is no NVML."""
+    job_id = json_out(ctl("submit", "noop", "--wait", "--json"))["id"]
+    result = ctl("show", job_id, "--evidence")
+    assert result.returncode == 0, result.stderr
+    assert f"job {job_id} device=cpu:" in result.stdout
+    assert "no NVML evidence: the job ran on cpu" in result.stdout
+
+
+def test_evidence_lines_pair_each_fact_with_nvidia_smi(capsys: pytest.CaptureFixture[str]) -> None:
+    """Evidence as a CUDA worker records it (fed: no GPU here): each known fact is followed
+    by the nvidia-smi query that shows it."""
+    job = {
+        "id": "1a2",
+        "device": "gpu:0",
+        "backend": "cuda",
+        "evidence": {"source": "nvml", "gpu_uuid": "GPU-1234", "pid_seen_on_gpu": True},
+    }
+    emit_evidence(job, json_out=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "job 1a2 device=gpu:0 backend=cuda"
+    uuid_at = next(n for n, line in enumerate(lines) if "GPU-1234" in line)
+    assert "nvidia-smi --query-gpu=uuid" in lines[uuid_at + 1]
+    assert "--query-compute-apps=pid" in lines[-1]
