@@ -9,28 +9,17 @@ holds (everything but after a reboot) and queued jobs keep their inputs.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from typing import Any
 
 from taogpud.errors import RequestError, TaogpudError
 from taogpud.pool import shm
 from taogpud.pool.shm import ArrayRef, BadArray
 from taogpud.store import JobStore
-
-
-class BodyTap(Protocol):
-    """The connection's offer to hand the rest of a body over as it arrives (the daemon's
-    HTTP protocol, api/protocol.py), instead of through 64 KiB ASGI messages."""
-
-    def diverted(
-        self, sink: Callable[[bytes | memoryview], None]
-    ) -> AbstractContextManager[None]: ...
 
 
 class ArrayStoreFull(TaogpudError):
@@ -90,11 +79,9 @@ class ArrayStore:
             self.remove(array_id)
         return len(unused)
 
-    async def upload(
-        self, body: AsyncIterator[bytes], max_bytes: int, tap: BodyTap | None = None
-    ) -> tuple[str, ArrayRef]:
-        """Stream a request body (.npy) straight into shared memory; with the connection's
-        `tap`, the pieces after the header are copied there as they arrive."""
+    async def upload(self, body: AsyncIterator[bytes], max_bytes: int) -> tuple[str, ArrayRef]:
+        """Stream a request body (.npy) straight into shared memory, each piece written
+        (pwrite) at its offset as it arrives."""
         chunks = _Chunks(body)
         head = await chunks.read_head()
         try:
@@ -110,7 +97,7 @@ class ArrayStore:
         self._make_room(header_bytes + nbytes)
         name, fd = self._create(header_bytes + nbytes)
         try:
-            written = await chunks.write_into(fd, header_bytes + nbytes, tap)
+            written = await chunks.write_into(fd, header_bytes + nbytes)
         except BaseException:
             shm.unlink(name)
             raise
@@ -178,18 +165,12 @@ class _Chunks:
                 break
         return self._pending
 
-    async def write_into(self, fd: int, size: int, tap: BodyTap | None) -> int:
+    async def write_into(self, fd: int, size: int) -> int:
         """Write the body into the file's first `size` bytes; returns the body's length (a
         longer body is counted, not written: the caller reports the mismatch)."""
         written = self._put(fd, size, 0, self._pending)
-
-        def put(chunk: bytes | memoryview) -> None:
-            nonlocal written
+        async for chunk in self._body:
             written = self._put(fd, size, written, chunk)
-
-        with tap.diverted(put) if tap is not None else contextlib.nullcontext():
-            async for chunk in self._body:  # diverted: empty pieces until the body is whole
-                put(chunk)
         return written
 
     @staticmethod

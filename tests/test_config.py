@@ -162,6 +162,9 @@ def test_seed_values_are_the_model_defaults(files: Files) -> None:
         "ray.local_num_cpus",
         "ray.connect_timeout_s",
         "ray.ready_timeout_s",
+        "server.max_connections",  # issue 17: what each client of the socket is held to
+        "server.max_connections_per_uid",
+        "server.head_timeout_s",
     }
 
 

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from taogpud import __version__
 from taogpud.api import arrays, channel, config, doctor, jobs, system
-from taogpud.api.peer import SCOPE_KEY
+from taogpud.api.peer import peer_in
 from taogpud.errors import ErrorBody, TaogpudError
 from taogpud.logging import get_logger, request_trace_enabled
 from taogpud.state import DaemonState
@@ -176,12 +176,11 @@ class RequestTrace:
         try:
             await self.app(scope, receive, send_with_status)
         finally:
-            peer = scope.get("extensions", {}).get(SCOPE_KEY)
             log.info(
                 "api.request",
                 method=scope["method"],
                 path=scope["path"],
                 status=status,
                 duration_ms=round((time.perf_counter() - started) * 1e3, 3),
-                uid=getattr(peer, "uid", None),
+                uid=peer_in(scope).uid,
             )

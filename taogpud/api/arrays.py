@@ -1,4 +1,4 @@
-"""Arrays: upload a .npy body to use as a job input."""
+"""Arrays: upload a .npy body to use as a job input, streamed from the request into its file."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from fastapi import APIRouter, Request
 
 from taogpud.api.deps import Daemon
 from taogpud.api.models import ArrayView
-from taogpud.api.protocol import BODY_KEY
 
 router = APIRouter(prefix="/v1/arrays", tags=["arrays"])
 
@@ -25,6 +24,5 @@ router = APIRouter(prefix="/v1/arrays", tags=["arrays"])
     },
 )
 async def upload(request: Request, daemon: Daemon) -> ArrayView:
-    tap = request.scope.get("extensions", {}).get(BODY_KEY)
-    array_id, ref = await daemon.arrays.upload(request.stream(), daemon.max_upload_bytes, tap)
+    array_id, ref = await daemon.arrays.upload(request.stream(), daemon.max_upload_bytes)
     return ArrayView(id=array_id, shape=list(ref.shape), dtype=ref.dtype, nbytes=ref.nbytes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -39,6 +41,25 @@ async def _job_request(request: Request) -> JobRequest:
         ) from None
 
 
+async def _wait(daemon: DaemonState, job_id: str, wait_s: float) -> None:
+    """Until the job finished, wait_s passed, or the server began to stop (end_waits)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(wait_s) as deadline:
+            daemon.waits.add(deadline)
+            try:
+                await daemon.store.wait(job_id, wait_s)
+            finally:
+                daemon.waits.discard(deadline)
+
+
+def end_waits(daemon: DaemonState) -> None:
+    """The server is stopping: every request still waiting for a job is answered now, with
+    the job as it is (queued jobs stay queued for the next start)."""
+    now = asyncio.get_running_loop().time()
+    for deadline in list(daemon.waits):
+        deadline.reschedule(now)
+
+
 def _job_response(job: JobRecord, status_code: int = 200) -> Response:
     return Response(job.model_dump_json(), status_code=status_code, media_type=JSON)
 
@@ -58,13 +79,12 @@ async def submit(
     request: Request,
     wait_s: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None,
 ) -> Response:
-    # The hot path: the body is validated here in one pydantic call instead of through
+    # Every job comes this way: the body is validated in one pydantic call instead of through
     # FastAPI's body and dependency machinery, which cost a tenth of the daemon's CPU per job.
     daemon: DaemonState = request.app.state.daemon
-    body = await _job_request(request)
-    job = daemon.scheduler.submit(body, peer_of(request))
+    job = daemon.scheduler.submit(await _job_request(request), peer_of(request))
     if wait_s:
-        await daemon.store.wait(job.id, wait_s)
+        await _wait(daemon, job.id, wait_s)
     daemon.store.flush()  # stored before its id is returned
     return _job_response(job, 201)
 
@@ -92,7 +112,7 @@ async def wait_job(
     timeout_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 30.0,
 ) -> Response:
     job = daemon.scheduler.get(job_id)
-    await daemon.store.wait(job_id, timeout_s)
+    await _wait(daemon, job_id, timeout_s)
     return _job_response(job)
 
 
