@@ -32,7 +32,7 @@ def create_app(state: DaemonState) -> FastAPI:
         redoc_url=None,
     )
     app.state.daemon = state
-    for module in (system, jobs, arrays, config, channel, doctor):
+    for module in (jobs, system, arrays, config, channel, doctor):  # jobs first: matched most
         app.include_router(module.router)
     app.add_exception_handler(TaogpudError, _taogpud_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

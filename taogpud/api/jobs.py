@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
-from pydantic import ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
 from taogpud.access import check_access
 from taogpud.api.deps import Daemon
@@ -23,6 +23,14 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 MAX_WAIT_S = 60.0  # one long-poll; clients loop for longer waits
 JSON = "application/json"
+WAIT_S = TypeAdapter(Annotated[float, Field(ge=0, le=MAX_WAIT_S)])
+WAIT_S_PARAMETER = {  # the query parameter as OpenAPI shows it (submit parses it itself)
+    "name": "wait_s",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S},
+    "description": "answer once the job finished, or after this many seconds",
+}
 
 
 async def _job_request(request: Request) -> JobRequest:
@@ -38,6 +46,21 @@ async def _job_request(request: Request) -> JobRequest:
     except ValidationError as exc:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        ) from None
+
+
+def _wait_s(request: Request) -> float:
+    """`wait_s` from the query, validated as FastAPI would and with its error, but without
+    its parameter machinery: measured in-process, the submit route took 40–60 µs less
+    without it (with the job routes matched first, api/app.py)."""
+    raw = request.query_params.get("wait_s")
+    if raw is None:
+        return 0.0
+    try:
+        return WAIT_S.validate_python(raw)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("query", "wait_s")} for e in exc.errors(include_url=False)]
         ) from None
 
 
@@ -69,19 +92,19 @@ def _job_response(job: JobRecord, status_code: int = 200) -> Response:
     response_model=JobRecord,
     status_code=201,
     openapi_extra={
+        "parameters": [WAIT_S_PARAMETER],
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": JobRequest.model_json_schema()}},
-        }
+        },
     },
 )
-async def submit(
-    request: Request,
-    wait_s: Annotated[float | None, Query(ge=0, le=MAX_WAIT_S)] = None,
-) -> Response:
-    # Every job comes this way: the body is validated in one pydantic call instead of through
-    # FastAPI's body and dependency machinery, which cost a tenth of the daemon's CPU per job.
+async def submit(request: Request) -> Response:
+    # Every job comes this way: the query and body are validated in one pydantic call each
+    # instead of through FastAPI's parameter and body machinery (a tenth of the daemon's CPU
+    # per job, and 40–60 µs in-process).
     daemon: DaemonState = request.app.state.daemon
+    wait_s = _wait_s(request)
     job = daemon.scheduler.submit(await _job_request(request), peer_of(request))
     if wait_s:
         await _wait(daemon, job.id, wait_s)
