@@ -31,11 +31,10 @@ ADVICE: dict[str, str] = {
         "with our own framing, are what is left."
     ),
     "framework (FastAPI, Starlette, anyio)": (
-        "A job submit no longer reaches the framework: the connection's protocol serves a "
-        "well-formed `POST /v1/jobs` itself (api/hot.py). What shows here comes from other "
-        "routes (a job's `GET`, health, uploads), each through seven ASGI layers and "
-        "FastAPI's routing and `solve_dependencies`; folding RequestTrace and BodyLimit "
-        "into one middleware is what is left."
+        "Every request, job submits included, goes through seven ASGI layers and FastAPI's "
+        "routing and `solve_dependencies` (one handler per route, on public APIs: the "
+        "submit route validates its body in one pydantic call). Folding RequestTrace and "
+        "BodyLimit into one middleware is what is left."
     ),
     "HTTP server (uvicorn, httptools)": (
         "httptools parsing and uvicorn's callbacks around it: the scope and a "

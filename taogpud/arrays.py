@@ -19,13 +19,11 @@ A job whose task has a `dtype` param takes only inputs of that dtype (`check_dty
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from taogpud.access import may_touch
@@ -48,15 +46,6 @@ EVICTION = (
     "pending bytes fit user_quota_bytes and all arrays fit budget_bytes; it never evicts "
     "another user's array or one a queued or running job uses"
 )
-
-
-class BodyTap(Protocol):
-    """The connection's offer to hand the rest of a body over as it arrives (the daemon's
-    HTTP protocol, api/protocol.py), instead of through 64 KiB ASGI messages."""
-
-    def diverted(
-        self, sink: Callable[[bytes | memoryview], None]
-    ) -> AbstractContextManager[None]: ...
 
 
 class ArrayStoreFull(TaogpudError):
@@ -149,12 +138,10 @@ class ArrayStore:
         self,
         body: AsyncIterator[bytes],
         max_bytes: int,
-        tap: BodyTap | None = None,
         owner: Peer | None = None,
     ) -> tuple[str, ArrayRef]:
-        """Stream a request body (.npy) straight into shared memory; with the connection's
-        `tap`, the pieces after the header are copied there as they arrive. The array
-        belongs to `owner`."""
+        """Stream a request body (.npy) straight into shared memory, each piece written
+        (pwrite) at its offset as it arrives. The array belongs to `owner`."""
         owner_uid = owner.uid if owner is not None else None
         chunks = _Chunks(body)
         shape, dtype, header_bytes = _read_header(await chunks.read_head())
@@ -168,7 +155,7 @@ class ArrayStore:
         self._make_room(total, owner_uid)
         name, fd = self._create(total)
         try:
-            written = await chunks.write_into(fd, total, tap)
+            written = await chunks.write_into(fd, total)
         except BaseException:
             shm.unlink(name)
             raise
@@ -347,18 +334,12 @@ class _Chunks:
                 break
         return self._pending
 
-    async def write_into(self, fd: int, size: int, tap: BodyTap | None) -> int:
+    async def write_into(self, fd: int, size: int) -> int:
         """Write the body into the file's first `size` bytes; returns the body's length (a
         longer body is counted, not written: the caller reports the mismatch)."""
         written = self._put(fd, size, 0, self._pending)
-
-        def put(chunk: bytes | memoryview) -> None:
-            nonlocal written
+        async for chunk in self._body:
             written = self._put(fd, size, written, chunk)
-
-        with tap.diverted(put) if tap is not None else contextlib.nullcontext():
-            async for chunk in self._body:  # diverted: empty pieces until the body is whole
-                put(chunk)
         return written
 
     @staticmethod

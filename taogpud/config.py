@@ -395,6 +395,16 @@ class RelaySection(BaseModel):
     limits: RelayLimits = RelayLimits()
 
 
+class ServerSection(BaseModel):
+    """taogpud extension: what every client of the control socket is held to, so that none
+    can starve the rest (api/protocol.py). Read at each new connection: a reload applies."""
+
+    model_config = _SECTION
+    max_connections: Int = Field(2048, ge=1)  # in all; also kept to half the open-file limit
+    max_connections_per_uid: Int = Field(256, ge=1)
+    head_timeout_s: Number = Field(10, gt=0)  # a request head not complete by then: closed
+
+
 class ConfigFile(_LayeredSettings):
     """config.toml, snake_case as in the file."""
 
@@ -406,6 +416,7 @@ class ConfigFile(_LayeredSettings):
     scheduling: SchedulingSection = SchedulingSection()
     ray: RaySection = RaySection()
     relay: RelaySection = RelaySection()
+    server: ServerSection = ServerSection()
 
 
 # ---- the snapshot -------------------------------------------------------------------------

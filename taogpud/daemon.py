@@ -23,10 +23,10 @@ import uvicorn
 
 from taogpud import __version__, config, systemd, trace
 from taogpud import logging as tlog
+from taogpud.api import protocol
 from taogpud.api.app import create_app
-from taogpud.api.hot import JobSubmits
+from taogpud.api.jobs import end_waits
 from taogpud.api.listen import bind_unix_socket
-from taogpud.api.protocol import serving_jobs
 from taogpud.arrays import ArrayStore, upload_quota_bytes
 from taogpud.errors import BackendUnavailable, ConfigError
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
@@ -51,6 +51,7 @@ STORE_NAME = "jobs.sqlite3"
 OUTPUTS_DIR_NAME = "outputs"
 RECENT_JOBS_SHOWN = 1000  # finished jobs brought back into memory at start, for `list`
 HOUSEKEEPING_EVERY_S = 600.0
+KEEP_ALIVE_S = 5  # uvicorn's timeout_keep_alive: an idle connection closes after this
 
 log = tlog.get_logger("taogpud.daemon")
 
@@ -181,7 +182,8 @@ class Daemon:
         app = create_app(state)
         server_config = uvicorn.Config(
             app,
-            http=serving_jobs(JobSubmits(state)),
+            http=protocol.serving(lambda: state.snapshot.config.server, _open_file_limit()),
+            timeout_keep_alive=KEEP_ALIVE_S,
             lifespan="off",
             log_config=None,
             access_log=False,
@@ -210,6 +212,7 @@ class Daemon:
         left = await state.scheduler.drain(drain_s)
         if left:
             state.scheduler.interrupt_running()
+        end_waits(state)
         server.should_exit = True
         await serving
         await relay_listen.stop(*self._relay[1:])
@@ -319,6 +322,10 @@ def raise_open_file_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _open_file_limit() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def main(argv: list[str] | None = None) -> int:

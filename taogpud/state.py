@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ class DaemonState:
     max_json_bytes: int = 1 << 20
     max_upload_bytes: int = 1 << 32
     reload: Callable[[str], Awaitable[ReloadView]] | None = None  # set once reload can run
+    waits: set[asyncio.Timeout] = field(default_factory=set)  # requests waiting on a job
 
     @property
     def fallback(self) -> bool:

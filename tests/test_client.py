@@ -251,8 +251,8 @@ def test_uploaded_arrays_come_back_added(daemon: Any) -> None:
 
 
 def test_a_large_upload_arrives_whole(daemon: Any) -> None:
-    """A 12 MiB upload, taken off the socket piece by piece (api/protocol.py's body tap, far
-    past uvicorn's 64 KiB buffer), comes back byte for byte through a job."""
+    """A 12 MiB upload, streamed from the request piece by piece (far past uvicorn's 64 KiB
+    buffer), comes back byte for byte through a job."""
     a = np.random.default_rng(3).random(3 * 2**20, dtype=np.float32)
     with daemon.client() as client:
         inputs = {

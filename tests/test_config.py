@@ -170,6 +170,9 @@ def test_seed_values_are_the_model_defaults(files: Files) -> None:
         "relay.limits.concurrent",
         "relay.limits.per_minute",
         "relay.limits.tokens_per_day",
+        "server.max_connections",  # issue 17: what each client of the socket is held to
+        "server.max_connections_per_uid",
+        "server.head_timeout_s",
     }
 
 

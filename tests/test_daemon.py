@@ -207,11 +207,10 @@ def test_wrong_content_type_and_missing_fields(daemon: RunningDaemon) -> None:
         ("", {"content-type": "text/plain"}, 400, "application/json"),
     ],
 )
-def test_submits_off_the_fast_path_get_the_framework_answer(
+def test_submits_with_a_bad_query_or_type_get_the_route_errors(
     daemon: RunningDaemon, query: str, headers: dict[str, str] | None, status: int, words: str
 ) -> None:
-    """POST /v1/jobs skips FastAPI only when well-formed (api/hot.py); any other query or
-    content type is answered by the FastAPI route, with its usual errors."""
+    """A bad query or content type on POST /v1/jobs gets the route's usual errors."""
     body = b'{"task": "noop"}'
     answered, answer = raw_request(daemon, "POST", f"/v1/jobs{query}", body, headers)
     assert answered == status, answer
@@ -222,7 +221,7 @@ def test_submits_off_the_fast_path_get_the_framework_answer(
         assert answer["task"] == "noop"
 
 
-def test_fast_path_submits_are_traced_like_other_requests(daemon: RunningDaemon) -> None:
+def test_submits_are_traced_like_other_requests(daemon: RunningDaemon) -> None:
     """A submit that succeeds and one refused by the scheduler each log one api.request."""
     with daemon.client() as client:
         job = client.submit("noop", wait_s=10)
@@ -458,8 +457,8 @@ def _responses(sock: socket.socket, count: int) -> list[tuple[int, Any]]:
 def test_an_upload_in_pieces_then_a_pipelined_request_on_the_same_connection(
     daemon: RunningDaemon,
 ) -> None:
-    """The rest of an upload's body is read past the HTTP parser (api/protocol.py): every
-    byte lands, none of the request behind it is taken, and the connection serves on."""
+    """An upload streamed from the request in pieces: every byte lands, none of the
+    request behind it is taken, and the connection serves on."""
     array = np.arange(3 * 2**20, dtype=np.float32)  # 12 MiB: many reads
     image = shm.npy_header(array.shape, "<f4") + array.tobytes()
     head = (
@@ -505,7 +504,7 @@ def test_an_upload_longer_than_its_header_says_is_refused_and_the_connection_ser
     assert health_status == 200
 
 
-# -- the job route, served by the protocol (api/hot.py) -------------------------------------
+# -- the job route on one connection --------------------------------------------------------
 
 
 def _submit_bytes(body: bytes, query: str = "?wait_s=30") -> bytes:
@@ -536,22 +535,8 @@ def test_pipelined_submits_are_answered_in_order_on_one_connection(
     assert (s4, fourth["task"]) == (201, "noop")
 
 
-def test_a_job_answer_leaves_in_one_write(daemon: RunningDaemon) -> None:
-    """Head and body of a submit's answer arrive together: the first read has them both."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(30)
-        sock.connect(str(daemon.socket_path))
-        for _ in range(20):  # two writes would show as a head read alone, sooner or later
-            sock.sendall(_submit_bytes(b'{"task": "noop"}'))
-            first_read = sock.recv(65536)
-            head, _, body = first_read.partition(b"\r\n\r\n")
-            assert head.startswith(b"HTTP/1.1 201")
-            assert json.loads(body)["status"] == "succeeded"
-
-
-def test_a_submit_over_64_kib_is_served_by_the_framework(daemon: RunningDaemon) -> None:
-    """uvicorn stops reading a body past 64 KiB until the application reads it; such a
-    submit (here padded with JSON whitespace) goes to the FastAPI route and runs."""
+def test_a_submit_over_64_kib_runs(daemon: RunningDaemon) -> None:
+    """A submit whose body passes uvicorn's 64 KiB read-ahead (JSON whitespace) runs."""
     body = b'{"task": "noop"' + b" " * 70_000 + b"}"
     status, job = raw_request(daemon, "POST", "/v1/jobs?wait_s=10", body)
     assert (status, job["status"]) == (201, "succeeded")

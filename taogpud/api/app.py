@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from taogpud import __version__, relay
 from taogpud.api import arrays, channel, config, doctor, jobs, system
 from taogpud.api import trace as trace_api
-from taogpud.api.peer import SCOPE_KEY
+from taogpud.api.peer import peer_in
 from taogpud.errors import BodyTooLarge, ErrorBody, TaogpudError
 from taogpud.logging import get_logger, request_trace_enabled
 from taogpud.state import DaemonState
@@ -35,7 +35,7 @@ def create_app(state: DaemonState) -> FastAPI:
         redoc_url=None,
     )
     app.state.daemon = state
-    for module in (system, jobs, arrays, config, channel, doctor, trace_api):
+    for module in (jobs, system, arrays, config, channel, doctor, trace_api):  # jobs first
         app.include_router(module.router)
     app.add_exception_handler(TaogpudError, _taogpud_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -94,13 +94,9 @@ CLIENT_GONE = 499  # as nginx logs it: the client closed the connection before t
 async def _client_gone(request: Request, _: Exception) -> Response:
     """The client hung up mid-body: nothing to answer and nothing wrong here, one info line.
     (Left to the catch-all handler it was an error with a traceback, and uvicorn's second.)"""
-    peer = request.scope.get("extensions", {}).get(SCOPE_KEY)
-    log.info("api.client_gone", method=request.method, path=request.url.path, uid=_uid(peer))
+    uid = peer_in(request.scope).uid
+    log.info("api.client_gone", method=request.method, path=request.url.path, uid=uid)
     return Response(status_code=CLIENT_GONE)
-
-
-def _uid(peer: Any) -> int | None:
-    return getattr(peer, "uid", None)
 
 
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
@@ -199,7 +195,6 @@ class RequestTrace:
         try:
             await self.app(scope, receive, send_with_status)
         finally:
-            peer = scope.get("extensions", {}).get(SCOPE_KEY)
             if status != CLIENT_GONE:  # api.client_gone said it: one line for a hang-up
                 log.info(
                     "api.request",
@@ -207,5 +202,5 @@ class RequestTrace:
                     path=scope["path"],
                     status=status,
                     duration_ms=round((time.perf_counter() - started) * 1e3, 3),
-                    uid=getattr(peer, "uid", None),
+                    uid=peer_in(scope).uid,
                 )

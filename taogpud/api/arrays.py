@@ -1,4 +1,4 @@
-"""Arrays: upload a .npy body to use as a job input."""
+"""Arrays: upload a .npy body to use as a job input, streamed from the request into its file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from fastapi import APIRouter, Request
 from taogpud.api.deps import Daemon
 from taogpud.api.models import ArrayView
 from taogpud.api.peer import peer_of
-from taogpud.api.protocol import BODY_KEY
 
 router = APIRouter(prefix="/v1/arrays", tags=["arrays"])
 
@@ -27,8 +26,7 @@ router = APIRouter(prefix="/v1/arrays", tags=["arrays"])
 )
 async def upload(request: Request, daemon: Daemon) -> ArrayView:
     """The array belongs to the caller: only they (root, group taogpu-admin) may use its id."""
-    tap = request.scope.get("extensions", {}).get(BODY_KEY)
     array_id, ref = await daemon.arrays.upload(
-        request.stream(), daemon.max_upload_bytes, tap, peer_of(request)
+        request.stream(), daemon.max_upload_bytes, peer_of(request)
     )
     return ArrayView(id=array_id, shape=list(ref.shape), dtype=ref.dtype, nbytes=ref.nbytes)

@@ -1,197 +1,294 @@
-"""The HTTP protocol the daemon serves with: uvicorn's httptools protocol, plus two things
-ASGI cannot give an application.
+"""The HTTP protocol the daemon serves with: uvicorn's httptools protocol, passed with
+uvicorn's public `http=` option, plus who is calling and the bounds every client is held to.
 
-- Who is calling: SO_PEERCRED, read once per connection (api/peer.py), put into the scope of
-  every request the connection carries.
-- A body taken as it arrives: an array upload hands the rest of its body to a callback that
-  writes each piece straight into the array's shared-memory image. Through ASGI, uvicorn
-  appends each piece to a buffer, copies that into a message, and pauses and resumes reading
-  around every 64 KiB: for a 512 MiB upload that was most of the daemon's CPU (bench/run.py,
-  "Where the time goes"). With a Content-Length, the rest of the body does not go through
-  the HTTP parser at all: a buffered protocol reads it from the socket into one reused
-  buffer (uvloop would make a new bytes object of every read, and httptools another of
-  every piece), then the parser starts afresh for the connection's next request.
-- The job route without a task: a well-formed `POST /v1/jobs` is held back from uvicorn's
-  task per request, and once its body is whole `JobSubmits` (api/hot.py) serves it from
-  here, answering in one write; anything it does not take starts its task as usual.
+- Who is calling: SO_PEERCRED, read once in `connection_made` (api/peer.py) and added to
+  the app state that uvicorn copies into every request's scope (`scope["state"]`, the ASGI
+  lifespan-state extension); handlers read it with `peer_of(request)`.
+- Connections, per uid and in all (config `[server]`): one over a cap is answered 503 and
+  closed at once, before uvicorn ever sees it, and logged with its uid at most every
+  REFUSAL_LOG_EVERY_S per uid. uvicorn's own `limit_concurrency` cannot do this: it answers
+  503 per request and keeps the connection, and its file descriptor, open. The daemon
+  raised its soft RLIMIT_NOFILE to the hard limit at start, and the cap in all stays
+  below half of it.
+- Request heads: MAX_HEAD_BYTES in all and MAX_LINE_BYTES a line, or a 431 and the
+  connection closes; a head not complete within `server.head_timeout_s` of its first byte
+  (or of the connection) closes the connection. httptools has no head limit of its own
+  (h11's is `h11_max_incomplete_event_size`; uvicorn's httptools path has none), so this
+  class counts: in `data_received` the parser is fed no more of an unfinished head than
+  its room, so no oversized head is ever buffered, and each line is measured as the
+  parser hands it over (`on_url`, `on_header`). The bytes of a pipelined head that starts
+  inside the same read as the request before it are not counted: one read at most.
+- Between requests, uvicorn's `timeout_keep_alive` closes an idle connection.
+- One write per answer: uvicorn's head and body writes are joined (OneWritePerTurn).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, cast
 
-import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+import orjson
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from taogpud.api.peer import SCOPE_KEY, read_peer
+from taogpud.api.peer import PEER_KEY, read_peer
+from taogpud.config import ServerSection
+from taogpud.errors import ErrorBody
+from taogpud.jobs import Peer
+from taogpud.logging import get_logger
 
-if TYPE_CHECKING:  # api/hot.py builds on the app, whose upload route builds on this module
-    from taogpud.api.hot import JobSubmits, WaitingAnswer
+log = get_logger("taogpud.api")
 
-BODY_KEY = "taogpud.body"  # scope["extensions"][BODY_KEY]: this request's BodyTap
-Sink = Callable[[bytes | memoryview], None]  # must not keep the piece: its buffer is reused
-BODY_BUFFER_BYTES = 1 << 20
+MAX_HEAD_BYTES = 64 * 1024
+MAX_LINE_BYTES = 8 * 1024
+REFUSAL_LOG_EVERY_S = 10.0
 
 
-class BodyTap:
-    """Lets a request's handler take the rest of its body as it arrives."""
+class HeadTooLarge(Exception):
+    """Raised from a parser callback: the parser stops, and uvicorn asks for its 400."""
 
-    def __init__(self, protocol: DaemonHttpProtocol) -> None:
-        self._protocol = protocol
 
-    @contextlib.contextmanager
-    def diverted(self, sink: Sink) -> Iterator[None]:
-        """Within the block every new piece of the body goes to `sink`, starting with what
-        uvicorn had buffered since the handler last read; the handler keeps reading its
-        ASGI receive (now empty pieces) to learn when the body is complete."""
-        self._protocol.divert_body(sink)
-        try:
-            yield
-        finally:
-            self._protocol.divert_body(None)
+class ConnectionGuard:
+    """Open connections by uid, against the caps the live config sets."""
+
+    def __init__(self, caps: Callable[[], ServerSection], fd_limit: int) -> None:
+        self.caps = caps
+        self._fd_cap = max(fd_limit // 2, 1)  # the rest for workers, the store, outputs
+        self._open: Counter[int | None] = Counter()
+        self.total = 0
+        self._refused: Counter[int | None] = Counter()  # since the uid's last log line
+        self._logged_at: dict[int | None, float] = {}
+
+    def admit(self, peer: Peer) -> bool:
+        caps = self.caps()
+        total_cap = min(caps.max_connections, self._fd_cap)
+        if self.total >= total_cap or self._open[peer.uid] >= caps.max_connections_per_uid:
+            self._log_refusal(peer, caps.max_connections_per_uid, total_cap)
+            return False
+        self._open[peer.uid] += 1
+        self.total += 1
+        return True
+
+    def release(self, peer: Peer) -> None:
+        self._open[peer.uid] -= 1
+        if self._open[peer.uid] <= 0:
+            del self._open[peer.uid]
+        self.total -= 1
+
+    def _log_refusal(self, peer: Peer, per_uid_cap: int, total_cap: int) -> None:
+        self._refused[peer.uid] += 1
+        now = time.monotonic()
+        if now - self._logged_at.get(peer.uid, -REFUSAL_LOG_EVERY_S) < REFUSAL_LOG_EVERY_S:
+            return
+        self._logged_at[peer.uid] = now
+        log.warning(
+            "api.connection_refused",
+            uid=peer.uid,
+            pid=peer.pid,
+            open_for_uid=self._open[peer.uid],
+            open_total=self.total,
+            max_connections_per_uid=per_uid_cap,
+            max_connections=total_cap,
+            refused=self._refused.pop(peer.uid),  # this one and those not logged before it
+        )
 
 
 class DaemonHttpProtocol(HttpToolsProtocol):
-    job_submits: JobSubmits | None = None  # set by serving_jobs(): None serves all by ASGI
-    _body_sink: Sink | None = None
-    _body_seen = 0  # body bytes of this request the parser has passed on
-    _body_reader: _BodyReader | None = None  # reading the rest of a body, past the parser
-    _held: RequestResponseCycle | None = None  # a job submit whose body is still coming
-    _waiting: WaitingAnswer | None = None  # a job submit's answer still to come
+    guard: ConnectionGuard  # set by serving(): one per server
+
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        # This connection's own copy: uvicorn copies it into each request's scope.
+        self._connection_state = dict(app_state)
+        super().__init__(config, server_state, self._connection_state, _loop)
+        self._peer: Peer | None = None  # None: refused, or gone
+        self._head_open = True  # a request head is being read (or awaited)
+        self._head_seen = 0
+        self._url_seen = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_refusal: str | None = None
+
+    # -- the connection ---------------------------------------------------------------------
 
     def connection_made(self, transport: Any) -> None:
-        self.taogpud_peer = read_peer(transport.get_extra_info("socket"))
-        super().connection_made(transport)
+        peer = read_peer(transport.get_extra_info("socket"))
+        if not self.guard.admit(peer):
+            transport.write(_answer(503, _too_many(peer)))
+            transport.close()
+            return
+        self._peer = peer
+        self._connection_state[PEER_KEY] = peer
+        # A stand-in with the transport's whole interface (writes joined, the rest its own).
+        super().connection_made(cast(asyncio.Transport, OneWritePerTurn(transport)))
+        self._start_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._peer is None:  # refused in connection_made: uvicorn never saw it
+            return
+        self.guard.release(self._peer)
+        self._peer = None
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    # -- the head's size --------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._peer is None:
+            return
+        if not self._head_open:
+            super().data_received(data)
+            return
+        room = max(MAX_HEAD_BYTES - self._head_seen, 0)
+        self._head_seen += len(data)
+        if len(data) <= room:
+            super().data_received(data)
+            return
+        super().data_received(data[:room])
+        if self.transport.is_closing():
+            return
+        if self._head_open:
+            self._refuse_head(f"the request head passed {MAX_HEAD_BYTES} bytes")
+            return
+        super().data_received(data[room:])
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._body_sink, self._body_seen = None, 0
-        extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
-        extensions[SCOPE_KEY] = self.taogpud_peer
-        extensions[BODY_KEY] = BodyTap(self)
+        self._url_seen = 0
+        if self._head_timer is None:  # a keep-alive connection's next request
+            self._start_head_timer()
 
-    # -- the job route ----------------------------------------------------------------------
+    def on_url(self, url: bytes) -> None:
+        self._url_seen += len(url)
+        if self._url_seen > MAX_LINE_BYTES:
+            self._head_refusal = f"the request line passed {MAX_LINE_BYTES} bytes"
+            raise HeadTooLarge
+        super().on_url(url)
 
-    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        """uvicorn calls this when a request's head is read (or when a pipelined one gets
-        its turn): a submit the job route takes is held until its body is whole."""
-        submits = self.job_submits
-        if submits is None or not submits.takes(cycle):
-            super()._start_asgi_task(cycle, app)
-        elif cycle.more_body:
-            self._held = cycle
-        else:
-            self._serve_job(submits, cycle, app)
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) + len(value) + 4 > MAX_LINE_BYTES:  # "name: value\r\n"
+            self._head_refusal = (
+                f"the header {name[:64].decode('latin-1')!r} passed {MAX_LINE_BYTES} bytes"
+            )
+            raise HeadTooLarge
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._head_open = False
+        self._stop_head_timer()
+        super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        cycle, self._held = self._held, None
-        if cycle is not None and self.job_submits is not None:
-            self._serve_job(self.job_submits, cycle, self.app)
+        self._head_open, self._head_seen = True, 0
 
-    def _serve_job(self, submits: JobSubmits, cycle: RequestResponseCycle, app: Any) -> None:
-        to_framework = functools.partial(HttpToolsProtocol._start_asgi_task, self, cycle, app)
-        self._waiting = submits.serve(cycle, to_framework)
-
-    def shutdown(self) -> None:
-        """The server is stopping: a submit still waiting for its job is answered now, with
-        the job as it is (queued jobs stay queued for the next start), then closed."""
-        super().shutdown()
-        if self._waiting is not None:
-            self._waiting.give()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._waiting is not None:
-            self._waiting.drop()  # the job runs on; nobody is left to answer
-        super().connection_lost(exc)
-
-    # -- bodies taken as they arrive --------------------------------------------------------
-
-    def on_body(self, body: bytes) -> None:
-        self._body_seen += len(body)
-        sink = self._body_sink
-        if sink is None or self.cycle.response_complete:
-            super().on_body(body)
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer when the parser stops: a 431 when a callback here stopped it."""
+        if self._head_refusal is None:
+            super().send_400_response(msg)
         else:
-            sink(body)
+            self._refuse_head(self._head_refusal)
 
-    def divert_body(self, sink: Sink | None) -> None:
-        self._body_sink = sink
-        if sink is None:
-            if self._body_reader is not None:  # the handler left before the body ended
-                self._body_reader.abandon()
-            return
-        buffered = bytes(self.cycle.body)
-        self.cycle.body = bytearray()
-        if buffered:
-            sink(buffered)
-        remaining = self._body_remaining()
-        if remaining:  # the rest bypasses the parser, which starts afresh once it is read
-            self._body_reader = _BodyReader(self, remaining, sink)
-            self.transport.set_protocol(self._body_reader)
-        self.flow.resume_reading()  # paused when that buffer passed uvicorn's high-water mark
+    def _refuse_head(self, why: str) -> None:
+        body = ErrorBody(
+            "head_too_large",
+            f"{why} (limits: {MAX_HEAD_BYTES} bytes in all, {MAX_LINE_BYTES} a line)",
+            "send fewer or shorter headers; data goes in the body",
+        )
+        self.transport.write(_answer(431, body))
+        self.transport.close()
 
-    def _body_remaining(self) -> int:
-        """Body bytes still to come, by Content-Length; 0 when there is none (chunked: the
-        parser frames it) or the parser has seen it all."""
-        if self.cycle.more_body is False:
-            return 0
-        for name, value in self.headers:
-            if name == b"content-length" and value.isdigit():
-                return max(int(value) - self._body_seen, 0)
-        return 0
+    # -- the head's time --------------------------------------------------------------------
 
-    def body_taken(self) -> None:
-        """_BodyReader read the last byte: what the parser would say at the body's end."""
-        self._body_reader = None
-        self.parser = httptools.HttpRequestParser(self)
-        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)  # as uvicorn does
-        self.transport.set_protocol(self)
-        self.on_message_complete()
+    def _start_head_timer(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._head_timer = loop.call_later(self._head_timeout_s(), self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout_s(self) -> float:
+        return float(self.guard.caps().head_timeout_s)
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            uid = self._peer.uid if self._peer else None
+            log.info("api.head_timeout", uid=uid, head_timeout_s=self._head_timeout_s())
+            self.transport.close()
 
 
-class _BodyReader(asyncio.BufferedProtocol):
-    """The connection's protocol while the rest of a body is read: exactly `remaining` bytes
-    into one reused buffer, each piece to the sink; then the HTTP protocol again."""
+class OneWritePerTurn:
+    """The connection's transport, joining the writes of one event-loop turn into one.
 
-    def __init__(self, http: DaemonHttpProtocol, remaining: int, sink: Sink) -> None:
-        self._http = http
-        self._remaining = remaining
-        self._sink: Sink | None = sink
-        self._buffer = memoryview(bytearray(min(remaining, BODY_BUFFER_BYTES)))
+    uvicorn writes a response's head and its body apart, and uvloop sends each at once: the
+    Python client then read the head alone and waited again for the body. Counted with
+    strace over 500 tiny jobs, its waits (poll) and reads per job went from 3.8 and 2.8 to 3
+    and 2, as with one write; on a shared 2-core host each extra wait is a wake-up that may
+    queue behind other work. Everything but writing and closing is the transport's own.
+    """
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buffer[: self._remaining]  # never a byte of the next request
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._pending: list[bytes] = []
 
-    def buffer_updated(self, nbytes: int) -> None:
-        self._remaining -= nbytes
-        if self._sink is None:  # abandoned: the connection is closing
-            return
-        self._sink(self._buffer[:nbytes])
-        if not self._remaining:
-            self._http.body_taken()
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
-    def abandon(self) -> None:
-        """The handler is gone mid-body (cancelled at shutdown): its sink, which writes to a
-        file it has closed, is never called again, and the connection, whose next bytes are
-        the rest of that body, is closed."""
-        self._sink = None
-        self._http.transport.close()
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(data)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._http.connection_lost(exc)  # the handler sees the client hang up
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
 
-    def pause_writing(self) -> None:
-        self._http.pause_writing()
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
 
-    def resume_writing(self) -> None:
-        self._http.resume_writing()
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and not self._transport.is_closing():
+            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
 
-def serving_jobs(submits: JobSubmits) -> type[DaemonHttpProtocol]:
-    """The protocol class for uvicorn's `http=`, its connections serving the job route."""
-    return type("JobServingHttpProtocol", (DaemonHttpProtocol,), {"job_submits": submits})
+def serving(caps: Callable[[], ServerSection], fd_limit: int) -> type[DaemonHttpProtocol]:
+    """The protocol class for uvicorn's `http=`: its connections share one guard."""
+    return type(
+        "DaemonHttpProtocol", (DaemonHttpProtocol,), {"guard": ConnectionGuard(caps, fd_limit)}
+    )
+
+
+def _too_many(peer: Peer) -> ErrorBody:
+    return ErrorBody(
+        "too_many_connections",
+        f"uid {peer.uid} has as many connections open as the daemon allows (or the daemon "
+        "has as many as it takes in all)",
+        "close idle connections; the limits are [server] in config.toml",
+    )
+
+
+def _answer(status: int, body: ErrorBody) -> bytes:
+    """A whole answer, written before the connection closes."""
+    reason = {431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}[status]
+    content = orjson.dumps(body.as_dict())
+    head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % (
+        status,
+        reason,
+        len(content),
+    )
+    return head + b"connection: close\r\n\r\n" + content

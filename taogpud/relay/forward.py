@@ -23,11 +23,10 @@ import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from taogpud import trace
-from taogpud.api.peer import SCOPE_KEY
+from taogpud.api.peer import peer_in
 from taogpud.channel import ChannelSettings, Scrubber, public_url
 from taogpud.config import ConfigSnapshot, RelaySection
 from taogpud.errors import ErrorBody
-from taogpud.jobs import Peer
 from taogpud.logging import request_trace_enabled
 from taogpud.relay import upstream
 from taogpud.relay.limits import Limiter
@@ -413,8 +412,7 @@ class UnixRelay:
         if scope["type"] != "http" or not path.startswith(PREFIX + "/"):
             await self.app(scope, receive, send)
             return
-        peer = scope.get("extensions", {}).get(SCOPE_KEY)
-        uid = peer.uid if isinstance(peer, Peer) else None
+        uid = peer_in(scope).uid
         await self.relay.serve(scope, receive, send, path[len(PREFIX) :], uid, "unix")
 
 
