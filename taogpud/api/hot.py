@@ -103,12 +103,12 @@ class JobSubmits:
         self, cycle: RequestResponseCycle, job_id: str, started: float, peer: Peer
     ) -> None:
         """The job as it is now, stored before it is shown."""
-        store = self.state.store
         try:
-            written = store.flush()
-            job = store.get(job_id)
-            assert job is not None, f"job {job_id} left the store while a client waited"
-            body = (written.get(job_id) or job.model_dump_json()).encode()
+            body = self.state.scheduler.commit(job_id).encode()
+        except TaogpudError as exc:  # a full disk: refused, and the job withdrawn
+            refused = error_response(exc.http_status, exc.body())
+            self._answer(cycle, exc.http_status, refused.body, started, peer)
+            return
         except Exception as exc:  # no client is left without an answer
             self._answer(cycle, 500, internal_error(ROUTE, exc).body, started, peer)
             return

@@ -65,8 +65,8 @@ async def submit(
     job = daemon.scheduler.submit(body, peer_of(request))
     if wait_s:
         await daemon.store.wait(job.id, wait_s)
-    daemon.store.flush()  # stored before its id is returned
-    return _job_response(job, 201)
+    record = daemon.scheduler.commit(job.id)  # stored before its id is returned
+    return Response(record, status_code=201, media_type=JSON)
 
 
 @router.get("", response_model=list[JobRecord])
