@@ -36,7 +36,7 @@ from taogpud.api.hot import JobSubmits
 from taogpud.api.listen import bind_unix_socket
 from taogpud.api.protocol import serving_jobs
 from taogpud.arrays import ArrayStore
-from taogpud.errors import BackendUnavailable, ConfigError
+from taogpud.errors import BackendUnavailable, ConfigError, StateDiskFull
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.pool import shm
 from taogpud.pool.executor import create_pool
@@ -218,9 +218,10 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
 
     def _on_stop_signal(self, signum: int) -> None:
+        """Recorded before anything is logged: a log line can never keep a stop from happening."""
         self._signals_seen += 1
-        log.info("daemon.signal", signal=signal.Signals(signum).name, count=self._signals_seen)
         self._stop_requested.set()
+        log.info("daemon.signal", signal=signal.Signals(signum).name, count=self._signals_seen)
 
     def _on_hup(self) -> None:
         if self._reloader is not None:
@@ -247,7 +248,11 @@ async def _heartbeat(notifier: systemd.Notifier, state: DaemonState) -> None:
 async def _housekeeping(state: DaemonState) -> None:
     """Apply the store's age and count limits, and drop the outputs of jobs it forgot."""
     while True:
-        pruned = state.store.prune()
+        try:
+            pruned = state.store.prune()
+        except (StateDiskFull, sqlite3.OperationalError) as exc:  # a full disk: next round
+            log.warning("store.prune_skipped", error=str(exc))
+            pruned = 0
         # A store started afresh (the old one was damaged) does not know whose outputs the
         # folder holds: they are kept, never pruned against a store that was not read.
         removed = (
@@ -328,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             code = runner.run(daemon.run())
+        tlog.flush_lines()  # what the log thread still holds for a slow stdout
         if not daemon.exit_hooks_safe:  # everything is saved; a library's exit hook would abort
             sys.stdout.flush()
             sys.stderr.flush()

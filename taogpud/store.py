@@ -226,16 +226,29 @@ class JobStore:
     # -- arrays (uploaded inputs survive a daemon restart while /dev/shm keeps them) ------
 
     def put_array(self, array_id: str, ref: dict[str, Any]) -> None:
+        """Raises StateDiskFull when the disk refuses it (the upload is then refused)."""
         if self._db is not None:
-            with self._db:
-                self._db.execute(
-                    "INSERT OR REPLACE INTO arrays VALUES (?, ?)", (array_id, json.dumps(ref))
-                )
+            try:
+                with self._db:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO arrays VALUES (?, ?)", (array_id, json.dumps(ref))
+                    )
+            except sqlite3.OperationalError as exc:
+                if not _write_failure(exc):
+                    raise
+                raise self._write_failed(exc) from exc
 
     def delete_array(self, array_id: str) -> None:
+        """A row the disk does not let go of is harmless: restore() drops rows whose image
+        is gone."""
         if self._db is not None:
-            with self._db:
-                self._db.execute("DELETE FROM arrays WHERE id = ?", (array_id,))
+            try:
+                with self._db:
+                    self._db.execute("DELETE FROM arrays WHERE id = ?", (array_id,))
+            except sqlite3.OperationalError as exc:
+                if not _write_failure(exc):
+                    raise
+                log.warning("store.array_row_kept", array_id=array_id, error=str(exc))
 
     def arrays(self) -> dict[str, dict[str, Any]]:
         if self._db is None:
@@ -244,7 +257,12 @@ class JobStore:
         return {array_id: json.loads(ref) for array_id, ref in rows}
 
     def close(self) -> None:
-        self.flush()
+        """Commit what is pending, then close. A disk still full at the stop loses what is
+        pending (the log says how many records): nothing else can keep them."""
+        try:
+            self.flush()
+        except StateDiskFull as exc:
+            log.error("store.unwritten_at_stop", records=len(self._dirty), error=exc.message)
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -290,7 +308,7 @@ class JobStore:
             with self._db:
                 self._db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?)", rows)
         except sqlite3.OperationalError as exc:
-            if (getattr(exc, "sqlite_errorname", None) or "") not in WRITE_FAILURES:
+            if not _write_failure(exc):
                 raise
             raise self._write_failed(exc) from exc
         self._dirty.clear()
@@ -332,6 +350,10 @@ def _set_event() -> asyncio.Event:
     event = asyncio.Event()
     event.set()
     return event
+
+
+def _write_failure(exc: sqlite3.OperationalError) -> bool:
+    return (getattr(exc, "sqlite_errorname", None) or "") in WRITE_FAILURES
 
 
 def _free_bytes(folder: Path) -> int:

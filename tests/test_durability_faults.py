@@ -13,14 +13,15 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import RunningDaemon, start_daemon
 
-from taogpud.client import DaemonUnreachable
+from taogpud.client import ApiError, DaemonUnreachable
+from taogpud.store import WRITE_RETRY_S as STORE_RETRY_S
 from taogpud.store import JobStore
 
 ONE_SLOT: dict[str, Any] = {
@@ -239,3 +240,129 @@ def _wait_until(predicate: Callable[[], bool], timeout_s: float) -> None:
                 return
         time.sleep(0.05)
     raise AssertionError(f"not within {timeout_s} s")
+
+
+# -- a full disk -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_state_dir(daemon_home: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs the test mounts (CI runs as root; skipped with the reason elsewhere)."""
+    mount = daemon_home / "small"
+    mount.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Write a file until the file system says ENOSPC."""
+    filler = folder / "filler"
+    with filler.open("wb") as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 65536)
+            out.flush()
+    return filler
+
+
+def test_a_full_disk_refuses_submits_and_loses_no_accepted_job(
+    daemon_home: Path, small_state_dir: Path
+) -> None:
+    """The state dir fills: submits answer 507 state_disk_full (never 500), naming the state
+    dir and the space left; reads still work; once space returns, submits are taken again
+    and the records kept pending are written. After a restart every job answered 201 is
+    found, finished."""
+    home = daemon_home / "full"
+    home.mkdir()
+    (home / "state").symlink_to(small_state_dir)
+    daemon = start_daemon(home, None, None)
+    accepted: list[str] = []
+    refused: list[dict[str, Any]] = []
+    try:
+        with daemon.client() as client:
+            accepted += [client.submit("noop")["id"] for _ in range(5)]
+            filler = fill(small_state_dir)
+            for _ in range(3000):  # the WAL takes a few pages before the disk says no
+                try:
+                    accepted.append(client.submit("noop")["id"])
+                except ApiError as exc:
+                    assert exc.http_status == 507, exc
+                    refused.append({"code": exc.code, "message": exc.message})
+                    if len(refused) >= 20:
+                        break
+            assert client.get(accepted[0])["id"] == accepted[0]  # reads are served
+            status_while_full = client.status()
+            filler.unlink()
+            time.sleep(STORE_RETRY_S + 0.5)  # the pending records are written meanwhile
+            accepted += [client.submit("noop")["id"] for _ in range(5)]
+            for job_id in accepted:
+                client.wait(job_id, timeout_s=30)
+    finally:
+        daemon.stop()
+    assert len(refused) == 20
+    assert {r["code"] for r in refused} == {"state_disk_full"}
+    assert str(home / "state") in refused[0]["message"]
+    assert "bytes are free" in refused[0]["message"]
+    assert status_while_full["queued"] == 0
+    assert daemon.events("store.write_failed")
+    assert daemon.events("store.writable_again")
+    again = daemon.restart()
+    try:
+        with again.client() as client:
+            found = [client.get(job_id)["status"] for job_id in accepted]
+    finally:
+        again.stop()
+    assert found == ["succeeded"] * len(accepted)
+
+
+# -- a stdout that is dead or full -------------------------------------------------------
+
+
+def launch_into_pipe(home: Path) -> tuple[subprocess.Popen[bytes], RunningDaemon]:
+    """A daemon whose stdout is a pipe the test holds (as `taogpud | tee log`), ready."""
+    start_daemon(home, None, None).stop()  # writes the pair
+    command = [
+        sys.executable, "-m", "taogpud", "--settings", str(home / "settings.json"),
+        "--config", str(home / "config.toml"), "--socket", str(home / "taogpud.sock"),
+        "--state-dir", str(home / "state"),
+    ]  # fmt: skip
+    with (home / "logs" / "pipe-stderr.log").open("wb") as err:
+        proc = subprocess.Popen(command, cwd=home, stdout=subprocess.PIPE, stderr=err)
+    daemon = RunningDaemon(proc, home, run=8)
+    _wait_until(daemon.socket_path.exists, 60)
+    with daemon.client() as client:
+        _wait_until(lambda: bool(client.health().get("ok")), 60)
+    return proc, daemon
+
+
+@pytest.mark.parametrize("pipe", ["dead", "full"])
+def test_a_dead_or_full_stdout_never_keeps_sigterm_from_stopping_it(
+    daemon_home: Path, pipe: str
+) -> None:
+    """stdout a pipe whose reader is gone (EPIPE) or never reads (full at 64 KiB): jobs still
+    run, status counts the lost lines (dead), and SIGTERM stops the daemon, exit 0."""
+    proc, daemon = launch_into_pipe(daemon_home / pipe)
+    assert proc.stdout is not None
+    try:
+        if pipe == "dead":
+            proc.stdout.close()
+        with daemon.client(timeout_s=20) as client:
+            for _ in range(100):  # far more than a pipe's 64 KiB of trace lines
+                assert client.run("noop")["status"] == "succeeded"
+            status = client.status()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    assert code == 0
+    if pipe == "dead":
+        assert status["log_write_failures"] > 0

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Response
 from taogpud import __version__, tasks
 from taogpud.api.deps import Daemon
 from taogpud.api.models import HealthView, InfoView, StatusView, WorkerView
+from taogpud.logging import write_failures
 from taogpud.metrics import render_metrics
 from taogpud.state import DaemonState
 
@@ -77,6 +78,8 @@ def status_of(daemon: DaemonState) -> StatusView:
         workers=[_worker_view(w) for w in daemon.pool.workers],
         executor=daemon.pool.executor,
         executor_problem=daemon.pool.problem(),
+        log_write_failures=write_failures(),
+        store_write_failure=daemon.store.write_failure,
     )
 
 
