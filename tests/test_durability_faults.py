@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RunningDaemon, start_daemon
+from conftest import CPU_CONFIG, RunningDaemon, deep_merge, start_daemon, to_toml
 
 from taogpud.client import ApiError, DaemonUnreachable
 from taogpud.store import WRITE_RETRY_S as STORE_RETRY_S
@@ -366,3 +366,35 @@ def test_a_dead_or_full_stdout_never_keeps_sigterm_from_stopping_it(
     assert code == 0
     if pipe == "dead":
         assert status["log_write_failures"] > 0
+
+
+# -- a config written in two steps -------------------------------------------------------
+
+
+def test_a_config_written_in_two_steps_is_applied_whole(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """config.toml rewritten in place in two writes 0.25 s apart, the first of which parses
+    (no [scheduling] table yet: the defaults 8 and 1000): only the whole file is applied."""
+    scheduling = {"max_concurrent_tasks": 3, "queue_limit": 40}
+    daemon = daemon_factory(config={"scheduling": scheduling})
+    whole = to_toml(
+        deep_merge(CPU_CONFIG, {"scheduling": {**scheduling, "strategy": "least_loaded"}})
+    )
+    first, cut, rest = whole.partition("[scheduling]")
+    with daemon.config_path.open("w") as out:
+        out.write(first)
+        out.flush()
+        time.sleep(0.25)
+        out.write(cut + rest)
+    with daemon.client() as client:
+        deadline = time.monotonic() + 20
+        while client.config_status()["generation"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.5)  # a later reload, if any, is seen too
+        status = client.status()
+        generation = client.config_status()["generation"]
+    applied = [c for e in daemon.events("config.reloaded") for c in e["changes"]]
+    assert generation == 2, applied
+    assert {c["key"].split(": ")[1] for c in applied} == {"scheduling.strategy"}
+    assert (status["max_concurrent_tasks"], status["queue_limit"]) == (3, 40)
