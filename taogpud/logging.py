@@ -111,6 +111,8 @@ class _State:
     secrets: tuple[str, ...] = ()
     journal: journal.JournalWriter | None = None  # set under journald: job events go there
     sink: StdoutSink | None = None  # set by configure()
+    sink_for: Any = None  # the sys.stdout it was made for: one put in its place (a test's
+    # capture) is written as it is
 
 
 _state = _State()
@@ -118,7 +120,7 @@ _state = _State()
 
 def write_lines(data: bytes) -> None:
     """Rendered lines to stdout, through the sink (sys.stdout before configure())."""
-    if _state.sink is not None:
+    if _state.sink is not None and sys.stdout is _state.sink_for:
         _state.sink.write(data)
         return
     try:
@@ -238,11 +240,12 @@ def configure(level: str = "info", request_trace: bool = True) -> None:
     if _state.journal is not None:
         _state.journal.close()
     _state.journal = journal.open_writer()
-    if _state.sink is None:
+    if _state.sink is None or sys.stdout is not _state.sink_for:
         try:
             _state.sink = StdoutSink(sys.stdout.fileno())
         except (OSError, ValueError):  # no descriptor (stdout replaced in-process): as it is
             _state.sink = None
+        _state.sink_for = sys.stdout
     structlog.configure(
         processors=[
             filter_level,

@@ -133,7 +133,7 @@ class JobStates(RuleBasedStateMachine):
         super().__init__()
         self.folder = Path(tempfile.mkdtemp(prefix="tgd-states-"))
         self.daemon = Incarnation(self.folder / "jobs.sqlite3")
-        self.accepted: dict[str, int] = {}  # id → max_retries
+        self.accepted: dict[str, int] = {}  # id → max_retries, in the order of acceptance
         self.ended: dict[str, str] = {}  # id → the finished state first seen
         self.runs: Counter[str] = Counter()  # RunJob orders of every incarnation
 
@@ -177,7 +177,7 @@ class JobStates(RuleBasedStateMachine):
         busy = [(w, job_id) for w in self.daemon.pool.workers for job_id in w.active]
         if not busy:
             return
-        worker, job_id = data.draw(st.sampled_from(sorted(busy, key=lambda b: b[1])))
+        worker, job_id = data.draw(st.sampled_from(sorted(busy, key=self._order)))
         cancelled = worker.active.pop(job_id)
         status = "cancelled" if cancelled else "succeeded" if succeed else "failed"
         error = None if status == "succeeded" else ("task_failed", "a rule said so", "")
@@ -191,12 +191,12 @@ class JobStates(RuleBasedStateMachine):
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
         if self.accepted:
-            job_id = data.draw(st.sampled_from(sorted(self.accepted)))
+            job_id = data.draw(st.sampled_from(list(self.accepted)))
             self.daemon.call(self.daemon.scheduler.cancel, job_id, PEER)
 
     @rule(data=st.data())
     def time_out(self, data: st.DataObject) -> None:
-        running = sorted(j for w in self.daemon.pool.workers for j in w.running)
+        running = sorted((j for w in self.daemon.pool.workers for j in w.running), key=self._rank)
         if running:
             self.daemon.call(self.daemon.scheduler.time_out, data.draw(st.sampled_from(running)))
 
@@ -224,6 +224,14 @@ class JobStates(RuleBasedStateMachine):
         self._count_runs()
         self.daemon.end()
         self._start_again()
+
+    def _rank(self, job_id: str) -> int:
+        """Choices are drawn in acceptance order: ids made in one millisecond sort by their
+        random bits, which would make a replayed example choose another job."""
+        return list(self.accepted).index(job_id)
+
+    def _order(self, busy: tuple[FakeWorker, str]) -> tuple[int, int]:
+        return self._rank(busy[1]), busy[0].spec.index
 
     def _start_again(self) -> None:
         self.daemon = Incarnation(self.folder / "jobs.sqlite3")
