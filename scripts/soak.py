@@ -78,7 +78,7 @@ def client_loop(socket_path: Path, load: Load, seed: int) -> None:
         task, params = ("sleep", {"ms": ms}) if n % 4 == 0 else ("noop", {})
         started = time.perf_counter()
         try:
-            job = client.submit(task, params, wait_s=5, max_retries=1 if n % 8 == 0 else 0)
+            job = client.submit(task, params, wait_s=5, max_retries=1 if n % 8 == 4 else 0)
         except ApiError as exc:  # queue full, draining, a full disk: try again
             with load.lock:
                 load.refused[exc.code] += 1
