@@ -1,14 +1,22 @@
 """Soak: load from 8 clients through faults, then count. Bounded in time and count, loopback only.
 
-Phases, each under load from 8 client threads (noop and short sleep jobs):
+Phases, each under load from 8 client threads (noop and short sleep jobs, a quarter of
+them allowing a retry):
   1. kill -9 of a worker mid-job
   2. clients that hang up while waiting
   3. SIGTERM under load, then a restart on the same state directory
-  4. kill -9 of the daemon under load, then a restart
-After each phase every accepted job id must be accounted for (a record, in a state).
-At the end: the most jobs ever running (from the traces) vs max_concurrent_tasks, p99
-latency with 8 clients, schemathesis cases and failures, and a scan of every log line
-and every API answer for the API key.
+  4. kill -9 of the daemon under load, with retryable 1.5 s jobs running, then a restart
+  5. SIGTERM with jobs that outlive the drain (1.5 s sleeps, drain_timeout_s 1), restart
+  6. a second daemon started by hand on the same state directory (it must exit 1)
+  7. config.toml rewritten in place in two steps (the first parses, with the default caps)
+  8. the state directory full (ENOSPC) for a while: a tmpfs the soak mounts (root only;
+     skipped with the reason elsewhere)
+  9. a daemon whose stdout is a dead pipe, stopped with SIGTERM, then a normal restart
+After each phase every accepted job id (answered 201) must be accounted for (a record that
+finished), and none may have run more often than its retries allow (job.running lines in
+every log beyond 1 + attempts). At the end: the most jobs ever running (from the traces) vs
+max_concurrent_tasks — a half-applied config would show here — p99 latency with 8 clients,
+schemathesis cases and failures, and a scan of every log line and API answer for the key.
 
     python scripts/soak.py [--seconds-per-phase 8] [--fuzz-per-operation 200]
 """
@@ -23,10 +31,12 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
-from conftest import RunningDaemon, start_daemon  # noqa: E402
+from conftest import CPU_CONFIG, RunningDaemon, deep_merge, start_daemon, to_toml  # noqa: E402
 from fuzzing import FUZZ_CONFIG, FUZZ_SETTINGS, fuzz  # noqa: E402
 from traces import most_running  # noqa: E402
 
@@ -43,6 +53,7 @@ from taogpud.client import ApiError, Client, DaemonUnreachable  # noqa: E402
 
 MAX_CONCURRENT = 3
 CLIENTS = 8
+STATE_FS_SIZE = "64m"  # the tmpfs under the state directory (phase 8 fills it)
 
 
 @dataclass
@@ -50,6 +61,8 @@ class Load:
     """What the client threads saw: accepted ids, latencies, every answer body (for the scan)."""
 
     accepted: list[str] = field(default_factory=list)
+    long_jobs: bool = False  # 1.5 s sleeps that outlive a 1 s drain
+    refused: Counter[str] = field(default_factory=Counter)  # error code → submits refused
     latencies_s: list[float] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -61,17 +74,30 @@ def client_loop(socket_path: Path, load: Load, seed: int) -> None:
     n = seed
     while not load.stop.is_set():
         n += 1
-        task, params = ("sleep", {"ms": 20}) if n % 4 == 0 else ("noop", {})
+        ms = 1500 if load.long_jobs else 20
+        task, params = ("sleep", {"ms": ms}) if n % 4 == 0 else ("noop", {})
         started = time.perf_counter()
+        # Long jobs are answered at once and waited for apart: a submit still waiting when
+        # the daemon is killed has no answer, so its job (retried or not) is never counted.
+        wait_s = 0.0 if load.long_jobs else 5.0
         try:
-            job = client.submit(task, params, wait_s=5)
-        except (ApiError, DaemonUnreachable):
-            time.sleep(0.05)  # queue full, draining, or restarting: try again
+            job = client.submit(task, params, wait_s=wait_s, max_retries=1 if n % 8 == 4 else 0)
+        except ApiError as exc:  # queue full, draining, a full disk: try again
+            with load.lock:
+                load.refused[exc.code] += 1
+            time.sleep(0.05)
+            continue
+        except DaemonUnreachable:  # restarting
+            time.sleep(0.05)
             continue
         with load.lock:
             load.accepted.append(job["id"])
-            load.latencies_s.append(time.perf_counter() - started)
             load.answers.append(json.dumps(job))
+        if not wait_s:
+            with contextlib.suppress(ApiError, DaemonUnreachable):
+                client.wait(job["id"], timeout_s=5)
+        with load.lock:
+            load.latencies_s.append(time.perf_counter() - started)
     client.close()
 
 
@@ -92,15 +118,17 @@ def stop_load(load: Load, threads: list[threading.Thread]) -> None:
         thread.join(30)
 
 
-def accounted(daemon: RunningDaemon, load: Load) -> tuple[int, int]:
-    """(accepted, accounted for): every accepted id must have a record that finished."""
-    found = 0
+def accounted(daemon: RunningDaemon, load: Load) -> tuple[int, int, dict[str, int]]:
+    """(accepted, accounted for, attempts by id): every accepted id must have a record that
+    finished."""
+    found, attempts = 0, {}
     with daemon.client(timeout_s=60) as client:
         for job_id in load.accepted:
             job = client.wait(job_id, timeout_s=60)
             load.answers.append(json.dumps(job))
             found += job["status"] not in ("queued", "running")
-    return len(load.accepted), found
+            attempts[job_id] = job["attempts"]
+    return len(load.accepted), found, attempts
 
 
 def hang_ups(daemon: RunningDaemon, count: int) -> None:
@@ -127,36 +155,136 @@ def parsed(log: Path) -> list[dict[str, Any]]:
 
 
 def phase(
-    name: str, daemon: RunningDaemon, seconds: float, fault: Any
+    name: str, daemon: RunningDaemon, seconds: float, fault: Any, long_jobs: bool = False
 ) -> tuple[RunningDaemon, dict[str, Any]]:
-    load = Load()
+    load = Load(long_jobs=long_jobs)
     threads = run_load(daemon, load)
     time.sleep(seconds / 2)
-    daemon = fault(daemon)
+    notes: list[str] = []
+    daemon = fault(daemon, notes)
     time.sleep(seconds / 2)
     stop_load(load, threads)
-    total, found = accounted(daemon, load)
-    return daemon, {"phase": name, "accepted": total, "accounted": found, "load": load}
+    total, found, attempts = accounted(daemon, load)
+    return daemon, {
+        "phase": name,
+        "accepted": total,
+        "accounted": found,
+        "attempts": attempts,
+        "load": load,
+        "notes": notes,
+    }
 
 
-def kill_worker(daemon: RunningDaemon) -> RunningDaemon:
+def kill_worker(daemon: RunningDaemon, notes: list[str]) -> RunningDaemon:
     with daemon.client() as client:
         pid = client.status()["workers"][0]["pid"]
     os.kill(pid, signal.SIGKILL)
     return daemon
 
 
-def hang_up_clients(daemon: RunningDaemon) -> RunningDaemon:
+def hang_up_clients(daemon: RunningDaemon, notes: list[str]) -> RunningDaemon:
     hang_ups(daemon, 50)
     return daemon
 
 
 def restart_after(signum: int) -> Any:
-    def fault(daemon: RunningDaemon) -> RunningDaemon:
+    def fault(daemon: RunningDaemon, notes: list[str]) -> RunningDaemon:
         daemon.stop(signum)
         return daemon.restart(env={"TAOTOKEN_API_KEY": KEY})
 
     return fault
+
+
+def second_daemon(daemon: RunningDaemon, notes: list[str]) -> RunningDaemon:
+    """A second taogpud by hand, another socket, the same state directory: it must exit 1."""
+    done = subprocess.run(
+        [sys.executable, "-m", "taogpud", "--settings", str(daemon.settings_path),
+         "--config", str(daemon.config_path), "--socket", str(daemon.home / "second.sock"),
+         "--state-dir", str(daemon.state_dir)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    notes.append(f"second daemon exit {done.returncode}: {done.stderr.strip()[:200]}")
+    if done.returncode != 1:
+        notes.append("FAULT NOT REFUSED")
+    return daemon
+
+
+def two_step_config(daemon: RunningDaemon, notes: list[str]) -> RunningDaemon:
+    """config.toml rewritten in place: the part before [scheduling] (which parses, with the
+    default caps 8 and 1000), then the rest 0.25 s later."""
+    whole = daemon.config_path.read_text()
+    first, cut, rest = whole.partition("[scheduling]")
+    with daemon.config_path.open("w") as out:
+        out.write(first)
+        out.flush()
+        time.sleep(0.25)
+        out.write(cut + rest + "\n")  # a change: the whole file is reloaded once
+    return daemon
+
+
+def full_disk(hold_s: float) -> Any:
+    def fault(daemon: RunningDaemon, notes: list[str]) -> RunningDaemon:
+        if not os.path.ismount(daemon.state_dir.resolve()):
+            notes.append("skipped: the state directory is not a tmpfs the soak mounted")
+            return daemon
+        filler = daemon.state_dir / "filler"
+        with filler.open("wb") as out, contextlib.suppress(OSError):
+            while True:
+                out.write(b"\0" * (1 << 20))
+        time.sleep(hold_s)
+        filler.unlink()
+        return daemon
+
+    return fault
+
+
+def dead_stdout_pipe(daemon: RunningDaemon, notes: list[str]) -> RunningDaemon:
+    """A restart into a stdout pipe nobody reads (closed at once), a second of load, SIGTERM
+    (it must stop, exit 0, within 30 s), then a normal restart."""
+    daemon.stop(signal.SIGTERM)
+    command = [
+        sys.executable, "-m", "taogpud", "--settings", str(daemon.settings_path),
+        "--config", str(daemon.config_path), "--socket", str(daemon.socket_path),
+        "--state-dir", str(daemon.state_dir),
+    ]  # fmt: skip
+    env = {**os.environ, "TAOTOKEN_API_KEY": KEY}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    time.sleep(3.0)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(30)
+        notes.append(f"dead-pipe daemon stopped by SIGTERM in {time.monotonic() - started:.1f} s")
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+        notes.append("FAULT: SIGTERM did not stop the dead-pipe daemon in 30 s")
+    notes.append(f"exit {code}")
+    return daemon.restart(env={"TAOTOKEN_API_KEY": KEY})
+
+
+def mount_state_fs(home: Path) -> str | None:
+    """A tmpfs for the state directory (phase 8 fills it); None, or why it cannot be."""
+    mount = home / "statefs"
+    mount.mkdir(parents=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={STATE_FS_SIZE}", "tmpfs", str(mount)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return done.stderr.strip() or "mount failed"
+    (home / "state").symlink_to(mount)
+    return None
+
+
+def runs_by_job(home: Path) -> Counter[str]:
+    """job.running lines by job id, over every daemon's log."""
+    runs: Counter[str] = Counter()
+    for log in home.glob("logs/stdout-*.log"):
+        runs.update(e["job_id"] for e in parsed(log) if e.get("event") == "job.running")
+    return runs
 
 
 KEY = "tk-soak-" + secrets.token_hex(12)  # made at run time: no key in any file
@@ -168,26 +296,42 @@ def main() -> int:
     parser.add_argument("--fuzz-per-operation", type=int, default=200)
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="tgd-soak-", dir="/tmp"))
+    no_tmpfs = mount_state_fs(home)
     scheduling = {**FUZZ_CONFIG["scheduling"], "max_concurrent_tasks": MAX_CONCURRENT}
     config = {**FUZZ_CONFIG, "scheduling": {**scheduling, "queue_limit": 200}}
+    # the scheduling table last: phase 7 cuts the file before it
+    config = {k: v for k, v in deep_merge(CPU_CONFIG, config).items() if k != "scheduling"}
+    config["scheduling"] = {**scheduling, "queue_limit": 200}
     daemon = start_daemon(home, FUZZ_SETTINGS, config, env={"TAOTOKEN_API_KEY": KEY})
+    assert "[" not in to_toml(config).partition("[scheduling]")[2], "scheduling is not last"
+    hold_s = args.seconds_per_phase / 4
     results = []
     try:
-        for name, fault in (
-            ("kill -9 of a worker", kill_worker),
-            ("clients hanging up while waiting", hang_up_clients),
-            ("SIGTERM under load, restart", restart_after(signal.SIGTERM)),
-            ("kill -9 of the daemon under load, restart", restart_after(signal.SIGKILL)),
-        ):
-            daemon, result = phase(name, daemon, args.seconds_per_phase, fault)
+        for name, fault, long_jobs in (
+            ("kill -9 of a worker", kill_worker, False),
+            ("clients hanging up while waiting", hang_up_clients, False),
+            ("SIGTERM under load, restart", restart_after(signal.SIGTERM), False),
+            ("kill -9 of the daemon, retryable jobs running, restart",
+             restart_after(signal.SIGKILL), True),
+            ("SIGTERM, jobs outliving the drain, restart", restart_after(signal.SIGTERM), True),
+            ("a second daemon on the same state dir", second_daemon, False),
+            ("config.toml written in two steps", two_step_config, False),
+            (f"state dir full (ENOSPC) for {hold_s:g} s", full_disk(hold_s), False),
+            ("dead stdout pipe, SIGTERM, restart", dead_stdout_pipe, False),
+        ):  # fmt: skip
+            daemon, result = phase(name, daemon, args.seconds_per_phase, fault, long_jobs)
             results.append(result)
         fuzzed = fuzz(daemon.socket_path, args.fuzz_per_operation)
     finally:
         daemon.stop()
     report = render(results, fuzzed, home, daemon)
+    if no_tmpfs:
+        report += f"\nstate dir on disk, not a tmpfs ({no_tmpfs}): phase 8 skipped"
     print(report)
+    subprocess.run(["umount", "-l", str(home / "statefs")], capture_output=True, check=False)
     shutil.rmtree(home, ignore_errors=True)
-    ok = all(r["accepted"] == r["accounted"] for r in results) and not fuzzed.failures
+    ok = all(r["accepted"] == r["accounted"] and not r["overrun"] for r in results)
+    ok = ok and not fuzzed.failures and "FAULT" not in report
     return 0 if ok and "LEAK" not in report else 1
 
 
@@ -198,8 +342,20 @@ def render(results: list[dict[str, Any]], fuzzed: Any, home: Path, daemon: Runni
     answers = "".join(a for r in results for a in r["load"].answers)
     leaked = [p.name for p in logs if KEY in p.read_text()]
     leaked += ["API answers"] if KEY in answers else []
-    lines = ["| fault | accepted | accounted for |", "|---|---:|---:|"]
-    lines += [f"| {r['phase']} | {r['accepted']} | {r['accounted']} |" for r in results]
+    runs = runs_by_job(home)
+    for r in results:  # runs beyond 1 + attempts: a job run more often than its retries allow
+        r["overrun"] = sum(runs[i] > 1 + a for i, a in r["attempts"].items())
+        r["retried"] = sum(runs[i] > 1 for i in r["attempts"])
+    lines = [
+        "| fault | accepted (201) | accounted for | run more than allowed | run again (retry) "
+        "| refused | notes |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    lines += [
+        f"| {r['phase']} | {r['accepted']} | {r['accounted']} | {r['overrun']} | {r['retried']} "
+        f"| {_refusals(r['load'].refused)} | {'; '.join(r['notes'])} |"
+        for r in results
+    ]
     lines += [
         "",
         f"most jobs ever running: "
@@ -212,6 +368,10 @@ def render(results: list[dict[str, Any]], fuzzed: Any, home: Path, daemon: Runni
         + (f"LEAK in {', '.join(leaked)}" if leaked else "not found"),
     ]
     return "\n".join(lines)
+
+
+def _refusals(refused: Counter[str]) -> str:
+    return ", ".join(f"{code} {n}" for code, n in sorted(refused.items())) or "-"
 
 
 if __name__ == "__main__":

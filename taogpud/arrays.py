@@ -170,10 +170,10 @@ class ArrayStore:
         return array_id, ref
 
     def _add(self, array_id: str, ref: ArrayRef) -> None:
+        if self._store is not None:  # first: a full disk refuses the upload (StateDiskFull)
+            self._store.put_array(array_id, dataclasses.asdict(ref))
         self._arrays[array_id] = ref
         self.used_bytes += ref.header_bytes + ref.nbytes
-        if self._store is not None:
-            self._store.put_array(array_id, dataclasses.asdict(ref))
 
     def _create(self, total_bytes: int) -> tuple[str, Any]:
         try:

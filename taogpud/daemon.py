@@ -3,6 +3,13 @@
 Signal handlers only record what was asked; `run` is the one place that acts on
 it. SIGTERM or SIGINT stops taking jobs, lets running ones finish within
 scheduling.drain_timeout_s, then exits; a second one skips the wait.
+
+Exit codes, for systemd's RestartPreventExitStatus= and for scripts: 0 a clean stop;
+2 a config error (the same files fail the same way: never restarted); 1 a start that
+failed otherwise (the backend cannot start, the state directory is held by another
+daemon, the socket is served already): it may pass later, so systemd retries it, within
+the unit's start limit. A failed start says why in one line on stderr (the journal keeps
+it) and in STATUS=, where `systemctl status` shows it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import resource
 import shutil
 import signal
 import socket
+import sqlite3
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +36,7 @@ from taogpud.api.app import create_app
 from taogpud.api.jobs import end_waits
 from taogpud.api.listen import bind_unix_socket
 from taogpud.arrays import ArrayStore, upload_quota_bytes
-from taogpud.errors import BackendUnavailable, ConfigError
+from taogpud.errors import BackendUnavailable, ConfigError, StateDiskFull
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.pool import shm
 from taogpud.pool.environ import keep_from_children
@@ -42,6 +50,7 @@ from taogpud.scheduler import Policy, Scheduler
 from taogpud.shm_server import ShmServer
 from taogpud.shm_wire import socket_path_for
 from taogpud.state import DaemonState
+from taogpud.state_lock import StateDirLocked, lock_state_dir
 from taogpud.store import JobStore
 
 WARM_TIMEOUT_S = 300.0  # CUDA kernel compilation on a cold cache can take minutes
@@ -52,6 +61,7 @@ OUTPUTS_DIR_NAME = "outputs"
 RECENT_JOBS_SHOWN = 1000  # finished jobs brought back into memory at start, for `list`
 HOUSEKEEPING_EVERY_S = 600.0
 KEEP_ALIVE_S = 5  # uvicorn's timeout_keep_alive: an idle connection closes after this
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 log = tlog.get_logger("taogpud.daemon")
 
@@ -66,12 +76,18 @@ class _Server(uvicorn.Server):
 
 class Daemon:
     def __init__(
-        self, snapshot: config.ConfigSnapshot, args: argparse.Namespace, socket_path: Path
+        self,
+        snapshot: config.ConfigSnapshot,
+        args: argparse.Namespace,
+        socket_path: Path,
+        notifier: systemd.Notifier | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.args = args
         self.socket_path = socket_path
-        self.notifier = systemd.Notifier()
+        self.state_dir: Path = args.state_dir or default_state_dir()
+        self.notifier = notifier or systemd.Notifier()
+        self._lock_fd: int | None = None
         self._stop_requested = asyncio.Event()
         self._stop_watching = asyncio.Event()
         self._reloader: Reloader | None = None
@@ -107,8 +123,10 @@ class Daemon:
     async def _startup(self) -> tuple[DaemonState, _Server, asyncio.Task[None]]:
         """Bind, warm every worker, take back what the store holds, then serve.
 
-        Binding comes first: a second daemon on a live socket fails before it spawns
-        anything, and clients that connect while the workers warm wait in the backlog."""
+        The state directory's lock comes first, then the socket: a second daemon on the same
+        state directory or a live socket fails before it touches either or spawns anything,
+        and clients that connect while the workers warm wait in the backlog."""
+        self._lock_fd = lock_state_dir(self.state_dir, self.socket_path)
         self._relay = (relay_listen.inherited_socket(), None, None)  # before listen_socket()
         inherited = systemd.listen_socket()
         self._owns_socket_file = inherited is None  # systemd's socket unit owns its file
@@ -153,7 +171,7 @@ class Daemon:
 
     def _build_state(self) -> DaemonState:
         plan = plan_workers(self.snapshot)
-        state_dir = self.args.state_dir or default_state_dir()
+        state_dir = self.state_dir
         private_dir(state_dir)
         os.environ.update(kernel_cache_env(state_dir))  # inherited by the spawned workers
         store = JobStore(state_dir / STORE_NAME)
@@ -235,9 +253,10 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._on_hup)
 
     def _on_stop_signal(self, signum: int) -> None:
+        """Recorded before anything is logged: a log line can never keep a stop from happening."""
         self._signals_seen += 1
-        log.info("daemon.signal", signal=signal.Signals(signum).name, count=self._signals_seen)
         self._stop_requested.set()
+        log.info("daemon.signal", signal=signal.Signals(signum).name, count=self._signals_seen)
 
     def _on_hup(self) -> None:
         if self._reloader is not None:
@@ -264,8 +283,18 @@ async def _heartbeat(notifier: systemd.Notifier, state: DaemonState) -> None:
 async def _housekeeping(state: DaemonState) -> None:
     """Apply the store's age and count limits, and drop the outputs of jobs it forgot."""
     while True:
-        pruned = state.store.prune()
-        removed = remove_forgotten_outputs(state.scheduler.outputs_dir, state.store)
+        try:
+            pruned = state.store.prune()
+        except (StateDiskFull, sqlite3.OperationalError) as exc:  # a full disk: next round
+            log.warning("store.prune_skipped", error=str(exc))
+            pruned = 0
+        # A store started afresh (the old one was damaged) does not know whose outputs the
+        # folder holds: they are kept, never pruned against a store that was not read.
+        removed = (
+            0
+            if state.store.damaged_at_start
+            else remove_forgotten_outputs(state.scheduler.outputs_dir, state.store)
+        )
         if pruned or removed:
             log.info("store.pruned", jobs=pruned, output_dirs=removed)
         await asyncio.sleep(HOUSEKEEPING_EVERY_S)
@@ -309,12 +338,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="taogpud", description="Run GPU compute jobs for everyone on this host."
     )
-    parser.add_argument("--settings", type=Path, help="settings.json (AI-tool side)")
-    parser.add_argument("--config", type=Path, help="config.toml (scheduler side)")
-    parser.add_argument("--socket", type=Path, help="the Unix socket to serve on")
-    parser.add_argument("--state-dir", type=Path, help="where jobs and outputs are kept")
+    # Absolute at start: the reload watcher, doctor and `taogpuctl config` see the same
+    # files whatever directory they run from.
+    parser.add_argument("--settings", type=_absolute, help="settings.json (AI-tool side)")
+    parser.add_argument("--config", type=_absolute, help="config.toml (scheduler side)")
+    parser.add_argument("--socket", type=_absolute, help="the Unix socket to serve on")
+    parser.add_argument("--state-dir", type=_absolute, help="where jobs and outputs are kept")
     parser.add_argument("--version", action="version", version=f"taogpud {__version__}")
     return parser.parse_args(argv)
+
+
+def _absolute(value: str) -> Path:
+    """A path made absolute against the directory taogpud started in; absolute(), not
+    resolve(): a config that is a symlink is replaced where the link lives."""
+    return Path(value).expanduser().absolute()
 
 
 def raise_open_file_limit() -> None:
@@ -331,23 +368,26 @@ def _open_file_limit() -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     raise_open_file_limit()
+    notifier = systemd.Notifier()
     try:
         snapshot = config.load(args.settings, args.config)
     except ConfigError as exc:
-        print(f"taogpud: config error: {exc}", file=sys.stderr)
-        return 2
-    tlog.configure(snapshot.settings.logging.level, snapshot.settings.logging.request_trace)
-    if unusable := tlog.set_trace_file(snapshot.settings.logging.file):
-        print(f"taogpud: settings.json logging.file cannot be written: {unusable}", file=sys.stderr)
-        return 2
+        return _refuse(notifier, f"config error: {exc}", EXIT_CONFIG)
+    if unusable := _configure_logging(snapshot):
+        return _refuse(notifier, unusable, EXIT_CONFIG)
     tlog.set_secrets(snapshot.api_key.get_secret_value() if snapshot.api_key else None)
     keep_from_children(snapshot.config.api.api_key_env)
     for problem in snapshot.warnings:
         log.warning("config.warning", **problem.as_dict())
-    daemon = Daemon(snapshot, args, args.socket or default_socket())
+    return _run(Daemon(snapshot, args, args.socket or default_socket(), notifier), notifier)
+
+
+def _run(daemon: Daemon, notifier: systemd.Notifier) -> int:
+    """The daemon's life on its event loop; a start that failed is refused with its reason."""
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             code = runner.run(daemon.run())
+        tlog.flush_lines()  # what the log thread still holds for a slow stdout
         if not daemon.exit_hooks_safe:  # everything is saved; a library's exit hook would abort
             sys.stdout.flush()
             sys.stderr.flush()
@@ -355,14 +395,31 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BackendUnavailable as exc:
         log.error("daemon.backend_unavailable", error=exc.message, hint=exc.hint)
-        print(
-            f"taogpud: {exc.message} (fix: {exc.hint})" if exc.hint else f"taogpud: {exc.message}",
-            file=sys.stderr,
-        )
-        return 1
+        line = f"{exc.message} (fix: {exc.hint})" if exc.hint else exc.message
+        return _refuse(notifier, line, EXIT_FAILED)
+    except StateDirLocked as exc:
+        return _refuse(notifier, str(exc), EXIT_FAILED)
+    except sqlite3.Error as exc:  # busy or unreadable in a way that is not damage
+        where = daemon.state_dir / STORE_NAME
+        return _refuse(notifier, f"the job store {where} cannot be opened: {exc}", EXIT_FAILED)
     except OSError as exc:
-        print(f"taogpud: {exc}", file=sys.stderr)
-        return 1
+        return _refuse(notifier, str(exc), EXIT_FAILED)
+
+
+def _configure_logging(snapshot: config.ConfigSnapshot) -> str | None:
+    """Logging as settings.json says; why its trace file cannot be written, else None."""
+    tlog.configure(snapshot.settings.logging.level, snapshot.settings.logging.request_trace)
+    if unusable := tlog.set_trace_file(snapshot.settings.logging.file):
+        return f"settings.json logging.file cannot be written: {unusable}"
+    return None
+
+
+def _refuse(notifier: systemd.Notifier, line: str, code: int) -> int:
+    """A start that failed: one line on stderr (the journal keeps it) and in STATUS=."""
+    print(f"taogpud: {line}", file=sys.stderr)
+    notifier.status(f"failed to start: {line}")
+    notifier.close()
+    return code
 
 
 def _loop_factory() -> type[asyncio.AbstractEventLoop] | None:

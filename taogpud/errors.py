@@ -4,6 +4,7 @@
     ├── ConfigError                config_invalid  400   a config file or key is wrong
     ├── BackendUnavailable         backend_unavailable 503  the backend cannot start
     ├── ArrayStoreFull             array_store_full 507  no room for another array (arrays.py)
+    ├── StateDiskFull              state_disk_full 507   the job store cannot be written (disk full)
     ├── RequestError               invalid_request 400   a request is malformed
     │   ├── UnknownTask            unknown_task    404   no task of that name is registered
     │   ├── InvalidParams          invalid_params  422   params do not match the task's model
@@ -92,6 +93,13 @@ class ConfigError(TaogpudError):
 class BackendUnavailable(TaogpudError):
     code = "backend_unavailable"
     http_status = 503
+
+
+class StateDiskFull(TaogpudError):
+    """A commit of the job store failed (ENOSPC, EIO): new jobs are refused, none is lost."""
+
+    code = "state_disk_full"
+    http_status = 507
 
 
 class RequestError(TaogpudError):

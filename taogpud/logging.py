@@ -5,14 +5,24 @@ entries instead (taogpud.journal): the same line, plus indexed fields.
 With `cache_logger_on_first_use=True` a later `configure()` does not change the
 level of loggers already used, so the level is a processor reading `_state`
 rather than structlog's filtering logger.
+
+Every line leaves through one `StdoutSink`, which never blocks the event loop and never
+raises into it: a stdout that is a pipe or a socket (`taogpud | tee log`, journald's
+stream) is written by a thread from a bounded buffer, so a reader that stops reading
+costs dropped lines, not a wedged daemon that ignores SIGTERM; a dead pipe (EPIPE) is
+a count, not an exception. Lines that could not be written are counted
+(`write_failures()`, shown by `taogpuctl status`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
+import stat
 import sys
+import threading
 import time
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
@@ -28,12 +38,84 @@ REDACTED = "<redacted>"
 SECRET_KEY_NAMES = frozenset({"api_key", "apikey", "apiKey", "authorization", "x-api-key"})
 
 
+MAX_BUFFERED_BYTES = 8 << 20  # what a slow stdout may hold back before lines are dropped
+
+
+class StdoutSink:
+    """The one writer of log lines to a file descriptor (stdout): a file or a terminal is
+    written at once; a pipe or a socket, which can fill or die, from a thread of its own."""
+
+    def __init__(self, fd: int = 1) -> None:
+        self.fd = fd
+        self.failures = 0  # lines (or batches) that could not be written
+        self._buffer: collections.deque[bytes] = collections.deque()
+        self._buffered_bytes = 0
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            mode = 0
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            self._thread = threading.Thread(target=self._drain, name="log-writer", daemon=True)
+            self._thread.start()
+
+    def write(self, data: bytes) -> None:
+        if self._thread is None:
+            self._write_now(data)
+            return
+        with self._wake:
+            if self._buffered_bytes + len(data) > MAX_BUFFERED_BYTES:
+                self.failures += 1  # the reader fell behind by megabytes: drop, never block
+                return
+            self._buffer.append(data)
+            self._buffered_bytes += len(data)
+            self._wake.notify()
+
+    def flush(self) -> None:
+        """Wait (a little) for the thread to write what it holds: at the stop, so the last
+        lines are not lost to the process's exit."""
+        deadline = time.monotonic() + 2.0
+        while self._thread is not None and self._buffer and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _write_now(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        except OSError:  # EPIPE, EIO, ENOSPC: the line is lost, the daemon goes on
+            self.failures += 1
+
+    def _drain(self) -> None:
+        while True:
+            with self._wake:
+                while not self._buffer:
+                    self._wake.wait()
+                data = self._buffer.popleft()
+                self._buffered_bytes -= len(data)
+            self._write_now(data)
+
+
+class _SinkFile:
+    """What structlog's BytesLogger writes to: the sink, behind a file's write/flush."""
+
+    def write(self, data: bytes) -> None:
+        write_lines(data)
+
+    def flush(self) -> None:
+        pass  # each line was handed to the sink whole
+
+
 class _State:
     level = LEVELS["info"]
     request_trace = True
     secrets: tuple[str, ...] = ()
     journal: journal.JournalWriter | None = None  # set under journald: job events go there
     trace_file: int | None = None  # settings.json logging.file, opened for appending
+    sink: StdoutSink | None = None  # set by configure()
+    sink_for: Any = None  # the sys.stdout it was made for: one put in its place (a test's
+    # capture) is written as it is
 
 
 _state = _State()
@@ -51,6 +133,28 @@ def set_trace_file(path: Path | None) -> str | None:
     except OSError as exc:
         return f"{path}: {exc.strerror or exc}"
     return None
+
+
+def write_lines(data: bytes) -> None:
+    """Rendered lines to stdout, through the sink (sys.stdout before configure())."""
+    if _state.sink is not None and sys.stdout is _state.sink_for:
+        _state.sink.write(data)
+        return
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    except OSError:
+        pass
+
+
+def write_failures() -> int:
+    """Log lines lost to a stdout that was dead, full or failing since the start."""
+    return _state.sink.failures if _state.sink is not None else 0
+
+
+def flush_lines() -> None:
+    if _state.sink is not None:
+        _state.sink.flush()
 
 
 def set_level(level: str) -> None:
@@ -163,6 +267,12 @@ def configure(level: str = "info", request_trace: bool = True) -> None:
     if _state.journal is not None:
         _state.journal.close()
     _state.journal = journal.open_writer()
+    if _state.sink is None or sys.stdout is not _state.sink_for:
+        try:
+            _state.sink = StdoutSink(sys.stdout.fileno())
+        except (OSError, ValueError):  # no descriptor (stdout replaced in-process): as it is
+            _state.sink = None
+        _state.sink_for = sys.stdout
     structlog.configure(
         processors=[
             filter_level,
@@ -172,7 +282,7 @@ def configure(level: str = "info", request_trace: bool = True) -> None:
             redact,
             render,
         ],
-        logger_factory=structlog.BytesLoggerFactory(sys.stdout.buffer),
+        logger_factory=structlog.BytesLoggerFactory(_SinkFile()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
     # Libraries that log through the standard library (uvicorn, asyncio) go to

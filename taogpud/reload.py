@@ -10,11 +10,19 @@ device at a time, each drained first, so no accepted job is lost.
 Editors save by writing a temporary file and renaming it over the old one, which
 loses a watch on the file itself: the parent directories are watched and filtered
 to the two paths.
+
+A file written in place, in steps, can parse halfway (a config.toml cut before its
+[scheduling] table is valid, with the defaults): a change the watcher saw is applied only
+once both files have stood still for SETTLE_S (the same size, mtime and digest on a
+second read). The safe way to edit is still an atomic rename (write a temporary file in
+the same folder, then `mv` it over the old one), which no reader ever sees half-done.
+SIGHUP and POST /v1/config/reload are an operator saying the files are ready: no wait.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +45,8 @@ from taogpud.systemd import Notifier
 WATCH_STEP_MS = 50  # quiet time after a change before it is acted on
 WATCH_DEBOUNCE_MS = 400  # the most changes are grouped for (a file written in steps)
 WARM_TIMEOUT_S = 300.0
+SETTLE_S = 0.5  # a watched change is applied once the files stood still this long
+MAX_SETTLE_S = 10.0  # a file rewritten forever is read as it is after this long
 
 log = tlog.get_logger("taogpud.reload")
 
@@ -72,6 +82,8 @@ class Reloader:
             if not trigger:
                 trigger = "+".join(dict.fromkeys(self._waiting_triggers)) or "request"
                 self._waiting_triggers.clear()
+            if "watch" in trigger.split("+"):
+                await self._settled()
             self.notifier.reloading()
             try:
                 view = await self._reload(trigger)
@@ -154,6 +166,20 @@ class Reloader:
             errors=errors,
         )
 
+    async def _settled(self) -> None:
+        """Wait until the files read the same twice, SETTLE_S apart (see the module's doc)."""
+        paths = self.watched_paths()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + MAX_SETTLE_S
+        before = _fingerprints(paths)
+        while True:
+            await asyncio.sleep(SETTLE_S)
+            now = _fingerprints(paths)
+            if now == before or loop.time() >= deadline:
+                return
+            log.debug("config.settling", files=[str(p) for p in paths])
+            before = now
+
     def watched_paths(self) -> list[Path]:
         snapshot = self.state.snapshot
         chosen = (
@@ -188,6 +214,18 @@ async def watch_files(
         stop_event=stop,
     ):
         on_change()
+
+
+def _fingerprints(paths: list[Path]) -> list[tuple[int, int, str] | None]:
+    """Size, mtime and digest of each file (None: missing or unreadable, itself a state)."""
+    prints: list[tuple[int, int, str] | None] = []
+    for path in paths:
+        try:
+            data = path.read_bytes()
+            prints.append((len(data), path.stat().st_mtime_ns, hashlib.sha256(data).hexdigest()))
+        except OSError:
+            prints.append(None)
+    return prints
 
 
 def _backend_problem(exc: BackendUnavailable) -> Problem:

@@ -31,6 +31,7 @@ from taogpud.errors import (
     QueueFull,
     Rejected,
     RequestError,
+    StateDiskFull,
     TaskDisabled,
 )
 from taogpud.jobs import JobErrorView, JobRecord, JobState, OutputView, Peer, new_job_id
@@ -83,7 +84,11 @@ class Scheduler:
         self.running_total = 0
         self.jobs_total = 0  # accepted since start
         self.finished_counts: Counter[tuple[str, str, str]] = Counter()  # (task, backend, status)
+        # The run queue follows the job states: a job is in it exactly while its status is
+        # queued, and only _move puts it there or takes it out (see _move).
         self._queue: list[tuple[tuple[int, int], JobRecord]] = []  # ((-priority, seq), job)
+        self._queued_ids: set[str] = set()
+        self._withdrawn: dict[str, JobRecord] = {}  # running jobs whose submit was refused
         self._seq = 0
         self._rr_next = 0
         self._affinity: dict[str, int] = {}  # affinity key → device index
@@ -108,6 +113,7 @@ class Scheduler:
             raise Draining(
                 "taogpud is stopping and takes no new jobs", "submit again once it is back"
             )
+        self.store.check_writable()  # a full disk refuses new jobs before any is made
         task = tasks.get(request.task)
         self._check_enabled(task)
         self._check_backend(task)
@@ -147,9 +153,41 @@ class Scheduler:
         if worker is not None:
             self._mark_started(job, worker)
         else:
-            self._enqueue(job)
+            self._move(job, JobState.queued)
             self.dispatch()
         return job
+
+    def commit(self, job_id: str) -> str:
+        """Commit the store before a submit is answered; returns the job's record as written.
+
+        A failed commit (a full disk) raises StateDiskFull, and a job that was never written
+        is withdrawn first: its submit is refused, never answered 201 for a job that a restart
+        would not find. The other pending records stay pending (store.flush)."""
+        job = self.get(job_id)
+        try:
+            written = self.store.flush()
+        except StateDiskFull:
+            if not self.store.committed(job_id):
+                self._withdraw(job)
+                raise
+            written = {}
+        return written.get(job_id) or job.model_dump_json()
+
+    def _withdraw(self, job: JobRecord) -> None:
+        """Undo a submit that could not be committed: the job leaves the queue, or its worker
+        is told to stop and its finish will be dropped; no record of it is kept."""
+        self.store.discard(job.id)
+        self._regions.pop(job.id, None)  # the submitter releases the client memory it held
+        self.jobs_total -= 1
+        if job.status.finished:
+            return  # its finish unpinned the inputs already
+        self.arrays.unpin(list(job.inputs.values()))
+        self._dequeue(job.id)
+        worker = self._worker_running(job.id)
+        if worker is not None:
+            self._withdrawn[job.id] = job
+            worker.send(msg.CancelJob(job.id))
+        trace.log.warning("job.withdrawn", job_id=job.id, why="the job store could not be written")
 
     def _place_at_once(self, job: JobRecord) -> Worker | None:
         """Where a new job starts now, as dispatch() would place it: nothing is waiting (it
@@ -202,9 +240,40 @@ class Scheduler:
                 "retry later, or raise scheduling.queue_limit in config.toml",
             )
 
-    def _enqueue(self, job: JobRecord) -> None:
-        self._seq += 1
-        bisect.insort(self._queue, ((-job.priority, self._seq), job), key=lambda e: e[0])
+    # -- the job state machine ------------------------------------------------------------
+
+    def _move(self, job: JobRecord, state: JobState, error: JobErrorView | None = None) -> bool:
+        """The one place a job's status changes; the run queue follows it, so a job is in the
+        queue exactly while it is queued, and once. A finished job never changes again: the
+        change is dropped (traced at debug) and False returned."""
+        if job.status.finished:
+            trace.log.debug(
+                "job.change_dropped", job_id=job.id, status=job.status.value, to=state.value
+            )
+            return False
+        job.status = state
+        if state is JobState.queued:
+            job.started_at = None
+            if job.id not in self._queued_ids:
+                self._queued_ids.add(job.id)
+                self._seq += 1
+                bisect.insort(self._queue, ((-job.priority, self._seq), job), key=lambda e: e[0])
+        else:
+            self._dequeue(job.id)
+        if state.finished:
+            job.error, job.finished_at = error, time.time()
+        return True
+
+    def _dequeue(self, job_id: str) -> None:
+        if job_id in self._queued_ids:
+            self._queued_ids.discard(job_id)
+            # dispatch starts jobs from the front: the search is short where it is frequent
+            index = next(i for i, entry in enumerate(self._queue) if entry[1].id == job_id)
+            del self._queue[index]
+
+    def queued_ids(self) -> list[str]:
+        """The run queue in the order it starts jobs (tests check it against the states)."""
+        return [job.id for _, job in self._queue]
 
     # -- placement ------------------------------------------------------------------------
 
@@ -219,8 +288,7 @@ class Scheduler:
             if worker is None:
                 index += 1
                 continue
-            del self._queue[index]
-            self._start(job, worker)
+            self._start(job, worker)  # moves the job out of the queue, running or failed
 
     def _has_capacity(self) -> bool:
         if self.running_total >= self.policy.max_concurrent_tasks:
@@ -289,9 +357,7 @@ class Scheduler:
         self._mark_running(job, worker)
         self.store.save(job)
         if job.timeout_s:
-            handle = asyncio.get_running_loop().call_later(
-                job.timeout_s, self._stop, job.id, JobState.timed_out
-            )
+            handle = asyncio.get_running_loop().call_later(job.timeout_s, self.time_out, job.id)
             self._timers[job.id] = handle
         trace.job_event(job)
 
@@ -317,7 +383,8 @@ class Scheduler:
         info = worker.info
         assert info is not None  # only warm workers have free slots
         now = time.time()
-        job.status, job.started_at = JobState.running, now
+        self._move(job, JobState.running)
+        job.started_at = now
         job.queue_ms = (now - job.created_at) * 1e3
         job.backend, job.device, job.device_index = info.backend, info.device, info.index
         job.device_uuid, job.compute_capability = info.uuid, info.compute_capability
@@ -336,7 +403,6 @@ class Scheduler:
         job = self.get(job_id)
         check_access(job, peer, "cancel")
         if job.status is JobState.queued:
-            self._queue = [e for e in self._queue if e[1].id != job_id]
             self._finish(job, JobState.cancelled, _error("cancelled", "cancelled while queued"))
         elif job.status is JobState.running:
             self._stop(job_id, JobState.cancelled)
@@ -347,6 +413,10 @@ class Scheduler:
         if job is None:
             raise JobNotFound(f"no job with id {job_id!r}", "list jobs with `taogpuctl list`")
         return job
+
+    def time_out(self, job_id: str) -> None:
+        """The job's timeout_s has passed (its timer): stop it if it still runs."""
+        self._stop(job_id, JobState.timed_out)
 
     def _stop(self, job_id: str, reason: JobState) -> None:
         worker = self._worker_running(job_id)
@@ -367,9 +437,21 @@ class Scheduler:
     # -- results from the pool ------------------------------------------------------------
 
     def on_job_finished(self, worker: Worker, finished: msg.JobFinished) -> None:
-        job = self.store.get(finished.job_id)
-        self._release(worker, finished.job_id)
-        if job is None:
+        """A worker's result. Taken only for a job that runs there now: a finish that comes
+        after the job ended (interrupted at the drain deadline, withdrawn) is dropped."""
+        withdrawn = self._withdrawn.pop(finished.job_id, None)
+        job = withdrawn or self.store.get(finished.job_id)
+        ours = finished.job_id in worker.running
+        self._release(worker, finished.job_id, job)
+        if withdrawn is not None or job is None or not ours or job.status.finished:
+            trace.log.debug(
+                "job.finish_dropped",
+                job_id=finished.job_id,
+                device=worker.label,
+                status=job.status.value if job else None,
+                reported=finished.status,
+            )
+            self.dispatch()
             return
         job.run_ms = finished.run_ms
         job.evidence = finished.evidence
@@ -388,9 +470,10 @@ class Scheduler:
 
     def on_worker_lost(self, worker: Worker) -> None:
         for job_id in list(worker.running):
-            job = self.store.get(job_id)
-            self._release(worker, job_id)
-            if job is None:
+            withdrawn = self._withdrawn.pop(job_id, None)
+            job = withdrawn or self.store.get(job_id)
+            self._release(worker, job_id, job)
+            if job is None or withdrawn is not None or job.status.finished:
                 continue
             state = self._stop_reason.pop(job_id, None) or JobState.failed
             died = f"the worker for {worker.label} died ({worker.exit_description()}) while it ran"
@@ -407,33 +490,32 @@ class Scheduler:
         if job.attempts > job.max_retries:
             return False
         trace.log.warning("job.retry", job_id=job.id, attempt=job.attempts, why=why)
-        job.status, job.started_at = JobState.queued, None
+        self._move(job, JobState.queued)
         self.store.save(job)
-        self._enqueue(job)
         return True
 
     def recover(self, jobs: list[JobRecord]) -> None:
         """Jobs a previous run accepted and did not finish: queued ones queue again, running
-        ones are retried when they allow it, else marked interrupted."""
+        ones are retried when they allow it, else marked interrupted. Each is queued once,
+        by _move, whichever way it came back."""
         for job in jobs:
             self.jobs_total += 1
             self.arrays.pin(list(job.inputs.values()))  # _finish unpins, the queue keeps them
             if job.memory is not None:  # its inputs were in a client's memory, gone with us
                 message = "taogpud stopped before the job ran; the client's memory went with it"
                 self._finish(job, JobState.interrupted, _error("interrupted", message))
-            elif job.status is JobState.running and not self._retry(job, "taogpud restarted"):
+            elif job.status is JobState.queued:
+                self._move(job, JobState.queued)
+            elif not self._retry(job, "taogpud restarted"):
                 message = "taogpud stopped while the job ran (it restarted since)"
                 self._finish(job, JobState.interrupted, _error("interrupted", message))
-            elif job.status is JobState.queued:
-                self._enqueue(job)
         trace.log.info("store.recovered", jobs=len(jobs), queued=len(self._queue))
         self.dispatch()
 
     def on_worker_warm(self, worker: Worker) -> None:
         self.dispatch()
 
-    def _release(self, worker: Worker, job_id: str) -> None:
-        job = self.store.get(job_id)
+    def _release(self, worker: Worker, job_id: str, job: JobRecord | None) -> None:
         if job_id in worker.running:
             worker.running.discard(job_id)
             worker.reserved_bytes -= job.estimate_bytes if job else 0
@@ -445,9 +527,9 @@ class Scheduler:
             self._idle.set()
 
     def _finish(self, job: JobRecord, state: JobState, error: JobErrorView | None) -> None:
-        job.status, job.error = state, error
-        job.finished_at = time.time()
-        if job.started_at is None:
+        if not self._move(job, state, error):
+            return
+        if job.started_at is None and job.finished_at is not None:
             job.queue_ms = (job.finished_at - job.created_at) * 1e3
         self.arrays.unpin(list(job.inputs.values()))
         regions = self._regions.pop(job.id, None)
@@ -472,9 +554,9 @@ class Scheduler:
     def interrupt_running(self) -> None:
         for worker in self._pool().workers:
             for job_id in list(worker.running):
-                job = self.store.get(job_id)
-                self._release(worker, job_id)
-                if job is not None:
+                job = self._withdrawn.pop(job_id, None) or self.store.get(job_id)
+                self._release(worker, job_id, job)
+                if job is not None and job.status is JobState.running:
                     message = "taogpud stopped while the job ran (drain timeout)"
                     self._finish(job, JobState.interrupted, _error("interrupted", message))
 

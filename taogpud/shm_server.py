@@ -315,6 +315,7 @@ class _Connection:
             regions = self._regions(message, source or self._attached(), held)
             request = _job_request(message)
             job = self.server.scheduler.submit(request, self.peer, regions)
+            self.server.scheduler.commit(job.id)  # stored before the client hears of it
         except BaseException:
             for memory in held:
                 memory.drop()

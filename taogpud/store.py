@@ -8,8 +8,16 @@ Recent jobs are also kept in memory for reads; finished ones are bounded by coun
 and age. WAL with synchronous=NORMAL survives a crash of the daemon at the cost
 of a few microseconds per write; only a power cut can lose the last commits.
 
-A store that cannot be opened or fails its integrity check is moved aside (never
-deleted) and a fresh one started, with a log line saying where the old one went.
+A store that cannot be read (not a database, or it fails its integrity check) is moved
+aside (never deleted) and a fresh one started, with a log line saying where the old one
+went; `damaged_at_start` then tells housekeeping that the store no longer knows which
+kept outputs are whose. A store that is busy ("database is locked": another process
+holds it) is never taken for damage: that is an error at start.
+
+A commit that fails (ENOSPC, EIO) keeps every pending record pending: they are written
+by the next commit that succeeds (retried every WRITE_RETRY_S), and meanwhile
+`check_writable` refuses new jobs with StateDiskFull (507), naming the state directory
+and the space left on it.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections import OrderedDict
@@ -24,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from taogpud.errors import StateDiskFull
 from taogpud.jobs import JobRecord, JobState
 from taogpud.logging import get_logger
 
@@ -45,6 +55,9 @@ UNFINISHED = (JobState.queued.value, JobState.running.value)
 # before an answer that shows them): a submit, its start and its finish usually share one
 # commit, and under load many jobs share one.
 FLUSH_DELAY_S = 0.002
+WRITE_RETRY_S = 1.0  # after a failed commit, how often the pending records are tried again
+# SQLite's names for a write the disk refused; anything else is a bug, raised as it is.
+WRITE_FAILURES = frozenset({"SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN"})
 
 log = get_logger("taogpud.store")
 
@@ -65,15 +78,43 @@ class JobStore:
         self._when_finished: dict[str, list[Callable[[], None]]] = {}  # see when_finished()
         self._finished_in_memory = 0
         self._dirty: dict[str, JobRecord] = {}  # written at the next flush
+        self._unwritten: set[str] = set()  # added, not yet in any commit
         self._flush_timer: asyncio.TimerHandle | None = None
-        self._db = _open(path) if path is not None else None
+        self.write_failure: str | None = None  # why the last commit failed; None once one works
+        self.damaged_at_start = False
+        self._db: sqlite3.Connection | None = None
+        if path is not None:
+            self._db, self.damaged_at_start = _open(path)
 
     # -- writes ---------------------------------------------------------------------------
 
     def add(self, job: JobRecord) -> None:
         self._recent[job.id] = job
         self._done[job.id] = asyncio.Event()
+        if self._db is not None:
+            self._unwritten.add(job.id)
         self._write(job)
+
+    def discard(self, job_id: str) -> None:
+        """Forget a job that was never committed (its submit was refused)."""
+        self._recent.pop(job_id, None)
+        self._dirty.pop(job_id, None)
+        self._unwritten.discard(job_id)
+        self._when_finished.pop(job_id, None)
+        event = self._done.pop(job_id, None)
+        if event is not None:
+            if event.is_set():
+                self._finished_in_memory -= 1
+            event.set()  # nobody waits forever for a job that is not
+
+    def committed(self, job_id: str) -> bool:
+        """Whether some commit has written the job (in any state)."""
+        return job_id not in self._unwritten
+
+    def check_writable(self) -> None:
+        """Raise StateDiskFull while commits fail (after trying the pending ones once more)."""
+        if self.write_failure is not None:
+            self.flush()
 
     def save(self, job: JobRecord) -> None:
         self._write(job)
@@ -82,8 +123,9 @@ class JobStore:
         """Write the final record and wake every waiter; forget the oldest in memory."""
         self._write(job)
         event = self._done.get(job.id)
-        if event is not None:
-            event.set()
+        if event is None:
+            return  # withdrawn: no record is kept
+        event.set()
         for callback in self._when_finished.pop(job.id, ()):
             asyncio.get_running_loop().call_soon(callback)
         self._finished_in_memory += 1
@@ -184,16 +226,29 @@ class JobStore:
     # -- arrays (uploaded inputs survive a daemon restart while /dev/shm keeps them) ------
 
     def put_array(self, array_id: str, ref: dict[str, Any]) -> None:
+        """Raises StateDiskFull when the disk refuses it (the upload is then refused)."""
         if self._db is not None:
-            with self._db:
-                self._db.execute(
-                    "INSERT OR REPLACE INTO arrays VALUES (?, ?)", (array_id, json.dumps(ref))
-                )
+            try:
+                with self._db:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO arrays VALUES (?, ?)", (array_id, json.dumps(ref))
+                    )
+            except sqlite3.OperationalError as exc:
+                if not _write_failure(exc):
+                    raise
+                raise self._write_failed(exc) from exc
 
     def delete_array(self, array_id: str) -> None:
+        """A row the disk does not let go of is harmless: restore() drops rows whose image
+        is gone."""
         if self._db is not None:
-            with self._db:
-                self._db.execute("DELETE FROM arrays WHERE id = ?", (array_id,))
+            try:
+                with self._db:
+                    self._db.execute("DELETE FROM arrays WHERE id = ?", (array_id,))
+            except sqlite3.OperationalError as exc:
+                if not _write_failure(exc):
+                    raise
+                log.warning("store.array_row_kept", array_id=array_id, error=str(exc))
 
     def arrays(self) -> dict[str, dict[str, Any]]:
         if self._db is None:
@@ -202,7 +257,12 @@ class JobStore:
         return {array_id: json.loads(ref) for array_id, ref in rows}
 
     def close(self) -> None:
-        self.flush()
+        """Commit what is pending, then close. A disk still full at the stop loses what is
+        pending (the log says how many records): nothing else can keep them."""
+        try:
+            self.flush()
+        except StateDiskFull as exc:
+            log.error("store.unwritten_at_stop", records=len(self._dirty), error=exc.message)
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -222,11 +282,19 @@ class JobStore:
         except RuntimeError:  # no loop (a tool or a test using the store alone): write now
             self.flush()
             return
-        self._flush_timer = loop.call_later(FLUSH_DELAY_S, self.flush)
+        self._flush_timer = loop.call_later(FLUSH_DELAY_S, self._flush_in_background)
+
+    def _flush_in_background(self) -> None:
+        """The timer's flush: a failure is kept (write_failure) and retried, never raised
+        into the event loop."""
+        self._flush_timer = None
+        with contextlib.suppress(StateDiskFull):
+            self.flush()
 
     def flush(self) -> dict[str, str]:
         """Commit every pending change; returns the records written, as JSON by job id (the
-        API answers with the same text)."""
+        API answers with the same text). A commit the disk refuses raises StateDiskFull and
+        leaves every record pending, to be written by a later flush."""
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
@@ -236,10 +304,38 @@ class JobStore:
             (job.id, job.status.value, job.created_at, job.finished_at, job.model_dump_json())
             for job in self._dirty.values()
         ]
+        try:
+            with self._db:
+                self._db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?)", rows)
+        except sqlite3.OperationalError as exc:
+            if not _write_failure(exc):
+                raise
+            raise self._write_failed(exc) from exc
         self._dirty.clear()
-        with self._db:
-            self._db.executemany("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?)", rows)
+        self._unwritten.clear()
+        if self.write_failure is not None:
+            log.warning("store.writable_again", pending_written=len(rows))
+            self.write_failure = None
         return {row[0]: row[4] for row in rows}
+
+    def _write_failed(self, exc: sqlite3.OperationalError) -> StateDiskFull:
+        """Note the failure, have the pending records tried again, and say what is wrong."""
+        assert self.path is not None
+        folder = self.path.parent
+        free = _free_bytes(folder)
+        first = self.write_failure is None
+        self.write_failure = f"{exc} ({free:,} bytes free in {folder})"
+        if first:
+            log.error("store.write_failed", error=str(exc), state_dir=str(folder), free_bytes=free)
+        with contextlib.suppress(RuntimeError):  # no loop: the caller's next flush retries
+            loop = asyncio.get_running_loop()
+            self._flush_timer = loop.call_later(WRITE_RETRY_S, self._flush_in_background)
+        return StateDiskFull(
+            f"the job store in {folder} cannot be written ({exc}); {free:,} bytes are free "
+            "there. No new job is taken until it can; jobs already accepted are kept",
+            f"free space on the file system of {folder}; taogpud writes what is pending "
+            "as soon as it can",
+        )
 
     def _forget_oldest_finished(self) -> None:
         for job_id, job in self._recent.items():
@@ -256,11 +352,26 @@ def _set_event() -> asyncio.Event:
     return event
 
 
-def _open(path: Path) -> sqlite3.Connection:
+def _write_failure(exc: sqlite3.OperationalError) -> bool:
+    return (getattr(exc, "sqlite_errorname", None) or "") in WRITE_FAILURES
+
+
+def _free_bytes(folder: Path) -> int:
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return 0
+    return stat.f_bavail * stat.f_frsize
+
+
+def _open(path: Path) -> tuple[sqlite3.Connection, bool]:
+    """The store, and whether a damaged one was moved aside to start it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        return _connect(path)
+        return _connect(path), False
     except sqlite3.DatabaseError as exc:
+        if not _unreadable(exc):
+            raise  # busy, locked, the disk: an error at start, never "damage"
         aside = path.with_name(f"{path.name}.damaged-{time.strftime('%Y%m%dT%H%M%S')}")
         for suffix in ("", "-wal", "-shm"):
             damaged = Path(f"{path}{suffix}")
@@ -273,7 +384,15 @@ def _open(path: Path) -> sqlite3.Connection:
             error=str(exc),
             hint="a fresh store was started; jobs in the damaged file are not run again",
         )
-        return _connect(path)
+        return _connect(path), True
+
+
+def _unreadable(exc: sqlite3.DatabaseError) -> bool:
+    """Only a file that is not a database, or one that fails its check, is damage."""
+    if isinstance(exc, sqlite3.OperationalError):
+        return False  # "database is locked", "unable to open", "disk I/O error"
+    name = getattr(exc, "sqlite_errorname", None) or ""  # "": raised by _connect's check
+    return name in ("SQLITE_NOTADB", "SQLITE_CORRUPT", "")
 
 
 def _connect(path: Path) -> sqlite3.Connection:

@@ -13,14 +13,13 @@ work off the path from request to answer (bench/run.py, "Where the time goes").
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from typing import Any
 
 import structlog
 
 from taogpud.jobs import JobRecord, JobState
-from taogpud.logging import get_logger
+from taogpud.logging import get_logger, write_lines
 
 log = get_logger("taogpud.jobs")
 
@@ -98,8 +97,7 @@ def flush() -> None:
         lines.append(rendered if isinstance(rendered, bytes) else str(rendered).encode())
     if lines:
         lines.append(b"")
-        sys.stdout.buffer.write(b"\n".join(lines))
-        sys.stdout.buffer.flush()
+        write_lines(b"\n".join(lines))  # never blocks the loop, never raises (logging.py)
 
 
 def _round(value: float | None) -> float | None:

@@ -108,8 +108,8 @@ async def submit(request: Request) -> Response:
     job = daemon.scheduler.submit(await _job_request(request), peer_of(request))
     if wait_s:
         await _wait(daemon, job.id, wait_s)
-    daemon.store.flush()  # stored before its id is returned
-    return _job_response(job, 201)
+    record = daemon.scheduler.commit(job.id)  # stored before its id is returned
+    return Response(record, status_code=201, media_type=JSON)
 
 
 # Everyone sees every job; another user's without what it holds (access.view_of).

@@ -100,6 +100,8 @@ class StatusView(BaseModel):
     executor: str = "local"  # where the workers live: "local" | "ray"
     executor_problem: str | None = None  # e.g. a Ray cluster that does not answer
     arrays: ArraysView | None = None
+    log_write_failures: int = 0  # log lines lost to a dead, full or failing stdout
+    store_write_failure: str | None = None  # why the job store cannot be written now
 
 
 class InfoView(BaseModel):

@@ -11,6 +11,7 @@ from taogpud import __version__, tasks
 from taogpud.api.deps import Daemon
 from taogpud.api.models import ArraysView, HealthView, InfoView, StatusView, WorkerView
 from taogpud.api.peer import peer_of
+from taogpud.logging import write_failures
 from taogpud.metrics import render_metrics
 from taogpud.state import DaemonState
 
@@ -80,6 +81,8 @@ def status_of(daemon: DaemonState) -> StatusView:
         workers=[_worker_view(w) for w in daemon.pool.workers],
         executor=daemon.pool.executor,
         executor_problem=daemon.pool.problem(),
+        log_write_failures=write_failures(),
+        store_write_failure=daemon.store.write_failure,
     )
 
 
