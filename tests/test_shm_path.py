@@ -96,8 +96,8 @@ def test_compute_runs_on_arrays_in_the_clients_memory(daemon: RunningDaemon) -> 
 
 def test_frozen_inputs_go_in_a_sealed_memfd_and_the_record_says_so(daemon: RunningDaemon) -> None:
     with daemon.client() as client:
-        a = np.arange(1000, dtype=np.float64)
-        out = client.compute("vector_add", frozen=True, a=a, b=a)
+        a = np.arange(1000, dtype=np.float64)  # the job's dtype is the inputs' (one rule)
+        out = client.compute("vector_add", {"dtype": "float64"}, frozen=True, a=a, b=a)
         np.testing.assert_array_equal(out["c"], 2 * a)
         assert out.job["memory"]["handover"] == "sealed"
 
@@ -105,7 +105,7 @@ def test_frozen_inputs_go_in_a_sealed_memfd_and_the_record_says_so(daemon: Runni
 def test_without_the_shm_socket_compute_falls_back_to_http(daemon: RunningDaemon) -> None:
     wire.socket_path_for(daemon.socket_path).unlink()  # as over another host's socket
     with daemon.client() as client:
-        a = np.arange(10, dtype=np.int32)
+        a = np.arange(10, dtype=np.float32)
         out = client.compute("vector_add", a=a, b=a)
         np.testing.assert_array_equal(out["c"], 2 * a)
         assert out.job["memory"] is None and not client._shared().local
