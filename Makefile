@@ -42,8 +42,22 @@ gpu-wheels:
 gpu-replica:
 	bash scripts/gpu_replica.sh
 
-demo: venv
-	$(PY) scripts/demo.py
+# The demo's own venv, sized to the host: with an NVIDIA driver (its /proc entry or nvidia-smi)
+# the cuda12 extra (CuPy with NVRTC, NVML); without one only what the CPU path runs on, no CuPy,
+# Ray or pyopencl. Not the development venv: `make demo` is a first command, not a dev setup.
+DEMO_VENV ?= .venv-demo
+DEMO_EXTRAS ?= $(shell { [ -e /proc/driver/nvidia/version ] || command -v nvidia-smi; } >/dev/null 2>&1 && echo cuda12)
+DEMO_STAMP := $(DEMO_VENV)/.installed-$(or $(DEMO_EXTRAS),cpu)
+
+demo: $(DEMO_STAMP)
+	$(DEMO_VENV)/bin/python scripts/demo.py
+
+$(DEMO_STAMP): pyproject.toml
+	rm -f $(DEMO_VENV)/.installed-*
+	python3 -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DEMO_VENV)/bin/python -m pip install -q '.$(if $(DEMO_EXTRAS),[$(DEMO_EXTRAS)])'
+	touch $@
 
 # Not part of the tests: installs dask, Ray and matplotlib to measure beside them.
 bench: venv
@@ -64,4 +78,4 @@ deb:
 	$(DEB_VENV)/bin/python packaging/build.py deb --extras '$(EXTRAS)'
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(DEMO_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -30,6 +30,7 @@ class RunFacts:
     charts: list[tuple[str, str]] = field(default_factory=list)  # (file, caption)
     opencl: list[str] = field(default_factory=list)  # bench/opencl.py's section
     ray_executor: list[str] = field(default_factory=list)  # bench/ray_executor.py's section
+    cli_start: list[str] = field(default_factory=list)  # bench/cli_start.py's section
 
 
 def render(
@@ -52,6 +53,7 @@ def render(
         "\n".join(["## 4. GPU", "", *gpu.section()]),
         "\n".join(facts.opencl),
         "\n".join(facts.ray_executor),
+        "\n".join(facts.cli_start),
         _profile(scenarios, targets, advice),
         _charts(facts.charts),
     ]

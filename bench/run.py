@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))  # `bench` as a package, here and in every spawned
 # Ray and dask start their own interpreters: they must import bench.peers too.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
-from bench import datapath, dispatch, footprint, host, opencl, where_time_goes  # noqa: E402
+from bench import cli_start, datapath, dispatch, footprint, host, opencl, where_time_goes  # noqa: E402
 from bench.advice import ADVICE  # noqa: E402
 from bench.charts import draw_all  # noqa: E402
 from bench.daemon_under_test import running  # noqa: E402
@@ -63,6 +63,8 @@ def main() -> None:
     facts.opencl = opencl.report_lines(opencl.measure(repeats=max(args.repeats, 3)))
     print("== Ray executor vs local", flush=True)
     facts.ray_executor = ray_executor_section(args.repeats, args.quick)
+    print("== taogpuctl start-up", flush=True)
+    facts.cli_start = cli_start.report_lines(cli_start.measure())
     targets = evaluate(tiny.rows, sizes, dispatch.CLIENTS)
     scenarios = None
     if any(target.verdict == "missed" for target in targets) and py_spy() is not None:

@@ -22,6 +22,7 @@ Errors are one line on stderr, `taogpuctl: <message> (hint: ...)`, never a trace
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -693,8 +694,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure becomes one stderr line and an exit code."""
-    command = typer.main.get_command(app)
-    cli_conventions.install(command, sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    command = typer.main.get_command(asked_app(args))
+    cli_conventions.install(command, args)
     try:
         result = command.main(args=argv, prog_name="taogpuctl", standalone_mode=False)
     except Exception as exc:
@@ -702,6 +704,42 @@ def run(argv: Sequence[str] | None = None) -> int:
         report_error(message, hint)
         return exit_code
     return result if isinstance(result, int) else EXIT_OK
+
+
+ROOT_VALUE_OPTIONS = ("--socket",)  # the root's options that take a value
+
+
+def asked_app(argv: Sequence[str]) -> typer.Typer:
+    """The app with only the command argv names: typer turns every command's signature into
+    click parameters at each start (~30 ms for all of them), and a call runs one. The whole
+    app when argv names none, one it lacks (did-you-mean lists the others), or the shell asks
+    for completions."""
+    name = command_word(argv)
+    if name is None or cli_conventions.COMPLETE_VAR in os.environ:
+        return app
+    commands = [info for info in app.registered_commands if info.name == name]
+    groups = [info for info in app.registered_groups if info.name == name]
+    if len(commands) + len(groups) != 1:
+        return app
+    asked = copy.copy(app)  # the module's app stays whole: run() may be called again
+    asked.registered_commands, asked.registered_groups = commands, groups
+    return asked
+
+
+def command_word(argv: Sequence[str]) -> str | None:
+    """The first word after the root's --socket; None at any other option first (-h,
+    --version: the whole app answers them)."""
+    words = iter(argv)
+    for word in words:
+        if word in ROOT_VALUE_OPTIONS:
+            next(words, None)
+        elif word.startswith(tuple(f"{option}=" for option in ROOT_VALUE_OPTIONS)):
+            continue
+        elif word.startswith("-"):
+            return None
+        else:
+            return word
+    return None
 
 
 def explain(exc: Exception) -> tuple[str, str, int]:

@@ -11,7 +11,7 @@ from urllib.parse import quote, urlencode
 import orjson
 import typer
 
-from taogpud.cli_output import emit_line, stdout
+from taogpud.cli_output import emit_line
 
 # a job line's fields shown in `logs`, in this order, after its time and event
 LOG_FIELDS: tuple[str, ...] = ("status", "task", "backend", "device", "fallback", "queue_ms")
@@ -74,6 +74,8 @@ def log_line(event: dict[str, Any]) -> str:
 
 def watch(show: Any, interval_s: float) -> None:
     """Call `show()` every interval_s on a cleared screen until Ctrl-C (as watch(1) does)."""
+    from taogpud.cli_output import stdout
+
     try:
         while True:
             stdout.clear()

@@ -2,28 +2,57 @@
 
 stdout holds only the answer (a JSON document with --json, else text: rich tables on a
 terminal, plain aligned columns otherwise); warnings, progress and errors go to stderr.
+
+rich is imported the first time a terminal needs it (`stdout` and `stderr` are made on first
+use): into a pipe every line is plain, and a start that skips rich is ~25 ms quicker.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import orjson
-from rich import box
-from rich.console import Console
-from rich.status import Status
-from rich.table import Table
 
 from taogpud.client import Job, is_finished
 
-stdout = Console(highlight=False, soft_wrap=True, emoji=False, markup=False)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False, markup=False)
+if TYPE_CHECKING:
+    from rich.console import Console
+
 GIB = 1024**3
+# What makes rich treat a stream as a terminal although it is not a tty (its own variables).
+RICH_TERMINAL_ENV = ("FORCE_COLOR", "TTY_INTERACTIVE", "TTY_COMPATIBLE", "FORCE_TERMINAL")
+
+
+@functools.cache
+def console(to_stderr: bool = False) -> Console:
+    """The rich console of stdout (or stderr), made on first use."""
+    from rich.console import Console
+
+    return Console(stderr=to_stderr, highlight=False, soft_wrap=True, emoji=False, markup=False)
+
+
+def __getattr__(name: str) -> Console:
+    """`cli_output.stdout` and `cli_output.stderr`: the two consoles, made when first named."""
+    if name in ("stdout", "stderr"):
+        return console(to_stderr=name == "stderr")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def plain(stream: TextIO) -> bool:
+    """Plain lines, no rich: the stream is no terminal and nothing asks rich to style it."""
+    if any(os.environ.get(name) for name in RICH_TERMINAL_ENV):
+        return False
+    try:
+        return not stream.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream: rich would say no tty
+        return True
 
 
 def emit_json(document: Any) -> None:
@@ -31,17 +60,23 @@ def emit_json(document: Any) -> None:
 
 
 def emit_line(text: str) -> None:
-    stdout.print(text)
+    if plain(sys.stdout):
+        print(text)
+    else:
+        console().print(text)
 
 
 def emit_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """A rich table on a terminal, plain aligned columns otherwise."""
     cells = [[format_cell(value) for value in row] for row in rows]
-    if stdout.is_terminal:
+    if not plain(sys.stdout) and console().is_terminal:
+        from rich import box
+        from rich.table import Table
+
         table = Table(*columns, box=box.SIMPLE_HEAD)
         for row in cells:
             table.add_row(*row)
-        stdout.print(table)
+        console().print(table)
         return
     widths = [max(len(text) for text in column) for column in zip(columns, *cells, strict=True)]
     for row in [list(columns), *cells]:
@@ -55,7 +90,7 @@ def emit_mapping(mapping: dict[str, Any], indent: str = "") -> None:
         if value in (None, {}, []):
             continue
         shown = value if isinstance(value, str) else orjson.dumps(value).decode()
-        stdout.print(f"{indent}{key}: {shown}")
+        emit_line(f"{indent}{key}: {shown}")
 
 
 def format_cell(value: Any) -> str:
@@ -77,7 +112,10 @@ def milliseconds(value: Any) -> str:
 
 
 def warn(text: str) -> None:
-    stderr.print(f"WARNING: {text}", style="bold yellow")
+    if plain(sys.stderr):
+        print(f"WARNING: {text}", file=sys.stderr)
+    else:
+        console(to_stderr=True).print(f"WARNING: {text}", style="bold yellow")
 
 
 def error_line(message: str, hint: str = "") -> str:
@@ -156,7 +194,7 @@ class Progress:
         self._quiet = quiet  # no plain lines (--json); the live line is on stderr and stays
         self._started = time.monotonic()
         self._last_job: Job | None = None
-        self._live = Status("submitting…", console=stderr) if stderr.is_terminal else None
+        self._live = None if plain(sys.stderr) else _live_line(console(to_stderr=True))
 
     def __enter__(self) -> Progress:
         if self._live is not None:
@@ -182,7 +220,7 @@ class Progress:
         if self._live is not None:
             self._live.update(self.describe(job))
         elif print_line:
-            stderr.print(self.describe(job))
+            print(self.describe(job), file=sys.stderr)
 
     def describe(self, job: Job) -> str:
         where = f" on {job['device']}" if job.get("device") else ""
@@ -193,6 +231,13 @@ class Progress:
         """A plain line per state still in progress; the finished one is the summary's job."""
         last_status = None if self._last_job is None else self._last_job["status"]
         return not self._quiet and not is_finished(job) and job["status"] != last_status
+
+
+def _live_line(stderr: Console) -> Any:
+    """rich's spinner line on a terminal; None where rich sees none (a forced, dumb one)."""
+    from rich.status import Status
+
+    return Status("submitting…", console=stderr) if stderr.is_terminal else None
 
 
 # --- catalog and config --------------------------------------------------------------------

@@ -15,15 +15,16 @@ from __future__ import annotations
 import pwd
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich import box
-from rich.console import Group, RenderableType
-from rich.table import Table
-from rich.text import Text
 
-from taogpud.cli_output import gibibytes, stdout
+from taogpud.cli_output import gibibytes
+
+if TYPE_CHECKING:  # rich is imported when a frame is drawn: taogpuctl's start skips it
+    from rich.console import RenderableType
+    from rich.table import Table
+    from rich.text import Text
 
 QUEUE_SHOWN = 10
 PIPE_WIDTH = 160
@@ -51,6 +52,7 @@ def top_command(
     from rich.live import Live
 
     from taogpud.cli import connect
+    from taogpud.cli_output import stdout
 
     with connect(ctx) as client:
         if once:  # into a pipe: wide enough that no column wraps
@@ -81,10 +83,14 @@ def fetch(client: Any) -> Snapshot:
 
 def frame(snapshot: Snapshot) -> RenderableType:
     """The whole screen: a header line, one table of devices and slots, the queue."""
+    from rich.console import Group
+
     return Group(header(snapshot), device_table(snapshot), queue_table(snapshot))
 
 
 def header(snapshot: Snapshot) -> Text:
+    from rich.text import Text
+
     view = snapshot.status
     line = (
         f"taogpud {view['state']}  backend {view['backend']}"
@@ -105,6 +111,9 @@ DEVICE_COLUMNS += ("slot", "job", "user", "task", "elapsed")
 def device_table(snapshot: Snapshot) -> Table:
     """One row per slot of each worker: the device's figures on its first row only. Without
     a GPU worker the NVML columns are left out (a CPU-only host)."""
+    from rich import box
+    from rich.table import Table
+
     workers = snapshot.status.get("workers", [])
     with_nvml = any(str(worker["device"]).startswith("gpu") for worker in workers)
     columns = [c for c in DEVICE_COLUMNS if with_nvml or c not in NVML_COLUMNS]
@@ -153,6 +162,9 @@ def job_cells(job: dict[str, Any] | None, now: float) -> list[str]:
 
 def queue_table(snapshot: Snapshot) -> Table:
     """The queue in the order it will run (higher priority, then older, first)."""
+    from rich import box
+    from rich.table import Table
+
     queued = sorted(
         snapshot.queued, key=lambda job: (-(job.get("priority") or 0), job.get("created_at") or 0)
     )

@@ -26,7 +26,6 @@ import orjson
 
 from taogpud import paths
 from taogpud.client_http import MalformedResponse, UnixHTTPConnection
-from taogpud.pool.shm import npy_header
 
 # Why not httpx: measured on this kind of host, httpx spends ~416 µs of CPU per request against
 # ~120 µs for http.client over the same socket (notes/library-facts.md, "HTTP/1.1 over a Unix
@@ -399,6 +398,8 @@ def _npy_parts(array_or_npy_bytes: Any) -> list[bytes | memoryview]:
     if isinstance(array_or_npy_bytes, bytes | memoryview):
         return [memoryview(array_or_npy_bytes).cast("B")]
     import numpy as np
+
+    from taogpud.pool.shm import npy_header  # here: hashlib and secrets are no status's cost
 
     array = np.asarray(array_or_npy_bytes, order="C")  # keeps 0-d (ascontiguousarray would not)
     header = npy_header(tuple(array.shape), array.dtype.str)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taogpud import tasks, trace
+from taogpud import metrics, tasks, trace
 from taogpud.access import check_access
 from taogpud.api.models import JobRequest
 from taogpud.arrays import ArrayStore, check_dtypes
@@ -84,6 +84,7 @@ class Scheduler:
         self.running_total = 0
         self.jobs_total = 0  # accepted since start
         self.finished_counts: Counter[tuple[str, str, str]] = Counter()  # (task, backend, status)
+        self.job_times = metrics.JobTimes()  # queue and run time histograms (taogpud.metrics)
         # The run queue follows the job states: a job is in it exactly while its status is
         # queued, and only _move puts it there or takes it out (see _move).
         self._queue: list[tuple[tuple[int, int], JobRecord]] = []  # ((-priority, seq), job)
@@ -537,6 +538,7 @@ class Scheduler:
         if regions is not None:
             regions.release()  # the client's memory is the daemon's to close once no job names it
         self.finished_counts[(job.task, job.backend or "none", state.value)] += 1
+        self.job_times.observe(job)
         trace.job_event(job)
 
     # -- stopping -------------------------------------------------------------------------

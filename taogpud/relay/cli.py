@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
 
 from taogpud.cli_output import emit_json, emit_line
 from taogpud.client import Client
-from taogpud.config_loading import default_config_dir
-from taogpud.doctor import Check
 from taogpud.relay.tools import TOOLS, env_lines
+
+if TYPE_CHECKING:  # both import pydantic-settings: taogpuctl's start pays for them only here
+    from taogpud.doctor import Check
 
 TOKEN_FILE = "relay-token"
 
@@ -26,6 +27,8 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON d
 
 
 def token_path() -> Path:
+    from taogpud.config_loading import default_config_dir
+
     return default_config_dir(os.environ, system=False) / TOKEN_FILE
 
 
@@ -119,6 +122,8 @@ def _report(answer: dict[str, Any], json_out: bool, text: str) -> None:
 
 def relay_check(client: Client) -> Check:
     """The doctor's end-to-end check: GET /v1/models through the relay on the Unix socket."""
+    from taogpud.doctor import Check
+
     name = "relay"
     status = client.relay_status()
     if not status.get("enabled"):

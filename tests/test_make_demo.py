@@ -1,0 +1,54 @@
+"""`make demo` installs what the host runs (issue 23.5): its own venv, and on a host without an
+NVIDIA driver taogpud alone: no CuPy (NVRTC), Ray or pyopencl. Read from make's dry run (-n),
+which prints the commands without running them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+HEAVY_EXTRAS = ("cuda12", "cuda13", "ray", "opencl", "dev", "bench")
+
+
+def demo_commands(tmp_path: Path, *overrides: str) -> list[str]:
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    done = subprocess.run(
+        ["make", "-n", "demo", f"DEMO_VENV={tmp_path / 'demo'}", *overrides],
+        cwd=REPO, capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    return done.stdout.splitlines()
+
+
+def installs(commands: list[str]) -> list[str]:
+    return [line for line in commands if "pip install" in line and "--upgrade pip" not in line]
+
+
+def driver_here() -> bool:
+    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+
+
+def test_without_a_driver_the_demo_installs_taogpud_alone(tmp_path: Path) -> None:
+    commands = demo_commands(tmp_path, "DEMO_EXTRAS=")
+    assert installs(commands) == [f"{tmp_path / 'demo'}/bin/python -m pip install -q '.'"]
+    assert commands[-1] == f"{tmp_path / 'demo'}/bin/python scripts/demo.py"
+    assert not any(extra in line for line in commands for extra in HEAVY_EXTRAS)
+
+
+def test_the_host_chooses_when_nothing_is_said(tmp_path: Path) -> None:
+    (install,) = installs(demo_commands(tmp_path))
+    assert install.endswith("'.[cuda12]'" if driver_here() else "'.'")
+
+
+def test_with_a_driver_the_demo_brings_cupy(tmp_path: Path) -> None:
+    (install,) = installs(demo_commands(tmp_path, "DEMO_EXTRAS=cuda12"))
+    assert install.endswith("pip install -q '.[cuda12]'")
+
+
+def test_the_demo_venv_is_not_the_development_one(tmp_path: Path) -> None:
+    commands = demo_commands(tmp_path, "DEMO_EXTRAS=")
+    assert not any(".venv/" in line or "[dev" in line for line in commands)
