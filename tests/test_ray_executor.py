@@ -342,8 +342,8 @@ def test_ray_keys_are_validated_with_file_key_and_fix(tmp_path: Path) -> None:
     assert 'config.toml: ray.namespaec: unknown key (fix: did you mean "namespace"?)' in text
     errors = load_errors(tmp_path, '[ray]\naddress = "auto"\nlocal_num_gpus = 2\n')
     assert errors == [
-        "config.toml: ray.local_num_gpus: sizes a private local Ray instance, but ray.address "
-        'is "auto" (fix: remove ray.local_num_gpus (a cluster has its own resources), or set '
+        f"{tmp_path / 'config.toml'}: ray.local_num_gpus: sizes a private local Ray instance, "
+        'but ray.address is "auto" (fix: remove ray.local_num_gpus (a cluster has its own resources), or set '
         'ray.address = "local")'
     ]
 
