@@ -343,8 +343,8 @@ def test_ray_keys_are_validated_with_file_key_and_fix(tmp_path: Path) -> None:
     errors = load_errors(tmp_path, '[ray]\naddress = "auto"\nlocal_num_gpus = 2\n')
     assert errors == [
         f"{tmp_path / 'config.toml'}: ray.local_num_gpus: sizes a private local Ray instance, "
-        'but ray.address is "auto" (fix: remove ray.local_num_gpus (a cluster has its own resources), or set '
-        'ray.address = "local")'
+        'but ray.address is "auto" (fix: remove ray.local_num_gpus (a cluster has its own '
+        'resources), or set ray.address = "local")'
     ]
 
 
