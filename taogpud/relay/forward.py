@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -38,7 +38,7 @@ from taogpud.relay.usage import MAX_JSON_BYTES, StreamUsage, Tokens, UseKey, Use
 PREFIX = "/relay"  # on the Unix socket: /relay/v1/chat/completions → {base}/v1/chat/completions
 MAX_ERROR_BYTES = 1 << 20  # an upstream error body is read whole, to scrub the key from it
 DROPPED_RESPONSE_HEADERS = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "set-cookie", "content-length"}
+    {b"connection", b"keep-alive", b"transfer-encoding", b"set-cookie", b"content-length"}
 )
 
 
@@ -91,12 +91,8 @@ class Relay:
         self.use = UseTable()
         self.tcp_address: str | None = None  # "127.0.0.1:PORT" once the listener is bound
         self._rng = random.Random()
-        self._client = httpx.AsyncClient(
-            trust_env=True,
-            follow_redirects=False,
-            timeout=None,  # each request sets its own (upstream.Outgoing.timeout_s)
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
-        )
+        self._client: aiohttp.ClientSession | None = None  # made on the loop, when first used
+        self._channel: tuple[ConfigSnapshot, ChannelSettings, Scrubber] | None = None
 
     def settings(self) -> RelaySection:
         return self._snapshot().config.relay
@@ -105,7 +101,22 @@ class Relay:
         return self._snapshot()
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.close()
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._client is None:
+            self._client = upstream.new_session()
+        return self._client
+
+    def _channel_of(self, snapshot: ConfigSnapshot) -> tuple[ChannelSettings, Scrubber]:
+        """The channel's settings and key scrubber, built once per config snapshot (a reload
+        makes a new snapshot): building them costs more than the rest of a request."""
+        cached = self._channel
+        if cached is None or cached[0] is not snapshot:
+            cached = (snapshot, ChannelSettings.from_snapshot(snapshot), Scrubber(snapshot.api_key))
+            self._channel = cached
+        return cached[1], cached[2]
 
     async def serve(
         self, scope: Scope, receive: Receive, send: Send, path: str, uid: int | None, via: str
@@ -151,7 +162,7 @@ class Relay:
     async def _forward(
         self, scope: Scope, send: Send, body: bytes, exchange: Exchange, snapshot: ConfigSnapshot
     ) -> None:
-        channel = ChannelSettings.from_snapshot(snapshot)
+        channel, scrub = self._channel_of(snapshot)
         aliased = upstream.resolve_alias(body, channel.models)
         exchange.alias, exchange.model = aliased.alias, aliased.model
         family = upstream.family_of(exchange.path)
@@ -164,9 +175,8 @@ class Relay:
             channel.timeout_s,
             channel.max_retries,
         )
-        scrub = Scrubber(channel.api_key)
         try:
-            opened = await upstream.open_upstream(self._client, out, self._rng)
+            opened = await upstream.open_upstream(self._session(), out, self._rng)
         except upstream.UpstreamFailed as exc:
             exchange.attempts = exc.attempts
             body_ = ErrorBody(exc.code, scrub(exc.message), exc.hint)
@@ -176,7 +186,7 @@ class Relay:
         try:
             await _relay_response(response, send, exchange, family, scrub)
         finally:
-            await response.aclose()
+            response.close()  # a whole answer's connection is back in the pool already
 
     async def refuse(self, scope: Scope, send: Send, exc: RelayError) -> None:
         """Answer a request the listener turned away before reading it (traced all the same)."""
@@ -274,18 +284,18 @@ async def _disconnect(receive: Receive) -> None:
 
 
 async def _relay_response(
-    response: httpx.Response, send: Send, exchange: Exchange, family: str, scrub: Scrubber
+    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, family: str, scrub: Scrubber
 ) -> None:
-    if response.status_code >= 400:
+    if response.status >= 400:
         await _relay_error_answer(response, send, exchange, scrub)
         return
     content_type = response.headers.get("content-type", "")
     exchange.stream = content_type.startswith("text/event-stream")
-    exchange.status = response.status_code
+    exchange.status = response.status
     await send(
         {
             "type": "http.response.start",
-            "status": response.status_code,
+            "status": response.status,
             "headers": _response_headers(response, keep_length=not exchange.stream),
         }
     )
@@ -295,9 +305,9 @@ async def _relay_response(
         await _relay_body(response, send, exchange)
 
 
-async def _relay_body(response: httpx.Response, send: Send, exchange: Exchange) -> None:
+async def _relay_body(response: aiohttp.ClientResponse, send: Send, exchange: Exchange) -> None:
     kept: list[bytes] = []  # for its usage; a huge answer (embeddings) is not kept
-    async for piece in response.aiter_raw():
+    async for piece in response.content.iter_any():
         _count_out(exchange, piece)
         if exchange.bytes_out <= MAX_JSON_BYTES:
             kept.append(piece)
@@ -309,17 +319,17 @@ async def _relay_body(response: httpx.Response, send: Send, exchange: Exchange) 
 
 
 async def _relay_stream(
-    response: httpx.Response, send: Send, exchange: Exchange, family: str, scrub: Scrubber
+    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, family: str, scrub: Scrubber
 ) -> None:
     usage = StreamUsage(exchange.tokens)
     provider_error = False
     try:
-        async for piece in response.aiter_raw():
+        async for piece in response.content.iter_any():
             _count_out(exchange, piece)
             usage.feed(piece)
             provider_error = provider_error or b"event: error" in piece or b'"error"' in piece
             await send({"type": "http.response.body", "body": piece, "more_body": True})
-    except httpx.HTTPError as exc:  # the provider failed mid-stream: end it with an error event
+    except (aiohttp.ClientError, TimeoutError) as exc:  # the provider failed mid-stream
         exchange.code = "upstream_broken"
         if not provider_error:
             said = scrub(f"the provider's stream broke: {type(exc).__name__}")
@@ -340,19 +350,19 @@ def _error_event(family: str, message: str) -> bytes:
 
 
 async def _relay_error_answer(
-    response: httpx.Response, send: Send, exchange: Exchange, scrub: Scrubber
+    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, scrub: Scrubber
 ) -> None:
     """The provider's error, whole, with the key scrubbed out (providers echo what they got)."""
     raw = b""
-    async for piece in response.aiter_raw():
+    async for piece in response.content.iter_any():
         raw += piece
         if len(raw) > MAX_ERROR_BYTES:
             break
     body = scrub(raw[:MAX_ERROR_BYTES].decode("utf-8", "replace")).encode()
-    exchange.status = response.status_code
+    exchange.status = response.status
     headers = _response_headers(response, keep_length=False)
     headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
     _count_out(exchange, body)
     exchange.end()
     await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -364,17 +374,19 @@ def _count_out(exchange: Exchange, piece: bytes) -> None:
     exchange.bytes_out += len(piece)
 
 
-def _response_headers(response: httpx.Response, keep_length: bool) -> list[tuple[bytes, bytes]]:
+def _response_headers(
+    response: aiohttp.ClientResponse, keep_length: bool
+) -> list[tuple[bytes, bytes]]:
     """The provider's headers, less hop-by-hop ones, cookies and any CORS header: a page in a
     browser must not be let read the relay's answers."""
     kept: list[tuple[bytes, bytes]] = []
-    for name, value in response.headers.raw:
-        lower = name.lower().decode("latin-1")
-        if lower.startswith("access-control-"):
+    for name, value in response.raw_headers:
+        lower = name.lower()
+        if lower.startswith(b"access-control-"):
             continue
-        if lower in DROPPED_RESPONSE_HEADERS and not (keep_length and lower == "content-length"):
+        if lower in DROPPED_RESPONSE_HEADERS and not (keep_length and lower == b"content-length"):
             continue
-        kept.append((name.lower(), value))
+        kept.append((lower, value))
     return kept
 
 
