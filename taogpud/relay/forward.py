@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -28,13 +29,15 @@ from taogpud.channel import ChannelSettings, Scrubber, public_url
 from taogpud.config import ConfigSnapshot, RelaySection
 from taogpud.errors import ErrorBody
 from taogpud.jobs import Peer
-from taogpud.logging import request_trace_enabled
+from taogpud.logging import get_logger, request_trace_enabled
 from taogpud.relay import upstream
 from taogpud.relay.limits import Limiter
 from taogpud.relay.tokens import TokenStore
 from taogpud.relay.tools import tool_of
 from taogpud.relay.usage import MAX_JSON_BYTES, StreamUsage, Tokens, UseKey, UseTable, usage_of_json
 
+ERROR_HEADER = b"x-taogpud-error"  # on the relay's own error answers: its code
+log = get_logger("taogpud.relay")
 PREFIX = "/relay"  # on the Unix socket: /relay/v1/chat/completions → {base}/v1/chat/completions
 MAX_ERROR_BYTES = 1 << 20  # an upstream error body is read whole, to scrub the key from it
 DROPPED_RESPONSE_HEADERS = frozenset(
@@ -51,6 +54,7 @@ class Exchange:
     method: str
     path: str
     tool: str
+    raw_path: str = ""  # the path as the client encoded it: what goes upstream
     started: float = field(default_factory=time.perf_counter)
     status: int = 0
     code: str | None = None  # the relay's own error code, when it answered itself
@@ -73,6 +77,15 @@ class Exchange:
             hook()
 
 
+@dataclass(frozen=True)
+class Channel:
+    """What every request of one config snapshot shares: settings, key scrubber, proxy."""
+
+    settings: ChannelSettings
+    scrub: Scrubber
+    proxy: str | None
+
+
 class RelayError(Exception):
     def __init__(self, status: int, body: ErrorBody, retry_after_s: int | None = None) -> None:
         super().__init__(body.message)
@@ -92,7 +105,7 @@ class Relay:
         self.tcp_address: str | None = None  # "127.0.0.1:PORT" once the listener is bound
         self._rng = random.Random()
         self._client: aiohttp.ClientSession | None = None  # made on the loop, when first used
-        self._channel: tuple[ConfigSnapshot, ChannelSettings, Scrubber] | None = None
+        self._channel: tuple[ConfigSnapshot, Channel] | None = None
 
     def settings(self) -> RelaySection:
         return self._snapshot().config.relay
@@ -109,14 +122,17 @@ class Relay:
             self._client = upstream.new_session()
         return self._client
 
-    def _channel_of(self, snapshot: ConfigSnapshot) -> tuple[ChannelSettings, Scrubber]:
-        """The channel's settings and key scrubber, built once per config snapshot (a reload
-        makes a new snapshot): building them costs more than the rest of a request."""
+    def _channel_of(self, snapshot: ConfigSnapshot) -> Channel:
+        """The channel as this config snapshot has it, built once per snapshot (a reload makes
+        a new one): building it costs more than the rest of a request."""
         cached = self._channel
         if cached is None or cached[0] is not snapshot:
-            cached = (snapshot, ChannelSettings.from_snapshot(snapshot), Scrubber(snapshot.api_key))
-            self._channel = cached
-        return cached[1], cached[2]
+            settings = ChannelSettings.from_snapshot(snapshot)
+            channel = Channel(
+                settings, Scrubber(settings.api_key), upstream.proxy_for(settings.base_url)
+            )
+            cached = self._channel = (snapshot, channel)
+        return cached[1]
 
     async def serve(
         self, scope: Scope, receive: Receive, send: Send, path: str, uid: int | None, via: str
@@ -131,6 +147,10 @@ class Relay:
             await self._admitted(scope, receive, send, body, exchange, snapshot)
         except RelayError as exc:
             await _answer_error(send, exc, exchange)
+        except Exception as exc:  # a bug: the one error shape, not uvicorn's plain-text 500
+            if exchange.status:
+                raise  # the answer has begun: nothing to say in its place
+            await _answer_error(send, _internal_error(exc, exchange, snapshot), exchange)
         finally:
             self._finish(exchange, snapshot)
 
@@ -162,18 +182,20 @@ class Relay:
     async def _forward(
         self, scope: Scope, send: Send, body: bytes, exchange: Exchange, snapshot: ConfigSnapshot
     ) -> None:
-        channel, scrub = self._channel_of(snapshot)
-        aliased = upstream.resolve_alias(body, channel.models)
+        channel = self._channel_of(snapshot)
+        settings, scrub = channel.settings, channel.scrub
+        aliased = upstream.resolve_alias(body, settings.models)
         exchange.alias, exchange.model = aliased.alias, aliased.model
         family = upstream.family_of(exchange.path)
-        key = upstream.key_header(channel.api_key, snapshot.config.relay.key_header, family)
+        key = upstream.key_header(settings.api_key, snapshot.config.relay.key_header, family)
         out = upstream.Outgoing(
             exchange.method,
-            upstream.upstream_url(channel.base_url, exchange.path, scope.get("query_string", b"")),
+            upstream.upstream_url(settings.base_url, exchange.raw_path, scope["query_string"]),
             upstream.request_headers(scope["headers"], key),
             aliased.body,
-            channel.timeout_s,
-            channel.max_retries,
+            settings.timeout_s,
+            settings.max_retries,
+            channel.proxy,
         )
         try:
             opened = await upstream.open_upstream(self._session(), out, self._rng)
@@ -198,7 +220,8 @@ class Relay:
 
     def _exchange(self, scope: Scope, path: str, uid: int | None, via: str) -> Exchange:
         user_agent = dict(scope["headers"]).get(b"user-agent", b"").decode("latin-1")
-        return Exchange(uid, via, scope["method"], path, tool_of(user_agent))
+        raw_path = raw_path_of(scope, PREFIX if via == "unix" else "")
+        return Exchange(uid, via, scope["method"], path, tool_of(user_agent), raw_path)
 
     def _finish(self, exchange: Exchange, snapshot: ConfigSnapshot) -> None:
         model = exchange.model or "-"
@@ -233,6 +256,16 @@ def trace_fields(exchange: Exchange, snapshot: ConfigSnapshot) -> dict[str, Any]
         "channel": _channel_host(snapshot.settings.provider.base_url),
         "key_source": snapshot.key_source,
     }
+
+
+def raw_path_of(scope: Scope, prefix: str = "") -> str:
+    """The path as the client sent it, less `prefix`, for upstream: percent-escapes kept
+    (`%2F` is not `/`), where ASGI's `path` is decoded. Without a raw_path that starts with
+    the prefix, the decoded path is quoted again."""
+    raw = scope.get("raw_path")
+    if isinstance(raw, bytes) and raw.startswith(prefix.encode() + b"/"):
+        return raw[len(prefix) :].decode("latin-1")
+    return quote(scope["path"][len(prefix) :], safe="/:@!$&'()*+,;=-._~")
 
 
 def _channel_host(base_url: str) -> str:
@@ -393,12 +426,24 @@ def _response_headers(
 async def _answer_error(send: Send, exc: RelayError, exchange: Exchange) -> None:
     exchange.status, exchange.code = exc.status, exc.body.code
     payload = orjson.dumps(exc.body.as_dict())
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(payload)),
+        (ERROR_HEADER, exc.body.code.encode()),
+    ]
     if exc.retry_after_s is not None:
         headers.append((b"retry-after", str(exc.retry_after_s).encode()))
     exchange.bytes_out += len(payload)
     await send({"type": "http.response.start", "status": exc.status, "headers": headers})
     await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _internal_error(exc: Exception, exchange: Exchange, snapshot: ConfigSnapshot) -> RelayError:
+    """Logged with its traceback (called from the except block), answered as a 500."""
+    log.exception("relay.unexpected_error", path=exchange.path)
+    said = Scrubber(snapshot.api_key)(f"{type(exc).__name__}: {exc}")
+    body = ErrorBody("internal_error", said, "this is a bug in taogpud; the log has the traceback")
+    return RelayError(500, body)
 
 
 def _disabled() -> ErrorBody:
