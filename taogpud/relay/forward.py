@@ -84,6 +84,7 @@ class Channel:
     settings: ChannelSettings
     scrub: Scrubber
     proxy: str | None
+    host: str  # the trace's `channel`: the base URL's host, without any credentials
 
 
 class RelayError(Exception):
@@ -129,7 +130,10 @@ class Relay:
         if cached is None or cached[0] is not snapshot:
             settings = ChannelSettings.from_snapshot(snapshot)
             channel = Channel(
-                settings, Scrubber(settings.api_key), upstream.proxy_for(settings.base_url)
+                settings,
+                Scrubber(settings.api_key),
+                upstream.proxy_for(settings.base_url),
+                _channel_host(settings.base_url),
             )
             cached = self._channel = (snapshot, channel)
         return cached[1]
@@ -230,11 +234,11 @@ class Relay:
             trace.deferred(
                 "info" if exchange.status < 500 else "warning",
                 "relay.request",
-                **trace_fields(exchange, snapshot),
+                **trace_fields(exchange, snapshot.key_source, self._channel_of(snapshot).host),
             )
 
 
-def trace_fields(exchange: Exchange, snapshot: ConfigSnapshot) -> dict[str, Any]:
+def trace_fields(exchange: Exchange, key_source: str, channel: str) -> dict[str, Any]:
     return {
         "uid": exchange.uid,
         "via": exchange.via,
@@ -253,8 +257,8 @@ def trace_fields(exchange: Exchange, snapshot: ConfigSnapshot) -> dict[str, Any]
         "bytes_out": exchange.bytes_out,
         "tokens": exchange.tokens.as_dict(),
         "hung_up": exchange.hung_up,
-        "channel": _channel_host(snapshot.settings.provider.base_url),
-        "key_source": snapshot.key_source,
+        "channel": channel,
+        "key_source": key_source,
     }
 
 
