@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -297,22 +297,37 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(pieces)
 
 
-async def _until_hang_up(receive: Receive, forwarding: Any, exchange: Exchange) -> None:
-    """Run `forwarding` until it ends or the client hangs up; a hang-up cancels it, and with it
-    the upstream request (its connection is closed as the response is)."""
-    work = asyncio.ensure_future(forwarding)
-    watch = asyncio.ensure_future(_disconnect(receive))
-    try:
-        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
+async def _until_hang_up(
+    receive: Receive, forwarding: Coroutine[Any, Any, None], exchange: Exchange
+) -> None:
+    """Run `forwarding` in this task until it ends or the client hangs up; a hang-up cancels
+    it, and with it the upstream request (its connection is closed as the response is).
+
+    One watcher task waits on `receive`; the work stays in the request's own task (a second
+    task for it, and asyncio.wait over both, cost more than the rest of the relay's code)."""
+    task = asyncio.current_task()
+    assert task is not None
+    finished = False
+
+    def on_disconnect(watch: asyncio.Task[None]) -> None:
+        # after the answer's last byte (on_end spent) a disconnect is the normal end
+        if finished or watch.cancelled() or watch.exception() is not None:
+            return
+        if exchange.on_end is not None:
             exchange.hung_up = True
-            exchange.status = exchange.status or 499  # nginx's "client closed request"
-            work.cancel()
-        await asyncio.gather(work, return_exceptions=True) if exchange.hung_up else None
-    if not exchange.hung_up:
-        work.result()  # a RelayError goes to the client, a bug to the server
+            task.cancel()
+
+    watch = asyncio.get_running_loop().create_task(_disconnect(receive))
+    watch.add_done_callback(on_disconnect)
+    try:
+        await forwarding
+    except asyncio.CancelledError:
+        if not exchange.hung_up or task.uncancel() > 0:
+            raise  # the daemon is stopping, not the client
+        exchange.status = exchange.status or 499  # nginx's "client closed request"
+    finally:
+        finished = True
+        watch.cancel()
 
 
 async def _disconnect(receive: Receive) -> None:
