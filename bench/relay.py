@@ -1,36 +1,64 @@
-"""The relay's added latency and throughput against the fake provider called directly.
+"""The relay's added latency and throughput against the fake provider called directly, and
+beside LiteLLM's proxy in front of the same provider when one is given.
 
-    PYTHONPATH=. python bench/relay.py [N]
+    PYTHONPATH=. python bench/relay.py [--n N] [--litellm PATH/TO/litellm]
 
 p50 of N small non-streaming chat completions (one keep-alive http.client connection),
-time to first byte of a streaming one, and requests/s with 8 client threads; each direct to
-the fake provider (tests/fake_provider.py) and through the relay's TCP listener.
+time to first byte of a streaming one (the first byte of its first event), and requests/s
+with 8 client threads; each direct to the fake provider (tests/fake_provider.py), through
+the relay's TCP listener, and through LiteLLM's proxy (`litellm[proxy]` installed in a venv
+of its own; its `litellm` command is passed with --litellm). All rows in one run, one after
+another, against the same provider.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import http.client
 import json
+import os
+import secrets
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import start_daemon
-from fake_provider import Reply, fake_provider, openai_stream
+from fake_provider import FakeProvider, Reply, closed_port, fake_provider, openai_stream
 
 KEY = "sk-bench-" + "0" * 24
 BODY = json.dumps({"model": "default", "messages": [{"role": "user", "content": "hi"}]})
+STREAM_BODY = json.dumps(
+    {"model": "default", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+)
+LITELLM_START_S = 120.0
 
 
-def one(conn: http.client.HTTPConnection, host: str, path: str, token: str) -> tuple[float, float]:
+@dataclass(frozen=True)
+class Target:
+    name: str
+    host: str  # the Host header: the relay refuses any other
+    port: int
+    path: str
+    token: str
+
+
+def one(conn: http.client.HTTPConnection, target: Target, body: str) -> tuple[float, float]:
     """(total s, first byte s) of one request on a kept-alive connection."""
     started = time.perf_counter()
-    headers = {"Host": host, "Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    conn.request("POST", path, BODY, headers)
+    headers = {
+        "Host": target.host,
+        "Authorization": f"Bearer {target.token}",
+        "Content-Type": "application/json",
+    }
+    conn.request("POST", target.path, body, headers)
     response = conn.getresponse()
     first = response.read(1)
     ttfb = time.perf_counter() - started
@@ -39,23 +67,23 @@ def one(conn: http.client.HTTPConnection, host: str, path: str, token: str) -> t
     return time.perf_counter() - started, ttfb
 
 
-def latency(host: str, port: int, path: str, token: str, n: int) -> tuple[float, float]:
-    conn = http.client.HTTPConnection("127.0.0.1", port)
+def latency(target: Target, n: int, body: str) -> tuple[float, float]:
+    conn = http.client.HTTPConnection("127.0.0.1", target.port)
     for _ in range(20):
-        one(conn, host, path, token)
-    samples = [one(conn, host, path, token) for _ in range(n)]
+        one(conn, target, body)
+    samples = [one(conn, target, body) for _ in range(n)]
     conn.close()
     return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
 
 
-def throughput(host: str, port: int, path: str, token: str, seconds: float = 3.0) -> float:
+def throughput(target: Target, seconds: float = 3.0) -> float:
     done = [0] * 8
     stop = time.monotonic() + seconds
 
     def client(index: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port)
+        conn = http.client.HTTPConnection("127.0.0.1", target.port)
         while time.monotonic() < stop:
-            one(conn, host, path, token)
+            one(conn, target, BODY)
             done[index] += 1
         conn.close()
 
@@ -67,40 +95,103 @@ def throughput(host: str, port: int, path: str, token: str, seconds: float = 3.0
     return sum(done) / seconds
 
 
+def measure(provider: FakeProvider, target: Target, n: int) -> tuple[float, float, float]:
+    provider.default = Reply()
+    p50, _ = latency(target, n, BODY)
+    provider.default = Reply(events=openai_stream("m", words=3))
+    _, ttfb = latency(target, n // 3, STREAM_BODY)
+    provider.default = Reply()
+    return p50, ttfb, throughput(target)
+
+
+@contextlib.contextmanager
+def litellm_proxy(command: str, provider: FakeProvider, home: Path) -> Iterator[Target]:
+    """LiteLLM's proxy, one worker, as it ships, with one model in front of the provider."""
+    port = closed_port()
+    master = "sk-litellm-" + secrets.token_hex(16)
+    config = home / "litellm.yaml"
+    config.write_text(
+        "model_list:\n"
+        "  - model_name: default\n"
+        "    litellm_params:\n"
+        "      model: openai/claude-sonnet\n"
+        f"      api_base: {provider.base_url}/v1\n"
+        f"      api_key: {KEY}\n"
+        "general_settings:\n"
+        f"  master_key: {master}\n"
+    )
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}  # no fetch at start
+    argv = [command, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+    with (home / "litellm.log").open("wb") as log:
+        proc = subprocess.Popen([*argv, "--num_workers", "1"], stdout=log, stderr=log, env=env)
+    try:
+        _wait_up(port, proc)
+        yield Target("litellm", f"127.0.0.1:{port}", port, "/v1/chat/completions", master)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _wait_up(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + LITELLM_START_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/health/liveliness")
+            if conn.getresponse().status == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError("LiteLLM's proxy did not come up (see litellm.log in the bench's home)")
+
+
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=300, help="requests for the p50")
+    parser.add_argument("--litellm", help="the `litellm` command of a litellm[proxy] install")
+    args = parser.parse_args()
     with fake_provider(KEY) as provider:
         base = provider.base_url
-        home = Path(tempfile.mkdtemp(prefix="tgd-bench-", dir="/tmp"))
+        home = Path(tempfile.mkdtemp(prefix="tgd-bench-"))
         settings = {"provider": {"baseUrl": base}, "logging": {"requestTrace": True}}
         config = {"api": {"base_url": base}, "relay": {"enabled": True, "listen": "127.0.0.1:0"}}
         daemon = start_daemon(home, settings, config, env={"TAOTOKEN_API_KEY": KEY})
         try:
             with daemon.client() as client:
                 answer = client.relay_token()
-            relay_host, token = answer["listen"], answer["token"]
-            relay_port = int(relay_host.rsplit(":", 1)[1])
-            direct_host = f"127.0.0.1:{provider.port}"
-            rows = {}
-            for name, host, port, path in (
-                ("direct", direct_host, provider.port, "/api/v1/chat/completions"),
-                ("relay", relay_host, relay_port, "/v1/chat/completions"),
-            ):
-                provider.default = Reply()
-                p50, _ = latency(host, port, path, token, n)
-                provider.default = Reply(events=openai_stream("m", words=3))
-                _, ttfb = latency(host, port, path, token, n // 3)
-                provider.default = Reply()
-                rows[name] = (p50, ttfb, throughput(host, port, path, token))
-            for name, (p50, ttfb, rps) in rows.items():
-                print(
-                    f"{name:7} p50 {p50 * 1e3:7.3f} ms  stream TTFB {ttfb * 1e3:7.3f} ms  "
-                    f"8 clients {rps:7.0f} req/s"
-                )
-            d, r = rows["direct"], rows["relay"]
-            print(f"added: p50 {(r[0] - d[0]) * 1e3:.3f} ms, TTFB {(r[1] - d[1]) * 1e3:.3f} ms")
+            relay_port = int(answer["listen"].rsplit(":", 1)[1])
+            direct = f"127.0.0.1:{provider.port}"
+            targets = [
+                Target("direct", direct, provider.port, "/api/v1/chat/completions", KEY),
+                Target(
+                    "relay", answer["listen"], relay_port, "/v1/chat/completions", answer["token"]
+                ),
+            ]
+            rows = {t.name: measure(provider, t, args.n) for t in targets}
+            if args.litellm:
+                with litellm_proxy(args.litellm, provider, home) as target:
+                    rows["litellm"] = measure(provider, target, args.n)
         finally:
             daemon.stop()
+    report(rows)
+
+
+def report(rows: dict[str, tuple[float, float, float]]) -> None:
+    for name, (p50, ttfb, rps) in rows.items():
+        print(
+            f"{name:7} p50 {p50 * 1e3:7.3f} ms  stream TTFB {ttfb * 1e3:7.3f} ms  "
+            f"8 clients {rps:7.0f} req/s"
+        )
+    d = rows["direct"]
+    for name in ("relay", "litellm"):
+        if name in rows:
+            r = rows[name]
+            print(
+                f"{name} added: p50 {(r[0] - d[0]) * 1e3:.3f} ms, TTFB {(r[1] - d[1]) * 1e3:.3f} ms"
+            )
+    if "litellm" in rows:
+        print(
+            f"relay/litellm requests/s with 8 clients: {rows['relay'][2] / rows['litellm'][2]:.1f}x"
+        )
 
 
 if __name__ == "__main__":

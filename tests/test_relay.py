@@ -64,6 +64,7 @@ def start_relay(
     base_url: str,
     relay: dict[str, Any] | None = None,
     provider: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
 ) -> RunningDaemon:
     settings = {
         "provider": {"baseUrl": base_url, "maxRetries": 2, **(provider or {})},
@@ -73,7 +74,7 @@ def start_relay(
         "api": {"base_url": base_url},
         "relay": {"enabled": True, "listen": "127.0.0.1:0", **(relay or {})},
     }
-    return factory(settings, config, env={"TAOTOKEN_API_KEY": KEY})
+    return factory(settings, config, env={"TAOTOKEN_API_KEY": KEY, **(env or {})})
 
 
 @pytest.fixture
@@ -197,6 +198,51 @@ def test_models_and_other_paths_pass_through(relayd: RunningDaemon, provider: Fa
     response = unix_get(relayd, "GET", "/relay/v1/some/other?x=1")
     assert response.status_code == 200
     assert provider.seen[-1].path == "/api/v1/some/other?x=1" and provider.seen[-1].auth_matches
+
+
+def test_a_percent_encoded_path_goes_upstream_as_sent(
+    relayd: RunningDaemon, provider: FakeProvider
+) -> None:
+    """`%20` and `%2F` reach the provider escaped, on both ways in (ASGI's path is decoded)."""
+    token, base = token_of(relayd)
+    assert unix_get(relayd, "GET", "/relay/v1/models/a%20b%2Fc?q=%2F").status_code == 200
+    assert provider.seen[-1].path == "/api/v1/models/a%20b%2Fc?q=%2F"
+    response = httpx.get(base + "/v1/files/x%2Fy", headers={"x-api-key": token})
+    assert response.status_code == 200 and provider.seen[-1].path == "/api/v1/files/x%2Fy"
+
+
+def test_relay_errors_are_the_one_shape_and_provider_errors_pass_as_they_are(
+    relayd: RunningDaemon, provider: FakeProvider
+) -> None:
+    """The relay's own errors are {code, message, hint} with X-Taogpud-Error naming the code;
+    a provider's error reaches the client byte for byte (the SDKs parse its shape)."""
+    token, base = token_of(relayd)
+    refused = [
+        httpx.get(base + "/v1/models"),
+        httpx.get(base + "/v1/models", headers={"x-api-key": token, "host": "evil.example"}),
+    ]
+    for response in refused:
+        assert set(response.json()) == {"code", "message", "hint"}
+        assert response.headers["x-taogpud-error"] == response.json()["code"]
+    provider_error = {"error": {"message": "bad model", "type": "invalid_request_error"}}
+    provider.default = Reply(400, provider_error)
+    response = httpx.get(base + "/v1/models", headers={"x-api-key": token})
+    assert response.status_code == 400 and response.content == json.dumps(provider_error).encode()
+    assert "x-taogpud-error" not in response.headers
+
+
+def test_the_proxy_variables_apply_upstream(
+    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider
+) -> None:
+    """http_proxy is honoured (as httpx's trust_env did): the proxy gets the absolute URL of
+    a provider that no DNS knows, and its answer comes back."""
+    proxy = f"http://127.0.0.1:{provider.port}"
+    env = {"http_proxy": proxy, "HTTP_PROXY": proxy, "no_proxy": "", "NO_PROXY": ""}
+    daemon = start_relay(daemon_factory, "http://provider.invalid/api", env=env)
+    response = unix_get(daemon, "GET", "/relay/v1/models")
+    assert response.status_code == 200
+    assert provider.seen[-1].path == "http://provider.invalid/api/v1/models"
+    assert provider.seen[-1].auth_matches
 
 
 def test_tcp_without_a_valid_token_is_refused_and_not_forwarded(

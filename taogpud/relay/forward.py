@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
-import httpx
+import aiohttp
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -27,17 +28,19 @@ from taogpud.api.peer import peer_in
 from taogpud.channel import ChannelSettings, Scrubber, public_url
 from taogpud.config import ConfigSnapshot, RelaySection
 from taogpud.errors import ErrorBody
-from taogpud.logging import request_trace_enabled
+from taogpud.logging import get_logger, request_trace_enabled
 from taogpud.relay import upstream
 from taogpud.relay.limits import Limiter
 from taogpud.relay.tokens import TokenStore
 from taogpud.relay.tools import tool_of
 from taogpud.relay.usage import MAX_JSON_BYTES, StreamUsage, Tokens, UseKey, UseTable, usage_of_json
 
+ERROR_HEADER = b"x-taogpud-error"  # on the relay's own error answers: its code
+log = get_logger("taogpud.relay")
 PREFIX = "/relay"  # on the Unix socket: /relay/v1/chat/completions → {base}/v1/chat/completions
 MAX_ERROR_BYTES = 1 << 20  # an upstream error body is read whole, to scrub the key from it
 DROPPED_RESPONSE_HEADERS = frozenset(
-    {"connection", "keep-alive", "transfer-encoding", "set-cookie", "content-length"}
+    {b"connection", b"keep-alive", b"transfer-encoding", b"set-cookie", b"content-length"}
 )
 
 
@@ -50,6 +53,7 @@ class Exchange:
     method: str
     path: str
     tool: str
+    raw_path: str = ""  # the path as the client encoded it: what goes upstream
     started: float = field(default_factory=time.perf_counter)
     status: int = 0
     code: str | None = None  # the relay's own error code, when it answered itself
@@ -72,6 +76,16 @@ class Exchange:
             hook()
 
 
+@dataclass(frozen=True)
+class Channel:
+    """What every request of one config snapshot shares: settings, key scrubber, proxy."""
+
+    settings: ChannelSettings
+    scrub: Scrubber
+    proxy: str | None
+    host: str  # the trace's `channel`: the base URL's host, without any credentials
+
+
 class RelayError(Exception):
     def __init__(self, status: int, body: ErrorBody, retry_after_s: int | None = None) -> None:
         super().__init__(body.message)
@@ -90,12 +104,8 @@ class Relay:
         self.use = UseTable()
         self.tcp_address: str | None = None  # "127.0.0.1:PORT" once the listener is bound
         self._rng = random.Random()
-        self._client = httpx.AsyncClient(
-            trust_env=True,
-            follow_redirects=False,
-            timeout=None,  # each request sets its own (upstream.Outgoing.timeout_s)
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
-        )
+        self._client: aiohttp.ClientSession | None = None  # made on the loop, when first used
+        self._channel: tuple[ConfigSnapshot, Channel] | None = None
 
     def settings(self) -> RelaySection:
         return self._snapshot().config.relay
@@ -104,7 +114,28 @@ class Relay:
         return self._snapshot()
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.close()
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._client is None:
+            self._client = upstream.new_session()
+        return self._client
+
+    def _channel_of(self, snapshot: ConfigSnapshot) -> Channel:
+        """The channel as this config snapshot has it, built once per snapshot (a reload makes
+        a new one): building it costs more than the rest of a request."""
+        cached = self._channel
+        if cached is None or cached[0] is not snapshot:
+            settings = ChannelSettings.from_snapshot(snapshot)
+            channel = Channel(
+                settings,
+                Scrubber(settings.api_key),
+                upstream.proxy_for(settings.base_url),
+                _channel_host(settings.base_url),
+            )
+            cached = self._channel = (snapshot, channel)
+        return cached[1]
 
     async def serve(
         self, scope: Scope, receive: Receive, send: Send, path: str, uid: int | None, via: str
@@ -119,6 +150,10 @@ class Relay:
             await self._admitted(scope, receive, send, body, exchange, snapshot)
         except RelayError as exc:
             await _answer_error(send, exc, exchange)
+        except Exception as exc:  # a bug: the one error shape, not uvicorn's plain-text 500
+            if exchange.status:
+                raise  # the answer has begun: nothing to say in its place
+            await _answer_error(send, _internal_error(exc, exchange, snapshot), exchange)
         finally:
             self._finish(exchange, snapshot)
 
@@ -150,22 +185,23 @@ class Relay:
     async def _forward(
         self, scope: Scope, send: Send, body: bytes, exchange: Exchange, snapshot: ConfigSnapshot
     ) -> None:
-        channel = ChannelSettings.from_snapshot(snapshot)
-        aliased = upstream.resolve_alias(body, channel.models)
+        channel = self._channel_of(snapshot)
+        settings, scrub = channel.settings, channel.scrub
+        aliased = upstream.resolve_alias(body, settings.models)
         exchange.alias, exchange.model = aliased.alias, aliased.model
         family = upstream.family_of(exchange.path)
-        key = upstream.key_header(channel.api_key, snapshot.config.relay.key_header, family)
+        key = upstream.key_header(settings.api_key, snapshot.config.relay.key_header, family)
         out = upstream.Outgoing(
             exchange.method,
-            upstream.upstream_url(channel.base_url, exchange.path, scope.get("query_string", b"")),
+            upstream.upstream_url(settings.base_url, exchange.raw_path, scope["query_string"]),
             upstream.request_headers(scope["headers"], key),
             aliased.body,
-            channel.timeout_s,
-            channel.max_retries,
+            settings.timeout_s,
+            settings.max_retries,
+            channel.proxy,
         )
-        scrub = Scrubber(channel.api_key)
         try:
-            opened = await upstream.open_upstream(self._client, out, self._rng)
+            opened = await upstream.open_upstream(self._session(), out, self._rng)
         except upstream.UpstreamFailed as exc:
             exchange.attempts = exc.attempts
             body_ = ErrorBody(exc.code, scrub(exc.message), exc.hint)
@@ -175,7 +211,7 @@ class Relay:
         try:
             await _relay_response(response, send, exchange, family, scrub)
         finally:
-            await response.aclose()
+            response.close()  # a whole answer's connection is back in the pool already
 
     async def refuse(self, scope: Scope, send: Send, exc: RelayError) -> None:
         """Answer a request the listener turned away before reading it (traced all the same)."""
@@ -187,7 +223,8 @@ class Relay:
 
     def _exchange(self, scope: Scope, path: str, uid: int | None, via: str) -> Exchange:
         user_agent = dict(scope["headers"]).get(b"user-agent", b"").decode("latin-1")
-        return Exchange(uid, via, scope["method"], path, tool_of(user_agent))
+        raw_path = raw_path_of(scope, PREFIX if via == "unix" else "")
+        return Exchange(uid, via, scope["method"], path, tool_of(user_agent), raw_path)
 
     def _finish(self, exchange: Exchange, snapshot: ConfigSnapshot) -> None:
         model = exchange.model or "-"
@@ -196,11 +233,11 @@ class Relay:
             trace.deferred(
                 "info" if exchange.status < 500 else "warning",
                 "relay.request",
-                **trace_fields(exchange, snapshot),
+                **trace_fields(exchange, snapshot.key_source, self._channel_of(snapshot).host),
             )
 
 
-def trace_fields(exchange: Exchange, snapshot: ConfigSnapshot) -> dict[str, Any]:
+def trace_fields(exchange: Exchange, key_source: str, channel: str) -> dict[str, Any]:
     return {
         "uid": exchange.uid,
         "via": exchange.via,
@@ -219,9 +256,19 @@ def trace_fields(exchange: Exchange, snapshot: ConfigSnapshot) -> dict[str, Any]
         "bytes_out": exchange.bytes_out,
         "tokens": exchange.tokens.as_dict(),
         "hung_up": exchange.hung_up,
-        "channel": _channel_host(snapshot.settings.provider.base_url),
-        "key_source": snapshot.key_source,
+        "channel": channel,
+        "key_source": key_source,
     }
+
+
+def raw_path_of(scope: Scope, prefix: str = "") -> str:
+    """The path as the client sent it, less `prefix`, for upstream: percent-escapes kept
+    (`%2F` is not `/`), where ASGI's `path` is decoded. Without a raw_path that starts with
+    the prefix, the decoded path is quoted again."""
+    raw = scope.get("raw_path")
+    if isinstance(raw, bytes) and raw.startswith(prefix.encode() + b"/"):
+        return raw[len(prefix) :].decode("latin-1")
+    return quote(scope["path"][len(prefix) :], safe="/:@!$&'()*+,;=-._~")
 
 
 def _channel_host(base_url: str) -> str:
@@ -249,22 +296,37 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return b"".join(pieces)
 
 
-async def _until_hang_up(receive: Receive, forwarding: Any, exchange: Exchange) -> None:
-    """Run `forwarding` until it ends or the client hangs up; a hang-up cancels it, and with it
-    the upstream request (its connection is closed as the response is)."""
-    work = asyncio.ensure_future(forwarding)
-    watch = asyncio.ensure_future(_disconnect(receive))
-    try:
-        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
+async def _until_hang_up(
+    receive: Receive, forwarding: Coroutine[Any, Any, None], exchange: Exchange
+) -> None:
+    """Run `forwarding` in this task until it ends or the client hangs up; a hang-up cancels
+    it, and with it the upstream request (its connection is closed as the response is).
+
+    One watcher task waits on `receive`; the work stays in the request's own task (a second
+    task for it, and asyncio.wait over both, cost more than the rest of the relay's code)."""
+    task = asyncio.current_task()
+    assert task is not None
+    finished = False
+
+    def on_disconnect(watch: asyncio.Task[None]) -> None:
+        # after the answer's last byte (on_end spent) a disconnect is the normal end
+        if finished or watch.cancelled() or watch.exception() is not None:
+            return
+        if exchange.on_end is not None:
             exchange.hung_up = True
-            exchange.status = exchange.status or 499  # nginx's "client closed request"
-            work.cancel()
-        await asyncio.gather(work, return_exceptions=True) if exchange.hung_up else None
-    if not exchange.hung_up:
-        work.result()  # a RelayError goes to the client, a bug to the server
+            task.cancel()
+
+    watch = asyncio.get_running_loop().create_task(_disconnect(receive))
+    watch.add_done_callback(on_disconnect)
+    try:
+        await forwarding
+    except asyncio.CancelledError:
+        if not exchange.hung_up or task.uncancel() > 0:
+            raise  # the daemon is stopping, not the client
+        exchange.status = exchange.status or 499  # nginx's "client closed request"
+    finally:
+        finished = True
+        watch.cancel()
 
 
 async def _disconnect(receive: Receive) -> None:
@@ -273,18 +335,18 @@ async def _disconnect(receive: Receive) -> None:
 
 
 async def _relay_response(
-    response: httpx.Response, send: Send, exchange: Exchange, family: str, scrub: Scrubber
+    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, family: str, scrub: Scrubber
 ) -> None:
-    if response.status_code >= 400:
+    if response.status >= 400:
         await _relay_error_answer(response, send, exchange, scrub)
         return
     content_type = response.headers.get("content-type", "")
     exchange.stream = content_type.startswith("text/event-stream")
-    exchange.status = response.status_code
+    exchange.status = response.status
     await send(
         {
             "type": "http.response.start",
-            "status": response.status_code,
+            "status": response.status,
             "headers": _response_headers(response, keep_length=not exchange.stream),
         }
     )
@@ -294,9 +356,9 @@ async def _relay_response(
         await _relay_body(response, send, exchange)
 
 
-async def _relay_body(response: httpx.Response, send: Send, exchange: Exchange) -> None:
+async def _relay_body(response: aiohttp.ClientResponse, send: Send, exchange: Exchange) -> None:
     kept: list[bytes] = []  # for its usage; a huge answer (embeddings) is not kept
-    async for piece in response.aiter_raw():
+    async for piece in response.content.iter_any():
         _count_out(exchange, piece)
         if exchange.bytes_out <= MAX_JSON_BYTES:
             kept.append(piece)
@@ -308,17 +370,17 @@ async def _relay_body(response: httpx.Response, send: Send, exchange: Exchange) 
 
 
 async def _relay_stream(
-    response: httpx.Response, send: Send, exchange: Exchange, family: str, scrub: Scrubber
+    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, family: str, scrub: Scrubber
 ) -> None:
     usage = StreamUsage(exchange.tokens)
     provider_error = False
     try:
-        async for piece in response.aiter_raw():
+        async for piece in response.content.iter_any():
             _count_out(exchange, piece)
             usage.feed(piece)
             provider_error = provider_error or b"event: error" in piece or b'"error"' in piece
             await send({"type": "http.response.body", "body": piece, "more_body": True})
-    except httpx.HTTPError as exc:  # the provider failed mid-stream: end it with an error event
+    except (aiohttp.ClientError, TimeoutError) as exc:  # the provider failed mid-stream
         exchange.code = "upstream_broken"
         if not provider_error:
             said = scrub(f"the provider's stream broke: {type(exc).__name__}")
@@ -339,19 +401,19 @@ def _error_event(family: str, message: str) -> bytes:
 
 
 async def _relay_error_answer(
-    response: httpx.Response, send: Send, exchange: Exchange, scrub: Scrubber
+    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, scrub: Scrubber
 ) -> None:
     """The provider's error, whole, with the key scrubbed out (providers echo what they got)."""
     raw = b""
-    async for piece in response.aiter_raw():
+    async for piece in response.content.iter_any():
         raw += piece
         if len(raw) > MAX_ERROR_BYTES:
             break
     body = scrub(raw[:MAX_ERROR_BYTES].decode("utf-8", "replace")).encode()
-    exchange.status = response.status_code
+    exchange.status = response.status
     headers = _response_headers(response, keep_length=False)
     headers.append((b"content-length", str(len(body)).encode()))
-    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
     _count_out(exchange, body)
     exchange.end()
     await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -363,29 +425,43 @@ def _count_out(exchange: Exchange, piece: bytes) -> None:
     exchange.bytes_out += len(piece)
 
 
-def _response_headers(response: httpx.Response, keep_length: bool) -> list[tuple[bytes, bytes]]:
+def _response_headers(
+    response: aiohttp.ClientResponse, keep_length: bool
+) -> list[tuple[bytes, bytes]]:
     """The provider's headers, less hop-by-hop ones, cookies and any CORS header: a page in a
     browser must not be let read the relay's answers."""
     kept: list[tuple[bytes, bytes]] = []
-    for name, value in response.headers.raw:
-        lower = name.lower().decode("latin-1")
-        if lower.startswith("access-control-"):
+    for name, value in response.raw_headers:
+        lower = name.lower()
+        if lower.startswith(b"access-control-"):
             continue
-        if lower in DROPPED_RESPONSE_HEADERS and not (keep_length and lower == "content-length"):
+        if lower in DROPPED_RESPONSE_HEADERS and not (keep_length and lower == b"content-length"):
             continue
-        kept.append((name.lower(), value))
+        kept.append((lower, value))
     return kept
 
 
 async def _answer_error(send: Send, exc: RelayError, exchange: Exchange) -> None:
     exchange.status, exchange.code = exc.status, exc.body.code
     payload = orjson.dumps(exc.body.as_dict())
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(payload)),
+        (ERROR_HEADER, exc.body.code.encode()),
+    ]
     if exc.retry_after_s is not None:
         headers.append((b"retry-after", str(exc.retry_after_s).encode()))
     exchange.bytes_out += len(payload)
     await send({"type": "http.response.start", "status": exc.status, "headers": headers})
     await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _internal_error(exc: Exception, exchange: Exchange, snapshot: ConfigSnapshot) -> RelayError:
+    """Logged with its traceback (called from the except block), answered as a 500."""
+    log.exception("relay.unexpected_error", path=exchange.path)
+    said = Scrubber(snapshot.api_key)(f"{type(exc).__name__}: {exc}")
+    body = ErrorBody("internal_error", said, "this is a bug in taogpud; the log has the traceback")
+    return RelayError(500, body)
 
 
 def _disabled() -> ErrorBody:

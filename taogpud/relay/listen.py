@@ -3,7 +3,7 @@
 `taogpud-relay.socket` passes its socket with FileDescriptorName=relay beside the control
 socket; `inherited_socket()` takes a copy of it before systemd.listen_socket() (which serves
 the Unix one and closes the rest) runs. The listener is its own uvicorn server on the same
-event loop as the API, serving only TcpRelay.
+event loop as the API (uvloop's, when installed), serving only TcpRelay with httptools.
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ async def start(relay: Relay, inherited: socket.socket | None) -> RelayListener 
     relay.tcp_address = address_of(sock)
     config = uvicorn.Config(
         TcpRelay(relay),
+        http="httptools",  # uvicorn[standard]'s C parser, never h11's pure-Python one
         lifespan="off",
         log_config=None,
         access_log=False,
