@@ -222,9 +222,11 @@ class RayWorkerPool:
 
     @property
     def exit_hooks_safe(self) -> bool:
-        """Without its GCS, Ray's exit hooks abort the process (a stop systemd would call
-        failed); the daemon then skips them once the store is closed."""
-        return not self.gcs_lost
+        """Never, with Ray: without its GCS its exit hooks abort the process (a stop systemd
+        would call failed), and on a busy host they were seen to abort after a clean
+        ray.shutdown too (SIGABRT after daemon.stopped). The daemon skips them once the
+        store is closed and its output flushed; ray.shutdown has already ended what it ran."""
+        return False
 
     def kill_all(self) -> None:
         for worker in self.workers:
