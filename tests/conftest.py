@@ -234,3 +234,17 @@ def daemon_factory(daemon_home: Path) -> Iterator[Callable[..., RunningDaemon]]:
 def daemon(daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
     """A ready daemon on the CPU backend: 2 devices, 2 slots each, the seed's caps."""
     return daemon_factory()
+
+
+HOST_STATE_DIR = Path("/var/lib/taogpud")  # a root daemon's default: the booted containers
+# overlay the host's /var, so a test that left a file there would break the systemd tier
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _host_state_dir_untouched() -> Iterator[None]:
+    """No test may start a daemon on the host's default state directory (pass --state-dir)."""
+    existed = HOST_STATE_DIR.exists()
+    yield
+    if not existed and HOST_STATE_DIR.exists() and os.geteuid() == 0:
+        shutil.rmtree(HOST_STATE_DIR, ignore_errors=True)  # leave the host as it was, then say
+        pytest.fail(f"a test created {HOST_STATE_DIR}: start daemons with --state-dir")

@@ -408,9 +408,11 @@ def test_the_key_never_appears(daemon_home: Path) -> None:
 
 def test_second_daemon_on_the_same_socket_refuses(daemon: RunningDaemon) -> None:
     """A second taogpud on a live socket exits non-zero saying another one serves there."""
+    other_state = daemon.home / "other-state"  # its own: never the host's /var/lib/taogpud
     result = subprocess.run(
         [sys.executable, "-m", "taogpud", "--settings", str(daemon.settings_path), "--config",
-         str(daemon.config_path), "--socket", str(daemon.socket_path)],
+         str(daemon.config_path), "--socket", str(daemon.socket_path),
+         "--state-dir", str(other_state)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 1

@@ -18,7 +18,8 @@ def demo_commands(tmp_path: Path, *overrides: str) -> list[str]:
     if shutil.which("make") is None:
         pytest.skip("needs make")
     done = subprocess.run(
-        ["make", "-n", "demo", f"DEMO_VENV={tmp_path / 'demo'}", *overrides],
+        ["make", "-n", "--no-print-directory", "demo", f"DEMO_VENV={tmp_path / 'demo'}",
+         *overrides],  # no "Entering directory" lines when the tests run under `make test`
         cwd=REPO, capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     return done.stdout.splitlines()
