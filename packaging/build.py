@@ -157,6 +157,8 @@ def stage_files(stage: Path, unitdir: str) -> None:
             source = REPO / "packaging/examples" / pair / name
             put.copy(source, f"/usr/share/doc/taogpud/examples/{pair}/{name}")
     put.copy(REPO / "README.md", "/usr/share/doc/taogpud/README.md")
+    for doc in sorted((REPO / "docs").glob("*.md")):  # the README's links, readable offline
+        put.copy(doc, f"/usr/share/doc/taogpud/docs/{doc.name}")
     for command in ("taogpud", "taogpuctl"):
         put.link(f"{PREFIX}/bin/{command}", f"/usr/bin/{command}")
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 from conftest import RunningDaemon
 from fuzzing import FUZZ_CONFIG, FUZZ_SETTINGS, fuzz
 
 EXAMPLES_PER_OPERATION = 25  # scripts/soak.py runs many more
+
+pytestmark = pytest.mark.slow  # a few hundred generated requests
 
 
 def test_schemathesis_finds_no_server_error(daemon_factory: Callable[..., RunningDaemon]) -> None:

@@ -32,7 +32,10 @@ from taogpud.config_ray import restart_only
 from taogpud.errors import ConfigError
 from taogpud.pool import shm
 
-pytestmark = pytest.mark.xdist_group("ray")  # one Ray at a time, on one xdist worker
+pytestmark = [
+    pytest.mark.slow,  # a local Ray instance: tens of seconds to start
+    pytest.mark.xdist_group("ray"),  # one Ray at a time, on one xdist worker
+]
 needs_ray = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None,
     reason="the ray extra is not installed: pip install -e '.[ray]'",
