@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from taogpud import nvml
-from taogpud.config_rules import check_pair
+from taogpud.config.rules import check_pair
 from taogpud.jobs import JobRecord, JobState
 from taogpud.logging import get_logger
 

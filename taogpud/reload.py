@@ -34,7 +34,7 @@ from taogpud import config
 from taogpud import logging as tlog
 from taogpud.api.models import ChangeView, ReloadView
 from taogpud.arrays import upload_quota_bytes
-from taogpud.config_ray import restart_only
+from taogpud.config.ray import restart_only
 from taogpud.errors import BackendUnavailable, ConfigError, Problem
 from taogpud.pool.environ import keep_from_children
 from taogpud.pool.plan import plan_workers

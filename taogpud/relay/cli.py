@@ -27,7 +27,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON d
 
 
 def token_path() -> Path:
-    from taogpud.config_loading import default_config_dir
+    from taogpud.config.loading import default_config_dir
 
     return default_config_dir(os.environ, system=False) / TOKEN_FILE
 

@@ -32,8 +32,8 @@ from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from taogpud.config_loading import FileKind, default_config_dir, expand, pick_path, read_layer
-from taogpud.config_rules import REDACTED, check_pair, key_problems, resolve_api_key, scrub
+from taogpud.config.loading import FileKind, default_config_dir, expand, pick_path, read_layer
+from taogpud.config.rules import REDACTED, check_pair, key_problems, resolve_api_key, scrub
 from taogpud.errors import ConfigError, Problem
 from taogpud.paths import user_mode
 
