@@ -652,8 +652,8 @@ def doctor_command(
     A daemon that cannot be reached is a failed check: the report still comes, with the
     checks that work without it (exit 1, not 3).
     """
-    from taogpud import doctor_run
     from taogpud.doctor import Check, in_order, report_ok
+    from taogpud.doctor import run as doctor_run
 
     files, daemon = (settings, config), None
     try:

@@ -36,8 +36,8 @@ from taogpud.doctor import (
     guarded,
     in_order,
 )
-from taogpud.doctor_executor import executor_checks
-from taogpud.doctor_gpu import (
+from taogpud.doctor.executor import executor_checks
+from taogpud.doctor.gpu import (
     CudaRuntime,
     HostFacts,
     check_wsl,

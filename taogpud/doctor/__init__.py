@@ -23,9 +23,10 @@ Each check returns a `Check`: pass | warn | fail | skip, a detail saying what wa
 hint saying how to fix it. A check never raises: `guarded` turns a bug in one into a fail of
 that check alone. Checks are pure functions of what they are given (tests feed them data).
 
-    doctor.py      Check, Target, and the checks of the channel, the key, jobs and config
-    doctor_gpu.py  the host's checks (cuda_driver, cuda_arch, gpu_memory, wsl) and their facts
-    doctor_run.py  gathering the data and running the checks: in the daemon, and in the CLI
+    __init__.py  Check, Target, and the checks of the channel, the key, jobs and config
+    gpu.py       the host's checks (cuda_driver, cuda_arch, gpu_memory, wsl) and their facts
+    executor.py  the executor's checks
+    run.py       gathering the data and running the checks: in the daemon, and in the CLI
 """
 
 from __future__ import annotations
