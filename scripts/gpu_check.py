@@ -55,7 +55,7 @@ importlib.import_module("taogpud.daemon")
 importlib.import_module("taogpud.api.app")
 from conftest import RunningDaemon, start_daemon  # noqa: E402
 
-from taogpud.cuda_samples import ILLEGAL_ADDRESS  # noqa: E402
+from taogpud.backends.cuda.samples import ILLEGAL_ADDRESS  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 GPU_SETTINGS: dict[str, Any] = {"gpu": {"backend": "cuda", "memoryFraction": 0.9}}
@@ -720,7 +720,7 @@ def main() -> int:
         return 0
     clock = Clock()
     print("gpu-check: " + json.dumps(environment_numbers(), default=str), flush=True)
-    from taogpud.backends.cuda import probe_cuda
+    from taogpud.backends.cuda.backend import probe_cuda
 
     problem = probe_cuda([0])
     if problem is not None:  # never overwrite a GPU host's report with a driverless one

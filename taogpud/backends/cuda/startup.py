@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from taogpud import nvml
-from taogpud.cuda_kernels import same_arch
+from taogpud.backends.cuda.kernels import same_arch
 from taogpud.errors import BackendUnavailable
 from taogpud.logging import get_logger
 
