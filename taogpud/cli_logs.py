@@ -28,7 +28,7 @@ def trace_command(
 ) -> None:
     """The daemon's trace, one JSON line per event, as journald has it (`trace --grep backend`)."""
     from taogpud.cli import connect
-    from taogpud.client_stream import stream_lines
+    from taogpud.client.stream import stream_lines
 
     query = {"limit": limit, "follow": str(follow).lower(), **({"grep": grep} if grep else {})}
     with connect(ctx) as client:
@@ -50,7 +50,7 @@ def logs_command(
     """One job's trace lines: queued, running, where it ran, how it ended."""
     from taogpud.cli import connect
     from taogpud.cli_conventions import resolve_id
-    from taogpud.client_stream import stream_lines
+    from taogpud.client.stream import stream_lines
 
     with connect(ctx) as client:
         job_id = resolve_id(client, job_id)
