@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import orjson
 import typer
 
-from taogpud.cli_output import emit_json, emit_line
+from taogpud.cli.output import emit_json, emit_line
 from taogpud.client import Client
 from taogpud.relay.tools import TOOLS, env_lines
 

@@ -35,9 +35,14 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import orjson
 import typer
 
-from taogpud import cli_conventions, cli_files, cli_guide, cli_logs, cli_top, cli_words
-from taogpud.cli_conventions import AmbiguousId, resolve_id
-from taogpud.cli_output import (
+from taogpud.cli import conventions as cli_conventions
+from taogpud.cli import files as cli_files
+from taogpud.cli import guide as cli_guide
+from taogpud.cli import logs as cli_logs
+from taogpud.cli import top as cli_top
+from taogpud.cli import words as cli_words
+from taogpud.cli.conventions import AmbiguousId, resolve_id
+from taogpud.cli.output import (
     Progress,
     check_lines,
     count_problems,
@@ -786,11 +791,3 @@ def api_exit_code(exc: ApiError) -> int:
     if 400 <= exc.http_status < 500 and exc.http_status != 429:
         return EXIT_USAGE
     return EXIT_FAILED
-
-
-if __name__ == "__main__":
-    # Run the importable taogpud.cli, not this __main__ copy: the command modules
-    # (cli_guide, …) import taogpud.cli, and one copy means one Globals class.
-    from taogpud.cli import main as importable_main
-
-    importable_main()
