@@ -108,7 +108,7 @@ class Scheduler:
     def submit(
         self, request: JobRequest, peer: Peer, regions: JobRegions | None = None
     ) -> JobRecord:
-        """Admit a job; with `regions` (shm_server.py) its inputs and outputs are in the
+        """Admit a job; with `regions` (daemon/shm_server.py) its inputs and outputs are in the
         client's own memory instead of the array store."""
         if not self.accepting:
             raise Draining(

@@ -51,7 +51,7 @@ from taogpud.logging import get_logger
 
 if TYPE_CHECKING:
     from taogpud.config import ConfigSnapshot
-    from taogpud.state import DaemonState
+    from taogpud.daemon.state import DaemonState
 
 log = get_logger("taogpud.doctor")
 

@@ -35,11 +35,11 @@ from taogpud import logging as tlog
 from taogpud.api.models import ChangeView, ReloadView
 from taogpud.arrays import upload_quota_bytes
 from taogpud.config.ray import restart_only
+from taogpud.daemon.state import DaemonState
 from taogpud.errors import BackendUnavailable, ConfigError, Problem
 from taogpud.pool.environ import keep_from_children
 from taogpud.pool.plan import plan_workers
 from taogpud.scheduler import Policy
-from taogpud.state import DaemonState
 from taogpud.systemd import Notifier
 
 WATCH_STEP_MS = 50  # quiet time after a change before it is acted on
