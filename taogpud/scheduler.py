@@ -22,7 +22,6 @@ from typing import Any
 
 from taogpud import metrics, tasks, trace
 from taogpud.access import check_access
-from taogpud.api.models import JobRequest
 from taogpud.arrays import ArrayStore, check_dtypes
 from taogpud.config import ConfigSnapshot
 from taogpud.errors import (
@@ -41,6 +40,7 @@ from taogpud.pool.regions import RegionRef
 from taogpud.pool.worker import WorkerState
 from taogpud.store import JobStore
 from taogpud.tasks.kernel import KERNEL_TASK_NAME
+from taogpud.wire import JobRequest
 
 CANCEL_GRACE_S = 5.0  # a running job told to stop gets this long before its worker is killed
 

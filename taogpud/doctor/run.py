@@ -138,7 +138,7 @@ async def _probe_all(
     state: DaemonState, peer: Peer, options: Options
 ) -> tuple[list[JobRecord], list[tuple[CheckStatus, str]]]:
     """A probe pinned to each worker (retired ones aside), waited for together."""
-    from taogpud.api.models import JobRequest
+    from taogpud.wire import JobRequest
 
     jobs: list[JobRecord] = []
     problems: list[tuple[CheckStatus, str]] = []
