@@ -342,7 +342,7 @@ def check_recent_backends(target: Target, jobs: Sequence[JobRecord]) -> Check:
 
 
 def check_config_pair(settings: SettingsFile, config: ConfigFile) -> Check:
-    """The config's own cross-file rules (config_rules.check_pair), on the pair in use."""
+    """The config's own cross-file rules (config.rules.check_pair), on the pair in use."""
     name = "config_pair"
     problems = check_pair(settings, config)
     if problems:

@@ -10,7 +10,7 @@ the device counts against memoryFraction × its global memory. An allocation pas
 raises DeviceMemoryCapExceeded (a MemoryError): the job fails with `out_of_device_memory`,
 its buffers go back with it, and the worker stays warm.
 
-The daemon never imports pyopencl: `opencl_probe` asks a child process first (PoCL aborts
+The daemon never imports pyopencl: `probe` asks a child process first (PoCL aborts
 the whole process when it cannot link a kernel).
 """
 
