@@ -31,8 +31,8 @@ from taogpud.backends.cuda.evidence import (
 from taogpud.backends.cuda.kernels import KernelCompileError, compile_cubin, resolve_arch
 from taogpud.backends.cuda.samples import SAMPLES
 from taogpud.backends.cuda.startup import check_at_start, parent_pid, startup_findings
+from taogpud.cli.devices import devices_document, gpu_rows, header_lines, process_lines
 from taogpud.client import ApiError
-from taogpud.devices_view import devices_document, gpu_rows, header_lines, process_lines
 from taogpud.paths import kernel_cache_env
 from taogpud.pool import protocol as msg
 from taogpud.pool.child import Runner
