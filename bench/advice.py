@@ -73,7 +73,7 @@ ADVICE: dict[str, str] = {
         "C-contiguous, which are copied once."
     ),
     "client (taogpud.client, http.client)": (
-        "The client speaks HTTP/1.1 over the socket with httptools (client_http.py): one "
+        "The client speaks HTTP/1.1 over the socket with httptools (client/http.py): one "
         "send per request, a peek and a read per answer. What is left is building the request "
         "and decoding the JSON answer."
     ),

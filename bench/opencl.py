@@ -80,7 +80,7 @@ def _child(size: int, repeats: int) -> dict[str, Any]:
     import pyopencl as cl
     import pyopencl.array as cla
 
-    from taogpud.backends.opencl_memory import DeviceMemoryBudget, SlotAllocator
+    from taogpud.backends.opencl.memory import DeviceMemoryBudget, SlotAllocator
     from taogpud.tasks.opencl_kernels import GROUP, build_programs
 
     rng = np.random.default_rng(0)

@@ -54,7 +54,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("our API handlers", ("/taogpud/api/",)),
     (
         "client (taogpud.client, http.client)",
-        ("/taogpud/client.py", "/http/client.py", "/socket.py", "/email/"),
+        ("/taogpud/client/__init__.py", "/http/client.py", "/socket.py", "/email/"),
     ),
     ("scheduler and jobs", ("/taogpud/",)),
     ("benchmark load loop", ("/bench/", "/multiprocessing/synchronize.py")),

@@ -23,7 +23,7 @@ READY_TIMEOUT_S = 120
 
 
 def config_flags() -> list[str]:
-    from taogpud.backends.cuda import probe_cuda
+    from taogpud.backends.cuda.backend import probe_cuda
 
     reason = probe_cuda([0])
     if reason is None:

@@ -8,8 +8,8 @@ It cannot come back empty: one deadline bounds the whole run (GPU_CHECK_DEADLINE
 default, inside a device command's 10 minutes), each check's cap is its share of that
 deadline (never past what is left), every wait and subprocess has a timeout, the report is
 rewritten after every check, and a watchdog writes it and exits at the deadline if a check
-is stuck where no timeout reaches. It imports the daemon (taogpud.daemon, the API app) before
-anything else, so a missing package shows at once, then prints the versions it runs on.
+is stuck where no timeout reaches. It imports the daemon (taogpud.daemon.lifecycle, the API
+app) before anything else, so a missing package shows at once, then prints the versions it runs on.
 
     warm-up          first start on an empty kernel cache, then a restart warm from disk
     bandwidth        vector_add of 1e8 float32 through the daemon vs the device's D2D copy
@@ -51,11 +51,11 @@ sys.path.insert(1, str(REPO / "tests"))
 
 # The daemon first: on a host missing one of its packages this fails here, at once, and not
 # minutes later in a daemon's stderr (fastapi 0.165 importing opentelemetry did just that).
-importlib.import_module("taogpud.daemon")
+importlib.import_module("taogpud.daemon.lifecycle")
 importlib.import_module("taogpud.api.app")
 from conftest import RunningDaemon, start_daemon  # noqa: E402
 
-from taogpud.cuda_samples import ILLEGAL_ADDRESS  # noqa: E402
+from taogpud.backends.cuda.samples import ILLEGAL_ADDRESS  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 GPU_SETTINGS: dict[str, Any] = {"gpu": {"backend": "cuda", "memoryFraction": 0.9}}
@@ -720,7 +720,7 @@ def main() -> int:
         return 0
     clock = Clock()
     print("gpu-check: " + json.dumps(environment_numbers(), default=str), flush=True)
-    from taogpud.backends.cuda import probe_cuda
+    from taogpud.backends.cuda.backend import probe_cuda
 
     problem = probe_cuda([0])
     if problem is not None:  # never overwrite a GPU host's report with a driverless one

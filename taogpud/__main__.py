@@ -2,6 +2,6 @@
 
 import sys
 
-from taogpud.daemon import main
+from taogpud.daemon.lifecycle import main
 
 sys.exit(main())

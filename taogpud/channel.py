@@ -59,7 +59,7 @@ from taogpud.config import (
     KeySource,
     check_api_url,  # the one place the URL rule lives
 )
-from taogpud.config_rules import CREDENTIAL_NAME, REDACTED
+from taogpud.config.rules import CREDENTIAL_NAME, REDACTED
 from taogpud.logging import get_logger
 
 log = get_logger("taogpud.channel")

@@ -22,7 +22,6 @@ from typing import Any
 
 from taogpud import metrics, tasks, trace
 from taogpud.access import check_access
-from taogpud.api.models import JobRequest
 from taogpud.arrays import ArrayStore, check_dtypes
 from taogpud.config import ConfigSnapshot
 from taogpud.errors import (
@@ -41,6 +40,7 @@ from taogpud.pool.regions import RegionRef
 from taogpud.pool.worker import WorkerState
 from taogpud.store import JobStore
 from taogpud.tasks.kernel import KERNEL_TASK_NAME
+from taogpud.wire import JobRequest
 
 CANCEL_GRACE_S = 5.0  # a running job told to stop gets this long before its worker is killed
 
@@ -108,7 +108,7 @@ class Scheduler:
     def submit(
         self, request: JobRequest, peer: Peer, regions: JobRegions | None = None
     ) -> JobRecord:
-        """Admit a job; with `regions` (shm_server.py) its inputs and outputs are in the
+        """Admit a job; with `regions` (daemon/shm_server.py) its inputs and outputs are in the
         client's own memory instead of the array store."""
         if not self.accepting:
             raise Draining(

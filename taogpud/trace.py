@@ -47,7 +47,7 @@ def job_fields(job: JobRecord) -> dict[str, Any]:
         fields["error"] = job.error.message
     if job.worker_pid is not None:
         fields["worker_pid"] = job.worker_pid
-    if job.evidence:  # cuda: what NVML saw while the job ran (evidence.py)
+    if job.evidence:  # cuda: what NVML saw while the job ran (backends/cuda/evidence.py)
         fields["evidence"] = job.evidence
     if job.node_id is not None:  # executor "ray": the node beside the device
         fields["node_id"], fields["node_hostname"] = job.node_id, job.node_hostname

@@ -22,7 +22,7 @@ import pytest
 
 from taogpud import nvml
 from taogpud.cli import CliError, build_params, parse_param
-from taogpud.cli_output import error_line
+from taogpud.cli.output import error_line
 
 CONTROL_ENV = ("TAOGPUD_SOCKET", "TAOGPUD_SETTINGS", "TAOGPUD_CONFIG", "OPENCLAW_CONFIG")
 JOB_CONTRACT = {"id", "task", "status", "backend", "device", "fallback", "queue_ms", "run_ms"}

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from taogpud import __version__
-from taogpud.cli_words import humanize, remember
+from taogpud.cli.words import humanize, remember
 from tests.test_cli import Ctl, assert_one_error_line, json_out, taogpuctl
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from taogpud.cli_guide import emit_evidence
+from taogpud.cli.guide import emit_evidence
 from tests.test_cli import Ctl, json_out, taogpuctl
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from taogpud.client_stream import stream_lines
+from taogpud.client.stream import stream_lines
 from tests.test_cli import Ctl, assert_one_error_line, json_out, taogpuctl
 
 NOBODY = 65534  # the uid the other-user check acts as
@@ -135,7 +135,7 @@ def test_another_uid_sees_only_its_own_job_lines(daemon: Any) -> None:
     script = f"""
 import os
 from taogpud.client import ApiError, Client
-from taogpud.client_stream import stream_lines
+from taogpud.client.stream import stream_lines
 os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})
 client = Client({str(daemon.socket_path)!r})
 own = client.run("noop")["id"]

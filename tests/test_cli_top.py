@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 
 from taogpud import nvml
-from taogpud.cli_top import Snapshot, elapsed, frame
+from taogpud.cli.top import Snapshot, elapsed, frame
 from tests.test_cli import Ctl, taogpuctl
 
 GPU_STATUS: dict[str, Any] = {

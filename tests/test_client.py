@@ -181,7 +181,7 @@ def test_reconnects_once_when_daemon_closed_the_connection(
 def test_large_body_arrives_whole_and_the_connection_stays(
     stub_server: Callable[[Reply], _StubServer],
 ) -> None:
-    """A 3 MiB answer (read in place, past client_http's large-body threshold) comes back
+    """A 3 MiB answer (read in place, past client/http.py's large-body threshold) comes back
     byte for byte, and the next request reuses the connection."""
     payload = np.random.default_rng(7).bytes(3 * 2**20 + 13)
     server = stub_server((200, "application/octet-stream", payload))

@@ -31,7 +31,7 @@ from taogpud.config import (
     needs_restart,
     resolve_paths,
 )
-from taogpud.config_loading import default_config_dir
+from taogpud.config.loading import default_config_dir
 from taogpud.errors import ConfigError, Problem
 
 EXAMPLES = Path(__file__).parent.parent / "packaging" / "examples"

@@ -21,13 +21,18 @@ import pytest
 from taogpud import nvml
 from taogpud.backends.base import PhaseClock, WorkerSpec
 from taogpud.backends.cpu import CpuBackend
-from taogpud.backends.cuda import sticky_cuda_error
+from taogpud.backends.cuda.backend import sticky_cuda_error
+from taogpud.backends.cuda.evidence import (
+    JobWindow,
+    UtilizationSampler,
+    job_evidence,
+    normalise_bus_id,
+)
+from taogpud.backends.cuda.kernels import KernelCompileError, compile_cubin, resolve_arch
+from taogpud.backends.cuda.samples import SAMPLES
+from taogpud.backends.cuda.startup import check_at_start, parent_pid, startup_findings
+from taogpud.cli.devices import devices_document, gpu_rows, header_lines, process_lines
 from taogpud.client import ApiError
-from taogpud.cuda_kernels import KernelCompileError, compile_cubin, resolve_arch
-from taogpud.cuda_samples import SAMPLES
-from taogpud.cuda_startup import check_at_start, parent_pid, startup_findings
-from taogpud.devices_view import devices_document, gpu_rows, header_lines, process_lines
-from taogpud.evidence import JobWindow, UtilizationSampler, job_evidence, normalise_bus_id
 from taogpud.paths import kernel_cache_env
 from taogpud.pool import protocol as msg
 from taogpud.pool.child import Runner

@@ -21,7 +21,7 @@ import pytest
 from conftest import RunningDaemon
 from fake_provider import FakeProvider, fake_provider
 
-from taogpud.backends.cuda import probe_cuda
+from taogpud.backends.cuda.backend import probe_cuda
 from taogpud.client import ApiError
 from taogpud.doctor import ORDER
 

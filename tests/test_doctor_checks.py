@@ -24,7 +24,7 @@ from taogpud.doctor import (
     in_order,
     report_ok,
 )
-from taogpud.doctor_gpu import (
+from taogpud.doctor.gpu import (
     CudaRuntime,
     HostFacts,
     check_cuda_arch,

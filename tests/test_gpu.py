@@ -18,9 +18,9 @@ import pytest
 
 from taogpud.backends import create_backend
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
-from taogpud.backends.cuda import probe_cuda
+from taogpud.backends.cuda.backend import probe_cuda
+from taogpud.backends.cuda.samples import ILLEGAL_ADDRESS, SAXPY, SPIN
 from taogpud.client import DaemonUnreachable
-from taogpud.cuda_samples import ILLEGAL_ADDRESS, SAXPY, SPIN
 from taogpud.pool import protocol as msg
 from taogpud.pool.execute import execute
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from conftest import RunningDaemon
 
-from taogpud.backends import opencl_probe
+from taogpud.backends.opencl import probe as opencl_probe
 from taogpud.client import ApiError, Client
 
 pytestmark = pytest.mark.xdist_group("opencl")  # one worker: the daemons share the PoCL cache

@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 
 from taogpud import tasks
-from taogpud.backends import opencl_probe
-from taogpud.backends.opencl import device_lost
-from taogpud.backends.opencl_memory import DeviceMemoryBudget, DeviceMemoryCapExceeded
-from taogpud.backends.opencl_probe import (
+from taogpud.backends.opencl import probe as opencl_probe
+from taogpud.backends.opencl.backend import device_lost
+from taogpud.backends.opencl.memory import DeviceMemoryBudget, DeviceMemoryCapExceeded
+from taogpud.backends.opencl.probe import (
     OpenclDevice,
     OpenclInventory,
     OpenclPlatform,
     inventory,
     problem,
 )
+from taogpud.backends.opencl.report import check_opencl, opencl_document, rows
 from taogpud.errors import UnsupportedTask
-from taogpud.opencl_report import check_opencl, opencl_document, rows
 
 MIB = 2**20
 

@@ -28,7 +28,7 @@ from conftest import RunningDaemon, start_daemon
 from traces import most_running
 
 from taogpud.config import diff, load, needs_restart
-from taogpud.config_ray import restart_only
+from taogpud.config.ray import restart_only
 from taogpud.errors import ConfigError
 from taogpud.pool import shm
 

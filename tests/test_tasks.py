@@ -22,7 +22,7 @@ from structlog.testing import capture_logs
 from taogpud import tasks
 from taogpud.backends import Backend, WorkerSpec, create_backend
 from taogpud.backends.cpu import CpuBackend, blas_thread_env
-from taogpud.backends.cuda import _device_problem, probe_cuda
+from taogpud.backends.cuda.backend import _device_problem, probe_cuda
 from taogpud.errors import BackendUnavailable, InvalidParams, UnknownTask
 from taogpud.tasks import JobCancelled, TaskContext, TaskOutput
 

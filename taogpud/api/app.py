@@ -17,9 +17,9 @@ from taogpud import __version__, relay
 from taogpud.api import arrays, channel, config, doctor, jobs, system
 from taogpud.api import trace as trace_api
 from taogpud.api.peer import peer_in
+from taogpud.daemon.state import DaemonState
 from taogpud.errors import BodyTooLarge, ErrorBody, TaogpudError
 from taogpud.logging import get_logger, request_trace_enabled
-from taogpud.state import DaemonState
 
 log = get_logger("taogpud.api")
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from taogpud.state import DaemonState
+from taogpud.daemon.state import DaemonState
 
 
 async def daemon_state(request: Request) -> DaemonState:

@@ -10,7 +10,7 @@ from taogpud.api.deps import Daemon
 from taogpud.api.models import CheckView, DoctorView
 from taogpud.api.peer import peer_of
 from taogpud.doctor import report_ok
-from taogpud.doctor_run import Options, daemon_checks, daemon_facts
+from taogpud.doctor.run import Options, daemon_checks, daemon_facts
 
 router = APIRouter(tags=["doctor"])
 

@@ -15,9 +15,9 @@ from taogpud.access import check_access, view_of
 from taogpud.api.deps import Daemon
 from taogpud.api.models import JobRequest
 from taogpud.api.peer import peer_of
+from taogpud.daemon.state import DaemonState
 from taogpud.errors import OutputNotFound, RequestError
 from taogpud.jobs import JobRecord, JobState
-from taogpud.state import DaemonState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

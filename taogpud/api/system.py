@@ -11,9 +11,9 @@ from taogpud import __version__, tasks
 from taogpud.api.deps import Daemon
 from taogpud.api.models import ArraysView, HealthView, InfoView, StatusView, WorkerView
 from taogpud.api.peer import peer_of
+from taogpud.daemon.state import DaemonState
 from taogpud.logging import write_failures
 from taogpud.metrics import render_metrics
-from taogpud.state import DaemonState
 
 router = APIRouter(tags=["daemon"])
 

@@ -25,7 +25,7 @@ from fastapi.responses import StreamingResponse
 from taogpud.access import check_access, may_see
 from taogpud.api.deps import Daemon
 from taogpud.api.peer import peer_of
-from taogpud.state import DaemonState
+from taogpud.daemon.state import DaemonState
 from taogpud.trace_ring import RING, RING_LINES, TraceLine
 
 router = APIRouter(tags=["trace"])

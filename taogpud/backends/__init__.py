@@ -21,11 +21,11 @@ def create_backend(spec: WorkerSpec) -> Backend:
 
         return CpuBackend(spec)
     if spec.backend == "cuda":
-        from taogpud.backends.cuda import CudaBackend
+        from taogpud.backends.cuda.backend import CudaBackend
 
         return CudaBackend(spec)
     if spec.backend == "opencl":
-        from taogpud.backends.opencl import OpenclBackend
+        from taogpud.backends.opencl.backend import OpenclBackend
 
         return OpenclBackend(spec)
     raise BackendUnavailable(

@@ -33,12 +33,12 @@ def plan_workers(snapshot: ConfigSnapshot) -> WorkerPlan:
 
 
 def _plan_cuda(snapshot: ConfigSnapshot) -> WorkerPlan:
-    from taogpud.backends.cuda import cuda_device_count, probe_cuda
+    from taogpud.backends.cuda.backend import cuda_device_count, probe_cuda
 
     wanted = snapshot.cuda_device_ids()
     reason = probe_cuda([0] if wanted == "all" else wanted)
     if reason is None:
-        from taogpud.cuda_startup import check_at_start
+        from taogpud.backends.cuda.startup import check_at_start
 
         ids = list(range(cuda_device_count())) if wanted == "all" else wanted
         reason = check_at_start(snapshot, ids)  # cuda_arch, pool size, memory held by others
@@ -55,9 +55,9 @@ def _plan_cuda(snapshot: ConfigSnapshot) -> WorkerPlan:
 
 
 def _plan_opencl(snapshot: ConfigSnapshot) -> WorkerPlan:
-    """Asked of a child process first (backends/opencl_probe.py): PoCL aborts the process
+    """Asked of a child process first (backends/opencl/probe.py): PoCL aborts the process
     that builds a kernel without `ld`, and a process that used OpenCL must not fork."""
-    from taogpud.backends import opencl_probe
+    from taogpud.backends.opencl import probe as opencl_probe
 
     platform, wanted = snapshot.config.backend.opencl.platform_index, snapshot.opencl_device_ids()
     found = opencl_probe.inventory(build_on=(platform, wanted))

@@ -476,7 +476,7 @@ class RayWorkerPool:
 
 def _uploads(order: msg.RunJob) -> dict[str, ArrayRef]:
     """A Ray job's inputs are uploads: a client's own memory is local to this host, and the
-    shared-memory socket is not served with executor "ray" (daemon.py)."""
+    shared-memory socket is not served with executor "ray" (daemon/lifecycle.py)."""
     files = {name: ref for name, ref in order.inputs.items() if isinstance(ref, ArrayRef)}
     if len(files) != len(order.inputs):
         raise ValueError("inputs in a client's shared memory cannot reach a Ray worker")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from taogpud.state import DaemonState
+    from taogpud.daemon.state import DaemonState
 
 
 def mount(app: FastAPI, state: DaemonState) -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import orjson
 import typer
 
-from taogpud.cli_output import emit_json, emit_line
+from taogpud.cli.output import emit_json, emit_line
 from taogpud.client import Client
 from taogpud.relay.tools import TOOLS, env_lines
 
@@ -27,7 +27,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON d
 
 
 def token_path() -> Path:
-    from taogpud.config_loading import default_config_dir
+    from taogpud.config.loading import default_config_dir
 
     return default_config_dir(os.environ, system=False) / TOKEN_FILE
 

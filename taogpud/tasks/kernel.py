@@ -92,7 +92,7 @@ def _kernel(ctx: TaskContext, params: KernelParams) -> TaskOutput:
             f"the kernel task runs CUDA C; {ctx.device} is a {ctx.backend} worker",
             "run it on a host whose workers are cuda (no CPU fallback can run CUDA C)",
         )
-    from taogpud.cuda_kernels import load_function
+    from taogpud.backends.cuda.kernels import load_function
 
     arch = str(ctx.info.get("cuda_arch") or "")
     function = load_function(params.source, params.name, arch)

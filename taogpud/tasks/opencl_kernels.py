@@ -25,7 +25,7 @@ from pyopencl import clrandom
 from pyopencl.algorithm import RadixSort
 from pyopencl.reduction import ReductionKernel
 
-from taogpud.backends.opencl_probe import device_type_name
+from taogpud.backends.opencl.probe import device_type_name
 from taogpud.errors import InvalidParams
 from taogpud.tasks.base import TaskContext, TaskOutput
 from taogpud.tasks.builtin import (

@@ -36,8 +36,8 @@ from taogpud.doctor import (
     guarded,
     in_order,
 )
-from taogpud.doctor_executor import executor_checks
-from taogpud.doctor_gpu import (
+from taogpud.doctor.executor import executor_checks
+from taogpud.doctor.gpu import (
     CudaRuntime,
     HostFacts,
     check_wsl,
@@ -51,7 +51,7 @@ from taogpud.logging import get_logger
 
 if TYPE_CHECKING:
     from taogpud.config import ConfigSnapshot
-    from taogpud.state import DaemonState
+    from taogpud.daemon.state import DaemonState
 
 log = get_logger("taogpud.doctor")
 
@@ -138,7 +138,7 @@ async def _probe_all(
     state: DaemonState, peer: Peer, options: Options
 ) -> tuple[list[JobRecord], list[tuple[CheckStatus, str]]]:
     """A probe pinned to each worker (retired ones aside), waited for together."""
-    from taogpud.api.models import JobRequest
+    from taogpud.wire import JobRequest
 
     jobs: list[JobRecord] = []
     problems: list[tuple[CheckStatus, str]] = []
@@ -176,8 +176,8 @@ def _opencl_check(snapshot: ConfigSnapshot) -> Check:
 
 
 def _probe_and_check_opencl(snapshot: ConfigSnapshot) -> Check:
-    from taogpud.backends import opencl_probe
-    from taogpud.opencl_report import check_opencl
+    from taogpud.backends.opencl import probe as opencl_probe
+    from taogpud.backends.opencl.report import check_opencl
 
     opencl = snapshot.config.backend.opencl
     wanted = snapshot.opencl_device_ids()

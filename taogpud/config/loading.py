@@ -22,7 +22,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsError
 
-from taogpud.config_messages import (
+from taogpud.config.messages import (
     MISSING,
     KeyPath,
     did_you_mean,

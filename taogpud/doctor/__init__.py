@@ -23,9 +23,10 @@ Each check returns a `Check`: pass | warn | fail | skip, a detail saying what wa
 hint saying how to fix it. A check never raises: `guarded` turns a bug in one into a fail of
 that check alone. Checks are pure functions of what they are given (tests feed them data).
 
-    doctor.py      Check, Target, and the checks of the channel, the key, jobs and config
-    doctor_gpu.py  the host's checks (cuda_driver, cuda_arch, gpu_memory, wsl) and their facts
-    doctor_run.py  gathering the data and running the checks: in the daemon, and in the CLI
+    __init__.py  Check, Target, and the checks of the channel, the key, jobs and config
+    gpu.py       the host's checks (cuda_driver, cuda_arch, gpu_memory, wsl) and their facts
+    executor.py  the executor's checks
+    run.py       gathering the data and running the checks: in the daemon, and in the CLI
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from taogpud import nvml
-from taogpud.config_rules import check_pair
+from taogpud.config.rules import check_pair
 from taogpud.jobs import JobRecord, JobState
 from taogpud.logging import get_logger
 
@@ -341,7 +342,7 @@ def check_recent_backends(target: Target, jobs: Sequence[JobRecord]) -> Check:
 
 
 def check_config_pair(settings: SettingsFile, config: ConfigFile) -> Check:
-    """The config's own cross-file rules (config_rules.check_pair), on the pair in use."""
+    """The config's own cross-file rules (config.rules.check_pair), on the pair in use."""
     name = "config_pair"
     problems = check_pair(settings, config)
     if problems:

@@ -26,7 +26,6 @@ from pydantic import ValidationError
 
 from taogpud import shm_wire as wire
 from taogpud.api.listen import bind_unix_socket
-from taogpud.api.models import JobRequest
 from taogpud.api.peer import read_peer
 from taogpud.errors import RequestError, TaogpudError
 from taogpud.jobs import Peer
@@ -34,6 +33,7 @@ from taogpud.logging import get_logger
 from taogpud.pool.regions import MemoryHandle, RegionRef
 from taogpud.scheduler import JobRegions, Scheduler
 from taogpud.store import JobStore
+from taogpud.wire import JobRequest
 
 log = get_logger("taogpud.shm")
 

@@ -7,12 +7,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from taogpud.api.models import ReloadView
 from taogpud.arrays import ArrayStore
 from taogpud.config import ConfigSnapshot
 from taogpud.pool.interface import Pool
 from taogpud.scheduler import Scheduler
 from taogpud.store import JobStore
+from taogpud.wire import ReloadView
 
 
 @dataclass

@@ -5,12 +5,12 @@ for every slot (tasks/opencl_kernels.py) and runs each once, so the first job co
 nothing. PoCL keeps its compiled kernels in POCL_CACHE_DIR: the daemon points it at its cache
 directory (paths.kernel_cache_env), so a restart builds from that cache.
 
-Memory (opencl_memory.py): each slot allocates from its own buffer pool, and every pool of
+Memory (memory.py): each slot allocates from its own buffer pool, and every pool of
 the device counts against memoryFraction × its global memory. An allocation past that cap
 raises DeviceMemoryCapExceeded (a MemoryError): the job fails with `out_of_device_memory`,
 its buffers go back with it, and the worker stays warm.
 
-The daemon never imports pyopencl: `opencl_probe` asks a child process first (PoCL aborts
+The daemon never imports pyopencl: `probe` asks a child process first (PoCL aborts
 the whole process when it cannot link a kernel).
 """
 
@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
-from taogpud.backends.opencl_memory import DeviceMemoryBudget, SlotAllocator
-from taogpud.backends.opencl_probe import build_log
+from taogpud.backends.opencl.memory import DeviceMemoryBudget, SlotAllocator
+from taogpud.backends.opencl.probe import build_log
 from taogpud.errors import BackendUnavailable
 
 # OpenCL status codes that mean the device or its context is gone for good: a fresh worker

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from taogpud.cli_output import gibibytes
+from taogpud.cli.output import gibibytes
 
 if TYPE_CHECKING:  # rich is imported when a frame is drawn: taogpuctl's start skips it
     from rich.console import RenderableType
@@ -52,7 +52,7 @@ def top_command(
     from rich.live import Live
 
     from taogpud.cli import connect
-    from taogpud.cli_output import stdout
+    from taogpud.cli.output import stdout
 
     with connect(ctx) as client:
         if once:  # into a pipe: wide enough that no column wraps

@@ -1,6 +1,6 @@
 """NDJSON streams from the daemon (GET /v1/trace, GET /v1/jobs/{id}/events), line by line.
 
-The client's own transport (client_http) reads a whole response; a followed trace never
+The client's own transport (client/http.py) reads a whole response; a followed trace never
 ends, so this reads one line at a time with the standard library's http.client over the
 same Unix socket. Its per-response cost does not matter here: one request per command.
 """

@@ -36,6 +36,10 @@ from taogpud.api.app import create_app
 from taogpud.api.jobs import end_waits
 from taogpud.api.listen import bind_unix_socket
 from taogpud.arrays import ArrayStore, upload_quota_bytes
+from taogpud.daemon.reload import Reloader, watch_files
+from taogpud.daemon.shm_server import ShmServer
+from taogpud.daemon.state import DaemonState
+from taogpud.daemon.state_lock import StateDirLocked, lock_state_dir
 from taogpud.errors import BackendUnavailable, ConfigError, StateDiskFull
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.pool import shm
@@ -45,12 +49,8 @@ from taogpud.pool.plan import plan_workers
 from taogpud.relay import listen as relay_listen
 from taogpud.relay.forward import Relay
 from taogpud.relay.listen import RelayListener
-from taogpud.reload import Reloader, watch_files
 from taogpud.scheduler import Policy, Scheduler
-from taogpud.shm_server import ShmServer
 from taogpud.shm_wire import socket_path_for
-from taogpud.state import DaemonState
-from taogpud.state_lock import StateDirLocked, lock_state_dir
 from taogpud.store import JobStore
 
 WARM_TIMEOUT_S = 300.0  # CUDA kernel compilation on a cold cache can take minutes
@@ -154,7 +154,7 @@ class Daemon:
         return state, server, serving
 
     def _start_shm(self, state: DaemonState) -> None:
-        """`<socket>.shm`: local clients' own memory, handed over once (shm_server.py).
+        """`<socket>.shm`: local clients' own memory, handed over once (daemon/shm_server.py).
         Each uid may hold as much there as the array store's budget. Not with executor
         "ray": its workers may be on other hosts, which a memfd cannot reach."""
         if state.snapshot.config.scheduling.executor != "local":

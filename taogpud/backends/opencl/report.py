@@ -1,5 +1,5 @@
 """OpenCL beside CUDA in `taogpuctl devices` and `doctor`: the platforms and devices the ICD
-loader shows (backends/opencl_probe.py asks a child process), which worker holds which, and
+loader shows (backends/opencl/probe.py asks a child process), which worker holds which, and
 whether the configured platform and devices are there.
 
 Pure functions of an `OpenclInventory` and the daemon's device list: tests feed both.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from taogpud.backends.opencl_probe import OpenclInventory, problem
+from taogpud.backends.opencl.probe import OpenclInventory, problem
 from taogpud.doctor import Check
 
 GIB = 1024**3

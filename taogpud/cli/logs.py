@@ -11,7 +11,7 @@ from urllib.parse import quote, urlencode
 import orjson
 import typer
 
-from taogpud.cli_output import emit_line
+from taogpud.cli.output import emit_line
 
 # a job line's fields shown in `logs`, in this order, after its time and event
 LOG_FIELDS: tuple[str, ...] = ("status", "task", "backend", "device", "fallback", "queue_ms")
@@ -28,7 +28,7 @@ def trace_command(
 ) -> None:
     """The daemon's trace, one JSON line per event, as journald has it (`trace --grep backend`)."""
     from taogpud.cli import connect
-    from taogpud.client_stream import stream_lines
+    from taogpud.client.stream import stream_lines
 
     query = {"limit": limit, "follow": str(follow).lower(), **({"grep": grep} if grep else {})}
     with connect(ctx) as client:
@@ -49,8 +49,8 @@ def logs_command(
 ) -> None:
     """One job's trace lines: queued, running, where it ran, how it ended."""
     from taogpud.cli import connect
-    from taogpud.cli_conventions import resolve_id
-    from taogpud.client_stream import stream_lines
+    from taogpud.cli.conventions import resolve_id
+    from taogpud.client.stream import stream_lines
 
     with connect(ctx) as client:
         job_id = resolve_id(client, job_id)
@@ -74,7 +74,7 @@ def log_line(event: dict[str, Any]) -> str:
 
 def watch(show: Any, interval_s: float) -> None:
     """Call `show()` every interval_s on a cleared screen until Ctrl-C (as watch(1) does)."""
-    from taogpud.cli_output import stdout
+    from taogpud.cli.output import stdout
 
     try:
         while True:

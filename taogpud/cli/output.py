@@ -39,7 +39,7 @@ def console(to_stderr: bool = False) -> Console:
 
 
 def __getattr__(name: str) -> Console:
-    """`cli_output.stdout` and `cli_output.stderr`: the two consoles, made when first named."""
+    """`output.stdout` and `output.stderr`: the two consoles, made when first named."""
     if name in ("stdout", "stderr"):
         return console(to_stderr=name == "stderr")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,8 +8,8 @@ keys) are read as the setup guide writes them. Each is built from three layers, 
                                                   TAOGPUD_CONFIG__SCHEDULING__MAX_CONCURRENT_TASKS=3
 
 This module holds the models (the keys and their limits), the snapshot, load() and diff().
-config_loading.py turns one file into one model, config_messages.py words its problems, and
-config_rules.py holds the rules that span both files and where the API key comes from.
+loading.py turns one file into one model, messages.py words its problems, and
+rules.py holds the rules that span both files and where the API key comes from.
 load() collects every problem before it raises one ConfigError; warnings ride on the snapshot.
 The API key never appears in a Problem, a repr, redacted() or diff().
 """
@@ -32,8 +32,8 @@ from pydantic.config import JsonDict
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from taogpud.config_loading import FileKind, default_config_dir, expand, pick_path, read_layer
-from taogpud.config_rules import REDACTED, check_pair, key_problems, resolve_api_key, scrub
+from taogpud.config.loading import FileKind, default_config_dir, expand, pick_path, read_layer
+from taogpud.config.rules import REDACTED, check_pair, key_problems, resolve_api_key, scrub
 from taogpud.errors import ConfigError, Problem
 from taogpud.paths import user_mode
 
@@ -64,7 +64,7 @@ RESTART_KEYS: frozenset[str] = frozenset(
         "backend.opencl.device_index",
         # the executor and its Ray cluster (issue 10): new actors for the worker keys; the
         # executor itself, the address and the namespace take effect at the next start, and a
-        # reload says so (config_ray.restart_only)
+        # reload says so (config.ray.restart_only)
         "scheduling.executor",
         "ray.address",
         "ray.namespace",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taogpud import nvml
-from taogpud.cuda_kernels import same_arch
+from taogpud.backends.cuda.kernels import same_arch
 from taogpud.doctor import Check, CheckStatus, Target, guarded, worst
 from taogpud.install_hints import install_hint
 

@@ -25,11 +25,11 @@ from urllib.parse import quote, urlencode
 import orjson
 
 from taogpud import paths
-from taogpud.client_http import MalformedResponse, UnixHTTPConnection
+from taogpud.client.http import MalformedResponse, UnixHTTPConnection
 
 # Why not httpx: measured on this kind of host, httpx spends ~416 µs of CPU per request against
 # ~120 µs for http.client over the same socket (notes/library-facts.md, "HTTP/1.1 over a Unix
-# socket"), and client_http.py's httptools connection less again; the control socket's hot
+# socket"), and client/http.py's httptools connection less again; the control socket's hot
 # path (submit → result of a tiny job) must stay well under 1 ms per job.
 
 WAIT_CHUNK_S = 1.0  # the longest single long-poll: progress is reported at least this often
@@ -279,7 +279,7 @@ class Client:
             raise _api_error(status, data)
         return data
 
-    # --- numpy in, numpy out (client_shm.py) ------------------------------------------------
+    # --- numpy in, numpy out (client/shm.py) ------------------------------------------------
 
     def compute(self, task: str, params: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         """Run `task` on ndarrays (`a=…, b=…`): its outputs as ndarrays, `.job` the record.
@@ -292,7 +292,7 @@ class Client:
 
     def _shared(self) -> Any:
         if self._shared_arrays is None:
-            from taogpud.client_shm import SharedArrays
+            from taogpud.client.shm import SharedArrays
 
             self._shared_arrays = SharedArrays(self, self.shared_memory_bytes)
         return self._shared_arrays

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from taogpud.cli_output import emit_json, emit_line, warn
+from taogpud.cli.output import emit_json, emit_line, warn
 
 # evidence key → the nvidia-smi query that reads the same fact on the host
 NVIDIA_SMI = {
@@ -57,7 +57,7 @@ def run_command(
     Example: taogpuctl run --config "$OPENCLAW_CONFIG" --task vector_add --size 1000000
     """
     from taogpud.cli import build_params, connect, finish_waited
-    from taogpud.cli_output import Progress
+    from taogpud.cli.output import Progress
 
     params = build_params(size, seed, param or [])
     with connect(ctx) as client:

@@ -18,7 +18,7 @@ from pydantic_core import ErrorDetails, PydanticUndefined
 from taogpud.errors import Problem
 
 if TYPE_CHECKING:
-    from taogpud.config_loading import FileKind, Layer
+    from taogpud.config.loading import FileKind, Layer
 
 KeyPath = tuple[str, ...]  # a key path in field names: ("backend", "cuda", "device_id")
 MISSING: Any = object()  # what dig() finds where a path leads nowhere

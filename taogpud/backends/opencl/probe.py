@@ -2,7 +2,7 @@
 
 PoCL aborts the whole process (SIGABRT) when it cannot link a kernel (no `ld`), and a
 process that used OpenCL must not fork: so the daemon, `taogpuctl devices` and doctor
-run `python -m taogpud.backends.opencl_probe` and read one JSON object from it.
+run `python -m taogpud.backends.opencl.probe` and read one JSON object from it.
 
     inventory(build_on=(platform, [devices]))   platforms and devices; with build_on, a
                                                 test kernel is built and run on each of those
@@ -81,7 +81,7 @@ def inventory(
     kernel is built and run on each device (where PoCL would abort without `ld`)."""
     if importlib.util.find_spec("pyopencl") is None:  # no child needed to say that
         return OpenclInventory(reason=f"pyopencl is not installed: {INSTALL_HINT}")
-    command = [sys.executable, "-m", "taogpud.backends.opencl_probe"]
+    command = [sys.executable, "-m", "taogpud.backends.opencl.probe"]
     if build_on is not None:
         platform, devices = build_on
         command += ["--platform", str(platform), "--devices", _devices_arg(devices)]

@@ -32,15 +32,15 @@ from watchfiles import Change, awatch
 
 from taogpud import config
 from taogpud import logging as tlog
-from taogpud.api.models import ChangeView, ReloadView
 from taogpud.arrays import upload_quota_bytes
-from taogpud.config_ray import restart_only
+from taogpud.config.ray import restart_only
+from taogpud.daemon.state import DaemonState
 from taogpud.errors import BackendUnavailable, ConfigError, Problem
 from taogpud.pool.environ import keep_from_children
 from taogpud.pool.plan import plan_workers
 from taogpud.scheduler import Policy
-from taogpud.state import DaemonState
 from taogpud.systemd import Notifier
+from taogpud.wire import ChangeView, ReloadView
 
 WATCH_STEP_MS = 50  # quiet time after a change before it is acted on
 WATCH_DEBOUNCE_MS = 400  # the most changes are grouped for (a file written in steps)

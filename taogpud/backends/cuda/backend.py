@@ -17,9 +17,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from taogpud.backends.base import Backend, DeviceInfo, PhaseClock, WorkerSpec
-from taogpud.cuda_kernels import resolve_arch, same_arch
+from taogpud.backends.cuda.evidence import NvmlWatch, UtilizationSampler, job_evidence, unavailable
+from taogpud.backends.cuda.kernels import resolve_arch, same_arch
 from taogpud.errors import BackendUnavailable
-from taogpud.evidence import NvmlWatch, UtilizationSampler, job_evidence, unavailable
 from taogpud.install_hints import install_hint
 
 INSTALL_HINT = install_hint("cuda")

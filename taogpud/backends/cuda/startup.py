@@ -1,6 +1,6 @@
 """The daemon's start-time checks of a cuda config against the cards NVML sees.
 
-Run once CUDA itself answered (backends/cuda.py: probe_cuda), before any worker is spawned:
+Run once CUDA itself answered (backends/cuda/backend.py: probe_cuda), before any worker is spawned:
 
 - `cuda_arch` against every configured card's compute capability ("auto" takes each card's);
   a mismatch refuses to start (or falls back, when allowed), naming the value to use;
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from taogpud import nvml
-from taogpud.cuda_kernels import same_arch
+from taogpud.backends.cuda.kernels import same_arch
 from taogpud.errors import BackendUnavailable
 from taogpud.logging import get_logger
 

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
 
-from taogpud.config_loading import has_reference
-from taogpud.config_messages import dig
+from taogpud.config.loading import has_reference
+from taogpud.config.messages import dig
 from taogpud.errors import Problem
 
 if TYPE_CHECKING:
     from taogpud.config import ConfigFile, KeySource, SettingsFile
-    from taogpud.config_loading import Layer
+    from taogpud.config.loading import Layer
 
 SETTINGS = "settings.json"
 CONFIG = "config.toml"
@@ -56,7 +56,7 @@ _AGREEING: dict[str, dict[str, Any]] = {
 
 def check_pair(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
     """Every cross-file problem (errors and warnings) of one pair."""
-    from taogpud.config_ray import check_ray
+    from taogpud.config.ray import check_ray
 
     checks = (_one_channel, _device_in_set, _one_backend, _timeouts_agree, check_ray)
     return [problem for check in checks for problem in check(settings, config)]

@@ -35,9 +35,14 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import orjson
 import typer
 
-from taogpud import cli_conventions, cli_files, cli_guide, cli_logs, cli_top, cli_words
-from taogpud.cli_conventions import AmbiguousId, resolve_id
-from taogpud.cli_output import (
+from taogpud.cli import conventions as cli_conventions
+from taogpud.cli import files as cli_files
+from taogpud.cli import guide as cli_guide
+from taogpud.cli import logs as cli_logs
+from taogpud.cli import top as cli_top
+from taogpud.cli import words as cli_words
+from taogpud.cli.conventions import AmbiguousId, resolve_id
+from taogpud.cli.output import (
     Progress,
     check_lines,
     count_problems,
@@ -449,9 +454,10 @@ def tasks_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
 def devices_command(ctx: typer.Context, json_out: JsonFlag = False) -> int:
     """The GPUs the NVIDIA driver shows (NVML, read here), the OpenCL platforms and devices
     (asked of a child process here), and the devices the workers hold."""
-    from taogpud import devices_view as view
-    from taogpud import nvml, opencl_report
-    from taogpud.backends import opencl_probe
+    from taogpud import nvml
+    from taogpud.backends.opencl import probe as opencl_probe
+    from taogpud.backends.opencl import report as opencl_report
+    from taogpud.cli import devices as view
 
     unreachable: DaemonUnreachable | None = None
     workers: list[dict[str, Any]] | None = None
@@ -652,8 +658,8 @@ def doctor_command(
     A daemon that cannot be reached is a failed check: the report still comes, with the
     checks that work without it (exit 1, not 3).
     """
-    from taogpud import doctor_run
     from taogpud.doctor import Check, in_order, report_ok
+    from taogpud.doctor import run as doctor_run
 
     files, daemon = (settings, config), None
     try:
@@ -785,11 +791,3 @@ def api_exit_code(exc: ApiError) -> int:
     if 400 <= exc.http_status < 500 and exc.http_status != 429:
         return EXIT_USAGE
     return EXIT_FAILED
-
-
-if __name__ == "__main__":
-    # Run the importable taogpud.cli, not this __main__ copy: the command modules
-    # (cli_guide, …) import taogpud.cli, and one copy means one Globals class.
-    from taogpud.cli import main as importable_main
-
-    importable_main()
