@@ -246,5 +246,7 @@ def _host_state_dir_untouched() -> Iterator[None]:
     existed = HOST_STATE_DIR.exists()
     yield
     if not existed and HOST_STATE_DIR.exists() and os.geteuid() == 0:
+        lock = HOST_STATE_DIR / "taogpud.lock"  # names the daemon's pid and socket
+        holder = lock.read_text() if lock.exists() else "no lock file"
         shutil.rmtree(HOST_STATE_DIR, ignore_errors=True)  # leave the host as it was, then say
-        pytest.fail(f"a test created {HOST_STATE_DIR}: start daemons with --state-dir")
+        pytest.fail(f"a daemon used {HOST_STATE_DIR} ({holder}): start daemons with --state-dir")
