@@ -6,7 +6,7 @@ installed there from the .deb that packaging/build.py makes, as a user would ins
 with the CPU pair in /etc/taogpud and the API key in /etc/credstore; one container serves
 the whole file. Tests talk to the socket from the host through /proc/<PID 1>/root and
 run systemctl/journalctl inside with nsenter (the host has no bus to the container).
-See ../shared/notes/systemd-e2e.md for why each nspawn option is there.
+Each nspawn option says why it is there where it is set (HOST_TREE, _boot).
 
 TestMinimalDebianJourney boots a second, smaller tree first: a debootstrap minbase Debian 12
 (made once per test session from the Debian archive apt uses here; about 1.5 min), where the
@@ -137,6 +137,9 @@ HOST_TREE = (
 
 def _boot(workdir: Path, tree: tuple[str, ...] = HOST_TREE, name: str = "test") -> Container:
     console = workdir / "console.log"
+    # --register=no --keep-unit: without them nspawn asks a system bus this host lacks
+    # ("Failed to open system bus"); --private-network: nothing inside reaches a network;
+    # systemd-firstboot masked: it waits for answers and leaves the system "degraded".
     command = [
         "systemd-nspawn", "--quiet", "--register=no", "--keep-unit",
         f"--machine=taogpud-{name}-{os.getpid()}", "--console=pipe",
