@@ -250,3 +250,21 @@ def _host_state_dir_untouched() -> Iterator[None]:
         holder = lock.read_text() if lock.exists() else "no lock file"
         shutil.rmtree(HOST_STATE_DIR, ignore_errors=True)  # leave the host as it was, then say
         pytest.fail(f"a daemon used {HOST_STATE_DIR} ({holder}): start daemons with --state-dir")
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(folder: Path, size_mb: int) -> Iterator[Path]:
+    """A small tmpfs mounted at `folder`, for a real ENOSPC (CI runs as root; skipped with the
+    reason where mounting is not allowed)."""
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(folder)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import RunningDaemon, start_daemon
+from conftest import RunningDaemon, mounted_tmpfs, start_daemon
 
 from taogpud.client import Client
 from taogpud.jobs import JobRecord, JobState
@@ -182,17 +182,8 @@ def test_finish_callbacks_run_once_soon_after_and_can_be_forgotten(tmp_path: Pat
 @pytest.fixture
 def small_state_dir(daemon_home: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs as the state directory, so outputs can run out of space."""
-    mount = daemon_home / "small"
-    mount.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-        capture_output=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with mounted_tmpfs(daemon_home / "small", 2) as mount:
+        yield mount
 
 
 def test_no_space_for_outputs_fails_the_job_cleanly(

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CPU_CONFIG, RunningDaemon, deep_merge, start_daemon, to_toml
+from conftest import (
+    CPU_CONFIG,
+    RunningDaemon,
+    deep_merge,
+    mounted_tmpfs,
+    start_daemon,
+    to_toml,
+)
 
 from taogpud.client import ApiError, DaemonUnreachable
 from taogpud.store import WRITE_RETRY_S as STORE_RETRY_S
@@ -248,17 +255,8 @@ def _wait_until(predicate: Callable[[], bool], timeout_s: float) -> None:
 @pytest.fixture
 def small_state_dir(daemon_home: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs the test mounts (CI runs as root; skipped with the reason elsewhere)."""
-    mount = daemon_home / "small"
-    mount.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-        capture_output=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with mounted_tmpfs(daemon_home / "small", 4) as mount:
+        yield mount
 
 
 def fill(folder: Path) -> Path:
