@@ -41,6 +41,9 @@ class OutputView(BaseModel):
     dtype: str
     nbytes: int
     offset: int | None = None  # in the client's shared memory (docs/shared-memory.md)
+    # How it got there: "in_place" (the task computed it there: no copy), "copy" (computed
+    # elsewhere in host memory, then copied in), "d2h" (the device's copy landed there).
+    written: str | None = None
 
 
 class Peer(BaseModel):

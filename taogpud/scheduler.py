@@ -618,6 +618,7 @@ def _output_view(output: msg.OutputFile) -> OutputView:
         dtype=output.dtype,
         nbytes=output.nbytes,
         offset=output.offset,
+        written=output.written,
     )
 
 

@@ -121,6 +121,42 @@ def test_outputs_larger_than_their_region_fail_the_job_naming_the_bytes(
         assert caught.value.code == "bad_region" and "4194304" in caught.value.message
 
 
+def test_vector_add_computes_its_output_in_the_clients_memory(daemon: RunningDaemon) -> None:
+    """The task writes c where the client reads it (numpy's out=): no copy follows."""
+    with daemon.client() as client:
+        a = client.empty(1 << 16, "float32")
+        a[:] = 1.5
+        out = client.compute("vector_add", a=a, b=a)
+        np.testing.assert_array_equal(out["c"], 3.0)
+        assert out.job["outputs"][0]["written"] == "in_place"
+        saxpy = client.compute("saxpy", {"alpha": 3.0}, x=a, y=a)
+        np.testing.assert_array_equal(saxpy["out"], 6.0)
+        assert saxpy.job["outputs"][0]["written"] == "in_place"
+        m = client.empty((8, 8), "float32")
+        m[:] = np.eye(8, dtype=np.float32) * 2
+        matmul = client.compute("matmul", a=m, b=m)
+        np.testing.assert_array_equal(matmul["c"], np.eye(8) * 4)
+        assert matmul.job["outputs"][0]["written"] == "in_place"
+
+
+def test_a_task_that_makes_its_own_output_is_copied_in_and_says_so(
+    daemon: RunningDaemon,
+) -> None:
+    """sort makes its output itself (xp.sort has no out=): copied in, and the record says so."""
+    with daemon.client() as client:
+        x = np.array([3, 1, 2], np.float32)
+        out = client.compute("sort", x=x)
+        np.testing.assert_array_equal(out["sorted"], [1, 2, 3])
+        assert out.job["outputs"][0]["written"] == "copy"
+        assert client._shared().arena.offset_of(out["sorted"]) is not None  # still in place
+
+
+def test_outputs_over_http_are_files_and_name_no_placement(daemon: RunningDaemon) -> None:
+    with daemon.client() as client:
+        job = client.run("vector_add", {"size": 16}, keep_outputs=True)
+        assert job["outputs"][0]["written"] is None and job["outputs"][0]["offset"] is None
+
+
 # -- refusals, each in the one error shape -------------------------------------------------------
 
 

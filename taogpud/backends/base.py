@@ -68,6 +68,9 @@ class Backend(ABC):
 
     name: str  # "cpu" | "cuda"
     xp: ModuleType  # numpy or cupy: the namespace task bodies are written against
+    # Whether xp arrays live in host memory: a task may then compute its outputs straight
+    # into a client's memory (TaskContext.output); on a device they land there by d2h.
+    computes_in_host_memory = False
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
@@ -84,8 +87,13 @@ class Backend(ABC):
     def to_device(self, host: Any) -> Any:
         return self.xp.asarray(host)
 
-    def to_host(self, array: Any) -> Any:
-        return array
+    def to_host(self, array: Any, out: Any = None) -> Any:
+        """The array in host memory; with `out` (a host ndarray of its shape and dtype),
+        written into it: an output's place in a client's memory."""
+        if out is None:
+            return array
+        out[...] = array
+        return out
 
     def synchronize(self) -> None:  # noqa: B027 - optional hook: the cpu backend has nothing to wait for
         """Wait for the slot's work to finish, so timings measure the work itself."""

@@ -36,6 +36,7 @@ class CpuBackend(Backend):
     """NumPy on the host. Slots share the process; there is no stream to bind."""
 
     name = "cpu"
+    computes_in_host_memory = True
 
     def __init__(self, spec: WorkerSpec) -> None:
         super().__init__(spec)

@@ -101,6 +101,9 @@ def _run_task(
         host_inputs = io.host_inputs(order, maps)
         device_inputs = {name: backend.to_device(a) for name, a in host_inputs.items()}
         clock.mark("h2d_ms")
+        space = (
+            None if order.output_region is None else regions.OutputSpace(order.output_region, maps)
+        )
         ctx = TaskContext(
             backend.xp,
             backend.name,
@@ -109,10 +112,11 @@ def _run_task(
             cancelled,
             info.as_dict(),
             backend.task_runtime(),
+            space if backend.computes_in_host_memory else None,  # outputs computed in place
         )
         output = task.body_for(backend.name)(ctx, params)
         clock.mark("kernel_ms")
-        outputs = _keep_outputs(backend, io, output.arrays, order, maps)
+        outputs = _keep_outputs(backend, io, output.arrays, order, space)
         clock.mark("d2h_ms")
         backend.synchronize()  # the job's own faults surface here, inside the job
         timings = clock.timings_ms()
@@ -120,13 +124,18 @@ def _run_task(
 
 
 def _keep_outputs(
-    backend: Backend, io: JobIO, arrays: dict[str, Any], order: msg.RunJob, maps: list[mmap.mmap]
+    backend: Backend,
+    io: JobIO,
+    arrays: dict[str, Any],
+    order: msg.RunJob,
+    space: regions.OutputSpace | None,
 ) -> dict[str, msg.OutputFile]:
-    if order.output_region is not None:  # into the client's own memory
-        placed = regions.write_outputs(backend.to_host, arrays, order.output_region, maps)
+    if space is not None:  # into the client's own memory: in place, else one copy in
+        moved = "copy" if backend.computes_in_host_memory else "d2h"
+        placed = regions.write_outputs(backend.to_host, arrays, space, moved)
         return {
-            name: msg.OutputFile(name, shape, dtype, nbytes, offset)
-            for name, (offset, shape, dtype, nbytes) in placed.items()
+            name: msg.OutputFile(name, shape, dtype, nbytes, offset, written)
+            for name, (offset, shape, dtype, nbytes, written) in placed.items()
         }
     return io.keep_outputs(backend, arrays, order.output_dir) if order.output_dir else {}
 

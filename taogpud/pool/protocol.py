@@ -37,6 +37,7 @@ class OutputFile:
     dtype: str
     nbytes: int
     offset: int | None = None  # written into the client's memory at this offset, not a file
+    written: str | None = None  # there how: "in_place" (by the task), "copy", "d2h"
 
 
 @dataclass(frozen=True)

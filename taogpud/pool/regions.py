@@ -186,34 +186,86 @@ def map_region(ref: RegionRef, maps: list[Any]) -> Any:
     return flat.reshape(ref.shape)
 
 
+class OutputSpace:
+    """A job's output region, handed out in 64-byte-aligned places one after another: first
+    to the task (TaskContext.output, computed in place), then to the outputs it made
+    elsewhere (copied in by write_outputs). Mapped on first use."""
+
+    def __init__(self, region: RegionRef, maps: list[Any]) -> None:
+        self.region, self._maps = region, maps
+        self._mapped: mmap.mmap | None = None
+        self.end = 0  # bytes of the region handed out
+        self.claimed: dict[str, tuple[int, Any]] = {}  # name → (offset, the view the task got)
+
+    def claim(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any | None:
+        """A writable view for output `name`, or None where it does not fit (the task then
+        computes elsewhere and write_outputs says how many bytes the outputs needed)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if name in self.claimed or self.end + _aligned(nbytes) > self.region.nbytes:
+            return None
+        self.claimed[name] = self.take(shape, dtype)
+        return self.claimed[name][1]
+
+    def take(self, shape: tuple[int, ...], dtype: Any) -> tuple[int, Any]:
+        """The next place: (its offset in the memory, an ndarray over it)."""
+        import numpy as np
+
+        if self._mapped is None:
+            self._mapped = map_span(self.region.memory, self._maps)
+        count = math.prod(shape)
+        offset = self.region.offset + self.end
+        self.end += _aligned(count * dtype.itemsize)
+        view = np.frombuffer(self._mapped, dtype, count=count, offset=offset).reshape(shape)
+        return offset, view
+
+
 def write_outputs(
-    to_host: Any, arrays: dict[str, Any], region: RegionRef, maps: list[Any]
-) -> dict[str, tuple[int, tuple[int, ...], str, int]]:
-    """Each output copied into the output region, one after another (64-byte aligned):
-    name → (offset in the memory, shape, dtype, nbytes)."""
+    to_host: Any, arrays: dict[str, Any], space: OutputSpace, moved: str
+) -> dict[str, tuple[int, tuple[int, ...], str, int, str]]:
+    """Each output in the output region: where the task computed it in place ("in_place"),
+    else copied into the next free place by `to_host(array, out=view)` (`moved`: "copy" from
+    host memory, "d2h" straight from the device). name → (offset in the memory, shape,
+    dtype, nbytes, how it got there)."""
     import numpy as np
 
-    hosts = {name: np.asarray(to_host(array), order="C") for name, array in arrays.items()}
-    layout, end = {}, 0
-    for name, host in hosts.items():
-        layout[name] = end
-        end += -(-host.nbytes // OUTPUT_ALIGN) * OUTPUT_ALIGN
-    if end > region.nbytes:
-        sizes = ", ".join(f"{n} {h.nbytes} bytes" for n, h in hosts.items())
+    placed, elsewhere = {}, {}
+    for name, array in arrays.items():
+        offset, view = space.claimed.get(name, (0, None))
+        if view is not None and _is_view(array, view):
+            placed[name] = (offset, tuple(view.shape), view.dtype.str, view.nbytes)
+        else:
+            elsewhere[name] = array if hasattr(array, "dtype") else np.asarray(array)
+    shapes = {name: (tuple(a.shape), np.dtype(a.dtype)) for name, a in elsewhere.items()}
+    needed = space.end + sum(_aligned(math.prod(s) * d.itemsize) for s, d in shapes.values())
+    if needed > space.region.nbytes:
+        sizes = ", ".join(f"{n} {math.prod(s) * d.itemsize} bytes" for n, (s, d) in shapes.items())
         raise RegionError(
-            f"the outputs need {end} bytes ({sizes}); the output region has {region.nbytes}",
+            f"the outputs need {needed} bytes ({sizes}); the output region has "
+            f"{space.region.nbytes}",
             "give the job a larger output region",
         )
-    mapped = map_span(region.memory, maps)
-    placed = {}
-    for name, host in hosts.items():
-        start = region.offset + layout[name]
-        target = np.frombuffer(mapped, host.dtype, count=host.size, offset=start)
-        target[...] = host.reshape(-1)
-        placed[name] = (
-            region.offset + layout[name],
-            tuple(host.shape),
-            host.dtype.str,
-            host.nbytes,
-        )
-    return placed
+    written = dict.fromkeys(placed, "in_place")
+    for name, (shape, dtype) in shapes.items():
+        offset, view = space.take(shape, dtype)
+        to_host(elsewhere[name], out=view)
+        placed[name] = (offset, shape, dtype.str, view.nbytes)
+        written[name] = moved
+    return {name: (*placed[name], written[name]) for name in arrays}
+
+
+def _is_view(array: Any, view: Any) -> bool:
+    """Whether the task returned the very place it was given (not a copy or a reshape)."""
+    if array is view:
+        return True
+    interface = getattr(array, "__array_interface__", None)
+    return (
+        interface is not None
+        and interface["data"][0] == view.__array_interface__["data"][0]
+        and tuple(array.shape) == view.shape
+        and array.dtype == view.dtype
+        and array.flags.c_contiguous
+    )
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // OUTPUT_ALIGN) * OUTPUT_ALIGN

@@ -6,13 +6,22 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
 
 
 class JobCancelled(Exception):
     """Raised inside a task body when its job was cancelled or timed out."""
+
+
+class OutputPlaces(Protocol):
+    """Where outputs may be written in place (pool/regions.py's OutputSpace): the client's
+    own memory, on the shared-memory path of a backend that computes in host memory."""
+
+    def claim(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any | None:
+        """A writable array for output `name` there, or None where it does not fit."""
+        ...
 
 
 @dataclass
@@ -26,6 +35,18 @@ class TaskContext:
     cancelled: threading.Event
     info: Mapping[str, Any] = field(default_factory=dict)  # the worker's DeviceInfo as a dict
     runtime: Any = None  # Backend.task_runtime(): opencl's queue, allocator and kernels
+    places: OutputPlaces | None = None  # None: every output is a new array
+
+    def output(self, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
+        """The array to compute output `name` into (numpy's `out=`), returned under the same
+        name in TaskOutput.arrays: a view of the client's memory where the job has one and
+        the backend computes in host memory, so no copy follows; else a new `xp.empty`.
+        A task that makes its outputs otherwise still works: they are copied in afterwards."""
+        if self.places is not None:
+            place = self.places.claim(name, tuple(shape), self.xp.dtype(dtype))
+            if place is not None:
+                return place
+        return self.xp.empty(shape, dtype)
 
     def check_cancelled(self) -> None:
         if self.cancelled.is_set():

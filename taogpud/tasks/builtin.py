@@ -128,7 +128,7 @@ def _checksum(array: Any, xp: Any) -> float:
 def _vector_add(ctx: TaskContext, params: SizedParams) -> TaskOutput:
     a, b = _elementwise_operands(ctx, "vector_add", params, ("a", "b"))
     ctx.check_cancelled()
-    c = a + b
+    c = ctx.xp.add(a, b, out=ctx.output("c", a.shape, a.dtype))
     ctx.check_cancelled()
     summary = {"size": int(c.size), "dtype": str(c.dtype), "checksum": _checksum(c, ctx.xp)}
     return TaskOutput(summary=summary, arrays={"c": c})
@@ -138,7 +138,8 @@ def _saxpy(ctx: TaskContext, params: SaxpyParams) -> TaskOutput:
     x, y = _elementwise_operands(ctx, "saxpy", params, ("x", "y"))
     ctx.check_cancelled()
     # A Python float keeps the array's dtype (NEP 50), so float32 stays float32.
-    out = params.alpha * x + y
+    out = ctx.xp.multiply(x, params.alpha, out=ctx.output("out", x.shape, x.dtype))
+    ctx.xp.add(out, y, out=out)
     ctx.check_cancelled()
     summary = {
         "size": int(out.size),
@@ -194,7 +195,7 @@ def check_matmul_shapes(a: Any, b: Any) -> None:
 def _matmul(ctx: TaskContext, params: MatmulParams) -> TaskOutput:
     a, b = _matmul_operands(ctx, params)
     ctx.check_cancelled()
-    c = a @ b
+    c = ctx.xp.matmul(a, b, out=ctx.output("c", (a.shape[0], b.shape[1]), a.dtype))
     ctx.check_cancelled()
     summary = {
         "m": int(a.shape[0]),

@@ -241,9 +241,9 @@ class CudaBackend(Backend):
         self._cap_bytes = self._pool_cap(self._total_bytes)
         self._limit_generation += 1  # each slot thread sets the new limit before its next job
 
-    def to_host(self, array: Any) -> Any:
+    def to_host(self, array: Any, out: Any = None) -> Any:
         stream = getattr(self._local, "stream", None)
-        host = self.xp.asnumpy(array, stream=stream)
+        host = self.xp.asnumpy(array, stream=stream, out=out)  # out: d2h into a client's memory
         if stream is not None:
             stream.synchronize()
         return host

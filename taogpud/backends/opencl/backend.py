@@ -176,12 +176,12 @@ class OpenclBackend(Backend):
         contiguous = numpy.ascontiguousarray(host)
         return cla.to_device(runtime.queue, contiguous, allocator=runtime.allocator)
 
-    def to_host(self, array: Any) -> Any:
+    def to_host(self, array: Any, out: Any = None) -> Any:
         import pyopencl.array as cla
 
-        if isinstance(array, cla.Array):
-            return array.get(queue=self.task_runtime().queue)
-        return array
+        if isinstance(array, cla.Array):  # out: the read lands in a client's memory
+            return array.get(queue=self.task_runtime().queue, ary=out)
+        return super().to_host(array, out)
 
     def synchronize(self) -> None:
         runtime = self.task_runtime()
