@@ -2,14 +2,19 @@
 
 Beside the HTTP socket, `<socket>.shm`: the same 0660 mode and group, SO_PEERCRED for the
 uid. Each message is a 4-byte big-endian length and that many bytes of JSON. Descriptors
-(SCM_RIGHTS) ride on a message's bytes; the daemon gives them to the message they arrived
-with (a client sends one request and reads its answer before the next).
+(SCM_RIGHTS) ride on a message's bytes, sent with it in one sendmsg; the daemon gives them
+to the message whose bytes they came with (the kernel ends a read after such a message).
 
     client → daemon                                             daemon → client
-    {"op": "attach"}  + the connection's memfd                  {"memory": {"size", "writable"}}
+    {"op": "attach"}  + the connection's memfd                  {"memory": {"size", "writable"},
+                                                                  "max_in_flight": n}
     {"op": "submit", "task", "params", "inputs", "output",     {"job": JobRecord} when it ended
      "sealed", "device", "priority", "timeout_s"}  (+ a sealed memfd when "sealed")
     any                                                         {"error": {code, message, hint}}
+
+A request may carry an "id" (a number or a string): its answer carries the same id. Up to
+MAX_IN_FLIGHT submits may wait for their jobs on one connection; each is answered when its
+job ends, in whatever order they end, and one more is refused (`too_many_in_flight`).
 
 inputs: name → {"offset", "shape", "dtype"[, "nbytes"]}; output: {"offset", "nbytes"} in the
 attached memory; with "sealed" the inputs lie in the sealed memfd sent with the submit.
@@ -25,6 +30,7 @@ from typing import Any
 SUFFIX = ".shm"
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_FDS = 2  # the most descriptors one message may carry
+MAX_IN_FLIGHT = 16  # submits one connection may have waiting for their jobs
 HEADER_BYTES = 4
 
 
@@ -65,9 +71,11 @@ def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = N
         sock.sendall(data[sent:])
 
 
-def receive(sock: socket.socket) -> dict[str, Any]:
-    """The next message (blocking socket); ConnectionError when the peer hung up."""
-    buffer = bytearray()
+def receive(sock: socket.socket, buffer: bytearray | None = None) -> dict[str, Any]:
+    """The next message (blocking socket); ConnectionError when the peer hung up. Give the
+    connection's own `buffer` where answers may come back to back (pipelined requests):
+    bytes read past this message stay there for the next call."""
+    buffer = bytearray() if buffer is None else buffer
     while True:
         message = take_message(buffer)
         if message is not None:

@@ -15,6 +15,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,6 +158,72 @@ def test_outputs_over_http_are_files_and_name_no_placement(daemon: RunningDaemon
         assert job["outputs"][0]["written"] is None and job["outputs"][0]["offset"] is None
 
 
+# -- several jobs in flight on one connection --------------------------------------------------
+
+
+def test_two_computes_in_flight_on_one_connection_are_both_right(daemon: RunningDaemon) -> None:
+    """Answers are matched by request id: the job that ends first is answered first."""
+    with daemon.client() as client:
+        a = client.empty(4096, "float32")
+        a[:] = 1
+        slow = client.begin_compute("sleep", {"ms": 1500})
+        fast = client.begin_compute("vector_add", a=a, b=np.full(4096, 2, np.float32))
+        started = time.monotonic()
+        np.testing.assert_array_equal(fast.result()["c"], 3)
+        assert time.monotonic() - started < 1.2  # not behind the sleep on the connection
+        assert slow.result().job["status"] == "succeeded"
+        results: dict[int, Any] = {}
+
+        def add(k: int) -> None:
+            x = np.full(1000, k, np.float32)
+            results[k] = client.compute("vector_add", a=x, b=x)["c"]
+
+        threads = [threading.Thread(target=add, args=(k,)) for k in range(1, 5)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert sorted(results) == [1, 2, 3, 4]
+        for k, c in results.items():
+            np.testing.assert_array_equal(c, 2 * k)
+
+
+def test_pipelined_sealed_submits_each_get_their_own_memfd(raw: Raw) -> None:
+    """Descriptors belong to the message they came with, even with requests back to back."""
+    raw.attach()
+    fds = []
+    for value in (1.0, 5.0):
+        fd = memfd(4096, 0)
+        with mmap.mmap(fd, 4096) as mapped:
+            np.frombuffer(mapped, np.float32)[:4] = value
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, FROZEN)
+        fds.append(fd)
+    for number, fd in enumerate(fds):
+        message = {**submit({"a": region(0, [4]), "b": region(0, [4])}), "sealed": True}
+        wire.send(raw.sock, {**message, "id": number}, [fd])
+        os.close(fd)
+    buffer = bytearray()
+    answers = {m["id"]: m for m in (wire.receive(raw.sock, buffer) for _ in fds)}
+    assert answers[0]["job"]["result"]["checksum"] == 8.0
+    assert answers[1]["job"]["result"]["checksum"] == 40.0
+
+
+def test_more_jobs_in_flight_than_allowed_are_refused_clearly(raw: Raw) -> None:
+    limit = raw.attach()["max_in_flight"]
+    assert limit == wire.MAX_IN_FLIGHT
+    sleep = {"op": "submit", "task": "sleep", "params": {"ms": 200}}
+    raw.sock.sendall(b"".join(wire.encode({**sleep, "id": n}) for n in range(limit + 1)))
+    buffer = bytearray()
+    first = wire.receive(raw.sock, buffer)  # the refusal, before any sleep ends
+    assert first["id"] == limit and first["error"]["code"] == "too_many_in_flight"
+    assert f"{limit} jobs in flight" in first["error"]["message"]
+    assert set(first["error"]) == {"code", "message", "hint"}
+    rest = [wire.receive(raw.sock, buffer) for _ in range(limit)]
+    assert sorted(m["id"] for m in rest) == list(range(limit))
+    assert all(m["job"]["status"] == "succeeded" for m in rest)
+    assert raw.ask({**sleep, "params": {"ms": 0}, "id": "again"})["id"] == "again"
+
+
 # -- refusals, each in the one error shape -------------------------------------------------------
 
 
@@ -280,6 +347,39 @@ def test_a_client_that_dies_mid_job_leaves_nothing_behind(daemon: RunningDaemon)
         child.stdout.close()
         assert held(daemon.proc.pid)[0] > baseline[0][0]  # the job still holds the memory
         assert client.wait(running["id"], timeout_s=10)["status"] == "succeeded"
+        settle(pids, baseline)
+
+
+def test_a_client_that_dies_with_several_jobs_in_flight_leaves_nothing_behind(
+    daemon: RunningDaemon,
+) -> None:
+    pids = [daemon.proc.pid, *workers(daemon)]
+    with daemon.client() as client:
+        client.health()
+        baseline = [held(p) for p in pids]
+        script = (
+            "import sys, numpy as np; from taogpud.client import Client\n"
+            "c = Client(sys.argv[1]); a = c.empty(4096, 'float32')\n"
+            "jobs = [c.begin_compute('sleep', {'ms': 1000}) for _ in range(3)]\n"
+            "jobs.append(c.begin_compute('vector_add', frozen=True, a=a, b=a))\n"
+            "jobs.append(c.begin_compute('vector_add', a=a, b=np.ones(4096, np.float32)))\n"
+            "print('sent', flush=True)\n"
+            "import time; time.sleep(60)\n"
+        )
+        child = subprocess.Popen(
+            [sys.executable, "-c", script, str(daemon.socket_path)], stdout=subprocess.PIPE
+        )
+        assert child.stdout is not None and child.stdout.readline() == b"sent\n"
+        running = next(j for j in _poll_jobs(client, "running"))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        assert held(daemon.proc.pid)[0] > baseline[0][0]  # the jobs still hold the memory
+        assert client.wait(running["id"], timeout_s=10)["status"] == "succeeded"
+        deadline = time.monotonic() + 15
+        while client.list_jobs(status="queued") + client.list_jobs(status="running"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         settle(pids, baseline)
 
 

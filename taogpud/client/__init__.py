@@ -15,6 +15,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -90,6 +91,7 @@ class Client:
         self._conn = UnixHTTPConnection(self.socket_path, timeout_s)
         self.shared_memory_bytes = 1 << 30  # compute()'s memfd: its size, sealed once made
         self._shared_arrays: Any = None
+        self._shared_lock = threading.Lock()
 
     # --- daemon and catalog ---------------------------------------------------------------
 
@@ -286,16 +288,22 @@ class Client:
         Through this process's shared memory on this host, else the HTTP body."""
         return self._shared().compute(task, params, **kwargs)
 
+    def begin_compute(self, task: str, params: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        """As `compute`, but returns once the job is sent: `.result()` gives its outputs.
+        Several may be in flight on the one connection (up to the daemon's max_in_flight)."""
+        return self._shared().begin_compute(task, params, **kwargs)
+
     def empty(self, shape: tuple[int, ...] | int, dtype: Any = "float32") -> Any:
         """An ndarray in the shared memory `compute` hands to the worker without a copy."""
         return self._shared().empty(shape, dtype)
 
     def _shared(self) -> Any:
-        if self._shared_arrays is None:
-            from taogpud.client.shm import SharedArrays
+        with self._shared_lock:  # threads that compute at once share one connection
+            if self._shared_arrays is None:
+                from taogpud.client.shm import SharedArrays
 
-            self._shared_arrays = SharedArrays(self, self.shared_memory_bytes)
-        return self._shared_arrays
+                self._shared_arrays = SharedArrays(self, self.shared_memory_bytes)
+            return self._shared_arrays
 
     # --- connection -----------------------------------------------------------------------
 

@@ -13,18 +13,26 @@ descriptors cannot pass (no `.shm` socket: another host, an older daemon) `compu
 back to the HTTP upload and download.
 
 A region a queued or running job uses is the client's to leave alone, as with registered
-I/O buffers: `compute` waits for its job, so that is only a concern for other threads.
-With `frozen=True` the inputs are copied into a one-shot memfd sealed against writes, and
-the job sees exactly what was sent.
+I/O buffers: `compute` waits for its job, so that is only a concern for other threads, or
+for a `begin_compute` whose result is not in yet. With `frozen=True` the inputs are copied
+into a one-shot memfd sealed against writes, and the job sees exactly what was sent.
+
+Several jobs may be in flight on one connection (up to the daemon's `max_in_flight`):
+`begin_compute` sends a request and returns at once, `compute` from several threads shares
+the connection; each request carries an id and its answer is matched by it, whichever job
+ends first. A thread that waits reads the socket for everyone (one reader at a time).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
+import itertools
 import mmap
 import os
 import socket
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +53,11 @@ class Outputs(dict[str, Any]):
 
 
 class Arena:
-    """A sealed-size memfd this process owns, mapped once, with a first-fit allocator."""
+    """A sealed-size memfd this process owns, mapped once, with a first-fit allocator.
+
+    Thread-safe: blocks are handed out under a lock, and a release (an ndarray's finaliser,
+    which the collector may run in any thread, even inside `allocate`) only queues the block;
+    the next `allocate` takes the queue back into the free list."""
 
     def __init__(self, size: int) -> None:
         import numpy as np
@@ -58,23 +70,34 @@ class Arena:
         self._bytes = np.frombuffer(self.map, np.uint8)
         self._base: int = self._bytes.__array_interface__["data"][0]
         self._free: list[tuple[int, int]] = [(0, self.size)]  # (offset, length), sorted
+        self._released: collections.deque[tuple[int, int]] = collections.deque()
+        self._lock = threading.Lock()
         # First fit carves from the lowest free bytes, so what was ever handed out is [0, mark)
         self._populated_to = 0
 
     def allocate(self, nbytes: int) -> int:
         """The offset of a new block of at least nbytes; MemoryError when none is free."""
         length = max(-(-nbytes // ALIGN) * ALIGN, ALIGN)
-        for index, (offset, free) in enumerate(self._free):
-            if free >= length:
-                self._free[index : index + 1] = (
-                    [(offset + length, free - length)] if free > length else []
-                )
-                self._populate(offset, length)
-                return offset
+        with self._lock:
+            self._take_back()
+            for index, (offset, free) in enumerate(self._free):
+                if free >= length:
+                    self._free[index : index + 1] = (
+                        [(offset + length, free - length)] if free > length else []
+                    )
+                    self._populate(offset, length)
+                    return offset
         raise MemoryError(f"no free block of {nbytes} bytes in the {self.size}-byte shared memory")
 
     def release(self, offset: int, length: int) -> None:
-        self._free.append((offset, length))
+        self._released.append((offset, length))  # atomic: no lock, so a finaliser never blocks
+
+    def _take_back(self) -> None:
+        """The released blocks back in the free list, merged with their neighbours."""
+        if not self._released:
+            return
+        while self._released:
+            self._free.append(self._released.popleft())
         self._free.sort()
         merged: list[tuple[int, int]] = []
         for start, free in self._free:
@@ -124,6 +147,28 @@ class Arena:
         os.close(self.fd)
 
 
+class Computation:
+    """A job sent on the shared-memory connection: `result()` waits for its outputs."""
+
+    def __init__(self, shared: SharedArrays | None, request_id: int, blocks: Any) -> None:
+        self._shared, self._request_id, self._blocks = shared, request_id, blocks
+        self._outputs: Outputs | None = None
+
+    @classmethod
+    def done(cls, outputs: Outputs) -> Computation:
+        computation = cls(None, 0, [])
+        computation._outputs = outputs
+        return computation
+
+    def result(self) -> Outputs:
+        """The outputs as ndarrays (`.job` the record); ApiError if the job did not succeed."""
+        if self._outputs is None:
+            assert self._shared is not None
+            shared, self._shared = self._shared, None
+            self._outputs = shared.finish(self._request_id, self._blocks)
+        return self._outputs
+
+
 class SharedArrays:
     """A client's shared memory and its connection to the daemon's `.shm` socket."""
 
@@ -132,6 +177,14 @@ class SharedArrays:
         self.sock: socket.socket | None = None
         self.arena: Arena | None = None
         self._size = size
+        self._send_lock = threading.Lock()  # one message on the socket at a time
+        self._ids = itertools.count(1)
+        self._answers: dict[Any, dict[str, Any]] = {}  # request id → its answer, not yet taken
+        self._answered = threading.Condition()
+        self._reading = False  # a waiting thread reads the socket for all of them
+        self._broken: Exception | None = None
+        self._buffer = bytearray()  # bytes read past the last answer
+        self._in_flight = threading.BoundedSemaphore(1)
         self._connect()
 
     def _connect(self) -> None:
@@ -144,7 +197,9 @@ class SharedArrays:
             return
         arena = Arena(self._size)
         wire.send(sock, {"op": "attach"}, [arena.fd])
-        _answer(wire.receive(sock))
+        attached = _answer(wire.receive(sock, self._buffer))
+        # an older daemon says nothing: one job at a time, as it allows
+        self._in_flight = threading.BoundedSemaphore(int(attached.get("max_in_flight", 1)))
         self.sock, self.arena = sock, arena
 
     @property
@@ -162,7 +217,15 @@ class SharedArrays:
         offset = self.arena.allocate(nbytes)
         return self.arena.array(offset, shape, dtype, max(-(-nbytes // ALIGN) * ALIGN, ALIGN))
 
-    def compute(
+    def compute(self, task: str, params: dict[str, Any] | None = None, **kwargs: Any) -> Outputs:
+        """Run `task` on the arrays; its outputs as ndarrays (`.job`: the job record).
+
+        The outputs get `out_bytes` of the shared memory (default: as much as the inputs
+        take, at least 1 MiB); ApiError(bad_region) names the bytes they needed if more.
+        A job that did not succeed raises ApiError with its error."""
+        return self.begin_compute(task, params, **kwargs).result()
+
+    def begin_compute(
         self,
         task: str,
         params: dict[str, Any] | None = None,
@@ -171,42 +234,91 @@ class SharedArrays:
         timeout_s: float | None = None,
         out_bytes: int | None = None,
         **arrays: Any,
-    ) -> Outputs:
-        """Run `task` on the arrays; its outputs as ndarrays (`.job`: the job record).
-
-        The outputs get `out_bytes` of the shared memory (default: as much as the inputs
-        take, at least 1 MiB); ApiError(bad_region) names the bytes they needed if more.
-        A job that did not succeed raises ApiError with its error."""
+    ) -> Computation:
+        """Send the job and return at once (`.result()` waits for it); blocks only while the
+        connection has the daemon's `max_in_flight` jobs waiting. Over HTTP it runs now."""
         import numpy as np
 
         inputs = {name: np.asarray(a) for name, a in arrays.items()}
         if self.sock is None or self.arena is None:
-            return self._over_http(task, params or {}, inputs, timeout_s)
+            return Computation.done(self._over_http(task, params or {}, inputs, timeout_s))
         message: dict[str, Any] = {"op": "submit", "task": task, "params": params or {}}
         if timeout_s is not None:
             message["timeout_s"] = timeout_s
-        scratch: list[tuple[int, int]] = []
+        blocks: list[tuple[int, int]] = []  # scratch inputs, then the output span (last)
         fds: list[int] = []
+        self._in_flight.acquire()  # given back when its answer is read
         try:
             if frozen:
                 message["inputs"], fd = _sealed_inputs(inputs)
                 message["sealed"] = True
                 fds.append(fd)
             else:
-                message["inputs"] = self._place_inputs(inputs, scratch)
+                message["inputs"] = self._place_inputs(inputs, blocks)
             wanted = out_bytes or max(sum(a.nbytes for a in inputs.values()), 1 << 20)
             out_length = -(-wanted // ALIGN) * ALIGN
-            out_offset = self.arena.allocate(out_length)
-            scratch.append((out_offset, out_length))
-            message["output"] = {"offset": out_offset, "nbytes": out_length}
-            wire.send(self.sock, message, fds)
-            job = _answer(wire.receive(self.sock))["job"]
+            blocks.append((self.arena.allocate(out_length), out_length))
+            message["output"] = {"offset": blocks[-1][0], "nbytes": out_length}
+            message["id"] = request_id = next(self._ids)
+            with self._send_lock:
+                wire.send(self.sock, message, fds)
+        except BaseException:
+            self._in_flight.release()
+            self._release(blocks)
+            raise
         finally:
             for fd in fds:
                 os.close(fd)  # the daemon holds its own
-            for offset, length in scratch[:-1]:
-                self.arena.release(offset, length)
-        return self._outputs(job, *scratch[-1])
+        return Computation(self, request_id, blocks)
+
+    def finish(self, request_id: int, blocks: list[tuple[int, int]]) -> Outputs:
+        """The answer to a submit, as outputs; its scratch inputs freed."""
+        try:
+            job = _answer(self._await(request_id))["job"]
+        except BaseException:
+            self._release(blocks)
+            raise
+        self._release(blocks[:-1])
+        return self._outputs(job, *blocks[-1])
+
+    def _await(self, request_id: int) -> dict[str, Any]:
+        """The answer with that id: read by this thread, or by another that waits too."""
+        with self._answered:
+            while request_id not in self._answers:
+                if self._broken is not None:
+                    raise self._broken
+                if self._reading:
+                    self._answered.wait()
+                    continue
+                self._reading = True
+                self._answered.release()
+                try:
+                    message: dict[str, Any] | None = self._read_one()
+                finally:
+                    self._answered.acquire()
+                    self._reading = False
+                    self._answered.notify_all()
+                if message is not None:
+                    self._answers[message.get("id")] = message
+            return self._answers.pop(request_id)
+
+    def _read_one(self) -> dict[str, Any] | None:
+        """One answer off the socket (its job's place in flight given back), or None when
+        the connection broke (then every waiter hears why)."""
+        assert self.sock is not None
+        try:
+            message = wire.receive(self.sock, self._buffer)
+        except (ConnectionError, OSError, ValueError) as exc:
+            self._broken = ConnectionError(f"the shared-memory connection broke: {exc}")
+            return None
+        if message.get("id") is not None:  # a submit's answer (attach's came before any)
+            self._in_flight.release()
+        return message
+
+    def _release(self, blocks: list[tuple[int, int]]) -> None:
+        assert self.arena is not None
+        for offset, length in blocks:
+            self.arena.release(offset, length)
 
     def _place_inputs(
         self, inputs: dict[str, Any], scratch: list[tuple[int, int]]

@@ -65,6 +65,11 @@ class MemoryQuota(RequestError):
     http_status = 507
 
 
+class TooManyInFlight(RequestError):
+    code = "too_many_in_flight"
+    http_status = 429
+
+
 class Memory:
     """A client's memfd the daemon holds: closed when neither a connection nor a job needs it."""
 
@@ -229,16 +234,22 @@ class ShmServer:
 
 
 class _Connection:
-    """One client: its attached memory, at most one job at a time, answers in order."""
+    """One client: its attached memory and up to wire.MAX_IN_FLIGHT jobs at once, each
+    answered when it ends, under the id its request gave."""
 
     def __init__(self, server: ShmServer, sock: socket.socket) -> None:
         self.server, self.sock = server, sock
         self.peer: Peer = read_peer(sock)
         sock.setblocking(False)
         self.memory: Memory | None = None
-        self.waiting: tuple[str, Callable[[], None]] | None = None  # (job id, its callback)
+        # job id → (the request's id, the callback that answers it once the job ends)
+        self.waiting: dict[str, tuple[Any, Callable[[], None]]] = {}
         self._in = bytearray()
-        self._fds: list[int] = []
+        self._in_at = 0  # the stream offset of self._in's first byte
+        self._received = 0  # bytes received in all
+        # Descriptors by the stream offset of the last byte that came with them: the kernel
+        # ends a read after a message that carries descriptors, so they are that message's.
+        self._fds: list[tuple[int, list[int]]] = []
         self._out = bytearray()
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(sock.fileno(), self._readable)
@@ -253,45 +264,59 @@ class _Connection:
         except OSError:
             self.close()
             return
-        self._fds += fds
+        self._received += len(data)
+        if fds:
+            self._fds.append((self._received - 1, fds))
         if not data or flags & socket.MSG_CTRUNC:
             self.close()  # hung up, or sent more descriptors than a message may carry
             return
         self._in += data
-        while (message := self._next_message()) is not None:
-            fds, self._fds = self._fds, []
-            self._handle(message, fds)
+        while self.sock.fileno() >= 0 and (message := self._next_message()) is not None:
+            self._handle(message, self._fds_before(self._in_at))
 
     def _next_message(self) -> dict[str, Any] | None:
+        before = len(self._in)
         try:
-            return wire.take_message(self._in)
+            message = wire.take_message(self._in)
         except ValueError as exc:  # not our framing: say so once, then hang up
             self._reply({"error": RequestError(str(exc), "speak shm_wire").body().as_dict()})
             self.close()
             return None
+        self._in_at += before - len(self._in)
+        return message
+
+    def _fds_before(self, end: int) -> list[int]:
+        """The descriptors that came with the bytes before stream offset `end`."""
+        taken = [fd for last, fds in self._fds if last < end for fd in fds]
+        self._fds = [(last, fds) for last, fds in self._fds if last >= end]
+        return taken
 
     def _handle(self, message: dict[str, Any], fds: list[int]) -> None:
         """One request; `fds` are the descriptors that came with it (each step pops the
         one it takes, and what is left is closed here)."""
+        request_id = message.get("id")
         try:
+            if not isinstance(request_id, int | str | None) or isinstance(request_id, bool):
+                request_id = None
+                raise RequestError("a request's id is a number or a string", '"id": 1')
             op = message.get("op")
             if op == "attach":
-                self._attach(fds)
+                self._attach(fds, request_id)
             elif op == "submit":
-                self._submit(message, fds)
+                self._submit(message, fds, request_id)
             else:
                 raise RequestError(f"unknown op {op!r}", "ops: attach, submit")
         except TaogpudError as exc:
-            self._reply({"error": exc.body().as_dict()})
+            self._reply({"error": exc.body().as_dict()}, request_id)
         except Exception as exc:  # a bug: logged, answered, and the daemon carries on
             log.exception("shm.request_failed", op=str(message.get("op")))
             body = TaogpudError(f"internal error: {type(exc).__name__}", "see the daemon's log")
-            self._reply({"error": body.body().as_dict()})
+            self._reply({"error": body.body().as_dict()}, request_id)
         finally:
             for fd in fds:
                 os.close(fd)
 
-    def _attach(self, fds: list[int]) -> None:
+    def _attach(self, fds: list[int], request_id: Any) -> None:
         if len(fds) != 1:
             raise RequestError("attach carries exactly one descriptor", "send_fds([memfd])")
         if self.memory is not None:
@@ -299,11 +324,15 @@ class _Connection:
         fd = fds.pop()
         self.memory = self.server.adopt(fd, self._uid(), frozen=False)
         handle = self.memory.handle
-        self._reply({"memory": {"size": handle.size, "writable": handle.writable}})
+        memory = {"size": handle.size, "writable": handle.writable}
+        self._reply({"memory": memory, "max_in_flight": wire.MAX_IN_FLIGHT}, request_id)
 
-    def _submit(self, message: dict[str, Any], fds: list[int]) -> None:
-        if self.waiting is not None:
-            raise RequestError("this connection has a job running", "one job per connection")
+    def _submit(self, message: dict[str, Any], fds: list[int], request_id: Any) -> None:
+        if len(self.waiting) >= wire.MAX_IN_FLIGHT:
+            raise TooManyInFlight(
+                f"this connection has {len(self.waiting)} jobs in flight, the most it may have",
+                "wait for an answer before submitting more, or open another connection",
+            )
         sealed = bool(message.get("sealed"))
         if len(fds) != (1 if sealed else 0):
             raise RequestError("a sealed submit carries one descriptor, others none", "")
@@ -320,11 +349,11 @@ class _Connection:
             for memory in held:
                 memory.drop()
             raise
-        answer = lambda: self._answer(job.id)  # noqa: E731
+        answer = lambda: self._answer(job.id, request_id)  # noqa: E731
         if self.server.store.when_finished(job.id, answer):
-            self.waiting = (job.id, answer)
+            self.waiting[job.id] = (request_id, answer)
         else:
-            self._answer(job.id)
+            self._answer(job.id, request_id)
 
     def _regions(self, message: dict[str, Any], source: Memory, held: list[Memory]) -> JobRegions:
         """The job's regions; each memory it names is held (in `held`) until the job ends."""
@@ -362,18 +391,20 @@ class _Connection:
             raise RequestError("no memory attached to this connection", 'send {"op": "attach"}')
         return self.memory
 
-    def _answer(self, job_id: str) -> None:
-        self.waiting = None
+    def _answer(self, job_id: str, request_id: Any) -> None:
+        self.waiting.pop(job_id, None)
         job = self.server.store.get(job_id)
         if job is not None:
-            self._reply({"job": job.model_dump(mode="json")})
+            self._reply({"job": job.model_dump(mode="json")}, request_id)
 
     def _uid(self) -> int:
         return self.peer.uid if self.peer.uid is not None else os.getuid()
 
-    def _reply(self, message: dict[str, Any]) -> None:
+    def _reply(self, message: dict[str, Any], request_id: Any = None) -> None:
         if self.sock.fileno() < 0:
             return
+        if request_id is not None:
+            message["id"] = request_id
         self._out += wire.encode(message)
         self._flush()
 
@@ -401,12 +432,11 @@ class _Connection:
         self._loop.remove_writer(self.sock.fileno())
         self.sock.close()
         self.server.connections.discard(self)
-        for fd in self._fds:
+        for fd in self._fds_before(self._received + 1):
             os.close(fd)
-        self._fds = []
-        if self.waiting is not None:
-            self.server.store.forget(*self.waiting)
-            self.waiting = None
+        for job_id, (_, answer) in self.waiting.items():
+            self.server.store.forget(job_id, answer)
+        self.waiting = {}
         if self.memory is not None:
             self.memory.drop()
             self.memory = None
