@@ -483,6 +483,8 @@ def test_a_queued_job_on_client_memory_is_interrupted_by_a_restart(daemon_factor
 
 def test_an_unknown_op_and_a_broken_frame_are_answered_in_the_error_shape(raw: Raw) -> None:
     assert raw.ask({"op": "steal"})["error"]["code"] == "invalid_request"
+    odd_id = raw.ask({"op": "attach", "id": [1]})  # an id must be a number or a string
+    assert odd_id["error"]["code"] == "invalid_request" and "id" not in odd_id
     fd = memfd(4096)
     answer = raw.ask({"op": "steal"}, [fd])  # a descriptor no step takes is closed, not kept
     os.close(fd)
