@@ -236,7 +236,8 @@ class SharedArrays:
         **arrays: Any,
     ) -> Computation:
         """Send the job and return at once (`.result()` waits for it); blocks only while the
-        connection has the daemon's `max_in_flight` jobs waiting. Over HTTP it runs now."""
+        connection has the daemon's `max_in_flight` jobs waiting. Over HTTP it runs now.
+        Take each result: until then its scratch and output space stay reserved."""
         import numpy as np
 
         inputs = {name: np.asarray(a) for name, a in arrays.items()}
