@@ -188,6 +188,21 @@ def test_two_computes_in_flight_on_one_connection_are_both_right(daemon: Running
             np.testing.assert_array_equal(c, 2 * k)
 
 
+def test_a_client_past_the_limit_waits_for_a_place_instead_of_being_refused(
+    daemon: RunningDaemon,
+) -> None:
+    """begin_compute blocks once max_in_flight jobs wait; every job then runs, none refused."""
+    with daemon.client() as client:
+        x = client.empty(256, "float32")
+        x[:] = 1
+        jobs = [
+            client.begin_compute("saxpy", {"alpha": float(k)}, x=x, y=x)
+            for k in range(wire.MAX_IN_FLIGHT + 4)
+        ]
+        for k, job in enumerate(jobs):
+            np.testing.assert_array_equal(job.result()["out"], k + 1)
+
+
 def test_pipelined_sealed_submits_each_get_their_own_memfd(raw: Raw) -> None:
     """Descriptors belong to the message they came with, even with requests back to back."""
     raw.attach()

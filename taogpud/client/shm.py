@@ -248,7 +248,7 @@ class SharedArrays:
             message["timeout_s"] = timeout_s
         blocks: list[tuple[int, int]] = []  # scratch inputs, then the output span (last)
         fds: list[int] = []
-        self._in_flight.acquire()  # given back when its answer is read
+        self._take_place()  # given back when its answer is read
         try:
             if frozen:
                 message["inputs"], fd = _sealed_inputs(inputs)
@@ -286,22 +286,34 @@ class SharedArrays:
         """The answer with that id: read by this thread, or by another that waits too."""
         with self._answered:
             while request_id not in self._answers:
-                if self._broken is not None:
-                    raise self._broken
-                if self._reading:
-                    self._answered.wait()
-                    continue
-                self._reading = True
-                self._answered.release()
-                try:
-                    message: dict[str, Any] | None = self._read_one()
-                finally:
-                    self._answered.acquire()
-                    self._reading = False
-                    self._answered.notify_all()
-                if message is not None:
-                    self._answers[message.get("id")] = message
+                self._step()
             return self._answers.pop(request_id)
+
+    def _take_place(self) -> None:
+        """A place in flight; while none is free, answers are read (by this thread or the
+        one reading now) until one frees a place, so a lone thread never waits on itself."""
+        with self._answered:
+            while not self._in_flight.acquire(blocking=False):
+                self._step()
+
+    def _step(self) -> None:
+        """With `_answered` held: read one answer off the socket, or wait while another
+        thread reads one; raises once the connection broke."""
+        if self._broken is not None:
+            raise self._broken
+        if self._reading:
+            self._answered.wait()
+            return
+        self._reading = True
+        self._answered.release()
+        try:
+            message = self._read_one()
+        finally:
+            self._answered.acquire()
+            self._reading = False
+            self._answered.notify_all()
+        if message is not None:
+            self._answers[message.get("id")] = message
 
     def _read_one(self) -> dict[str, Any] | None:
         """One answer off the socket (its job's place in flight given back), or None when
