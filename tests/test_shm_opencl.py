@@ -4,6 +4,7 @@ client's memory (pyopencl's get(ary=)), with no host copy between. A real PoCL d
 from __future__ import annotations
 
 import contextlib
+import io
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,3 +49,7 @@ def test_device_outputs_land_in_the_clients_memory_by_d2h(opencl_daemon: Running
         assert out.job["backend"] == "opencl"
         assert out.job["outputs"][0]["written"] == "d2h"
         assert client._shared().arena.offset_of(out["c"]) == out.job["outputs"][0]["offset"]
+        kept = client.run("vector_add", {"size": 1000}, keep_outputs=True, wait_s=120)
+        c = np.load(io.BytesIO(client.download_output(kept["id"], "c")))  # a file, as before
+        assert kept["outputs"][0]["written"] is None
+        assert float(c.sum(dtype=np.float64)) == pytest.approx(kept["result"]["checksum"])
