@@ -1,11 +1,10 @@
-"""The queue, admission and placement; the only place job states change.
+"""The queue and admission; the only place job states change.
 
 Admission at submit: the task exists, its params validate, its inputs exist, its
 memory estimate fits some device's cap (else `too_large` with the numbers), and
-the bounded queue has room (else `queue_full`). Placement when a slot frees: the
-global max_concurrent_tasks cap, at most stream_count per device, memory already
-reserved on the device, a pinned device, the affinity key's device, then the
-strategy (round_robin or least_loaded).
+the bounded queue has room (else `queue_full`). Placement when a slot frees is
+decided by `taogpud.placement` (pure: caps, affinity, strategy) over a plain view of
+the workers; the scheduler applies the decision.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taogpud import metrics, tasks, trace
+from taogpud import metrics, placement, tasks, trace
 from taogpud.access import check_access
 from taogpud.arrays import ArrayStore, check_dtypes
 from taogpud.config import ConfigSnapshot
@@ -56,6 +55,10 @@ class Policy:
     job_timeout_s: float | None = None
     enable_profiling: bool = True
     allow_user_kernels: bool = False  # the `kernel` task: CUDA C from clients
+
+    def rules(self) -> placement.Rules:
+        """The keys placement obeys (taogpud.placement)."""
+        return placement.Rules(self.strategy, self.gpu_affinity, self.max_concurrent_tasks)
 
     @classmethod
     def from_snapshot(cls, snapshot: ConfigSnapshot) -> Policy:
@@ -193,9 +196,9 @@ class Scheduler:
     def _place_at_once(self, job: JobRecord) -> Worker | None:
         """Where a new job starts now, as dispatch() would place it: nothing is waiting (it
         would go first) and a slot is free; else None, and the job queues."""
-        if self._queue or not self.accepting or not self._has_capacity():
+        if self._queue or not self.accepting:
             return None
-        return self._place(job)
+        return self._place(job, self._devices())  # placement checks the caps and the slots
 
     def _check_enabled(self, task: tasks.Task) -> None:
         if task.name == KERNEL_TASK_NAME and not self.policy.allow_user_kernels:
@@ -223,18 +226,10 @@ class Scheduler:
         return sum(ref.nbytes for ref in refs if ref is not None)
 
     def _admit(self, request: JobRequest, estimate: int) -> None:
-        workers = self._pool().workers
-        if request.device is not None and request.device not in [w.spec.index for w in workers]:
-            known = ", ".join(str(w.spec.index) for w in workers)
-            raise RequestError(f"there is no device {request.device}", f"devices: {known}")
-        eligible = [w for w in workers if request.device in (None, w.spec.index)]
-        caps = [cap for cap in map(_cap, eligible) if cap is not None]
-        if caps and estimate > max(caps):
-            raise Rejected(
-                f"{request.task} needs about {_gib(estimate)} of device memory; the largest "
-                f"device cap is {_gib(max(caps))} (gpu.memoryFraction × total)",
-                "use a smaller size, or raise gpu.memoryFraction in settings.json",
-            )
+        refusal = placement.admit(request.task, estimate, request.device, self._devices())
+        if refusal is not None:
+            error = RequestError if refusal.code == "no_such_device" else Rejected
+            raise error(refusal.message, refusal.hint)
         if len(self._queue) >= self.policy.queue_limit:
             raise QueueFull(
                 f"the queue is full ({self.policy.queue_limit} jobs waiting)",
@@ -282,56 +277,41 @@ class Scheduler:
         """Start every queued job that can run now, in priority order."""
         if not self.accepting:
             return  # stopping: queued jobs stay queued in the store for the next start
-        index = 0
-        while index < len(self._queue) and self._has_capacity():
+        index, devices, rules = 0, self._devices(), self.policy.rules()
+        while index < len(self._queue) and placement.has_capacity(
+            devices, self.running_total, rules
+        ):
             job = self._queue[index][1]
-            worker = self._place(job)
+            worker = self._place(job, devices)
             if worker is None:
                 index += 1
                 continue
             self._start(job, worker)  # moves the job out of the queue, running or failed
+            devices = self._devices()  # that worker's load changed
 
-    def _has_capacity(self) -> bool:
-        if self.running_total >= self.policy.max_concurrent_tasks:
-            return False
-        return any(w.free_slots > 0 for w in self._pool().workers)
-
-    def _place(self, job: JobRecord) -> Worker | None:
+    def _place(self, job: JobRecord, devices: list[placement.Device]) -> Worker | None:
+        """Where `job` starts now (placement.place decides), or None: it waits."""
         workers = self._pool().workers
-        pinned = self._pinned_worker(job)
-        if pinned is not None:  # the key's device: wait for it unless it is dead
-            return pinned if _fits(pinned, job) else None
-        candidates = [
-            position
-            for position, w in enumerate(workers)
-            if _fits(w, job) and job.requested_device in (None, w.spec.index)
-        ]
-        if not candidates:
+        wanted = placement.Job(job.estimate_bytes, job.requested_device, job.affinity)
+        decision = placement.place(
+            wanted,
+            devices,
+            self.policy.rules(),
+            running_total=self.running_total,
+            rr_next=self._rr_next,
+            affinity=self._affinity,
+        )
+        self._rr_next = decision.rr_next
+        if decision.position is None:
             return None
-        worker = workers[self._choose(candidates)]
-        if self.policy.gpu_affinity and job.affinity:
-            self._affinity[job.affinity] = worker.spec.index
-        return worker
+        if decision.remember is not None:
+            key, index = decision.remember
+            self._affinity[key] = index
+        return workers[decision.position]
 
-    def _pinned_worker(self, job: JobRecord) -> Worker | None:
-        if not (self.policy.gpu_affinity and job.affinity in self._affinity):
-            return None
-        index = self._affinity[job.affinity or ""]
-        worker = next((w for w in self._pool().workers if w.spec.index == index), None)
-        if worker is None or worker.state is WorkerState.dead:
-            return None  # gone or crashed: the key moves to wherever the strategy puts it
-        return worker
-
-    def _choose(self, candidates: list[int]) -> int:
-        workers = self._pool().workers
-        if self.policy.strategy == "least_loaded":
-            return min(
-                candidates, key=lambda p: len(workers[p].running) / workers[p].spec.stream_count
-            )
-        after = [p for p in candidates if p >= self._rr_next]
-        position = after[0] if after else candidates[0]
-        self._rr_next = (position + 1) % len(workers)
-        return position
+    def _devices(self) -> list[placement.Device]:
+        """The workers as placement sees them, in pool order."""
+        return [_device(w) for w in self._pool().workers]
 
     def apply_policy(self, policy: Policy) -> None:
         """A reload's new scheduling keys: in force for the next placement."""
@@ -583,17 +563,17 @@ class JobRegions:
         return {"handover": self.handover, "bytes": self.input_bytes()}
 
 
-def _fits(worker: Worker, job: JobRecord) -> bool:
-    if worker.free_slots <= 0:
-        return False
-    cap = _cap(worker)
-    return cap is None or worker.reserved_bytes + job.estimate_bytes <= cap
-
-
-def _cap(worker: Worker) -> int | None:
-    if worker.info is None or worker.info.memory_cap_bytes <= 0:
-        return None
-    return worker.info.memory_cap_bytes
+def _device(worker: Worker) -> placement.Device:
+    info = worker.info
+    return placement.Device(
+        index=worker.spec.index,
+        slots=worker.spec.stream_count,
+        running=len(worker.running),
+        free_slots=worker.free_slots,
+        reserved_bytes=worker.reserved_bytes,
+        cap_bytes=info.memory_cap_bytes if info and info.memory_cap_bytes > 0 else None,
+        alive=worker.state is not WorkerState.dead,
+    )
 
 
 def _error(code: str, message: str, hint: str = "") -> JobErrorView:
@@ -619,7 +599,3 @@ def _output_view(output: msg.OutputFile) -> OutputView:
         nbytes=output.nbytes,
         offset=output.offset,
     )
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:,.2f} GiB"
