@@ -76,13 +76,13 @@ class Policy:
 
 class Scheduler:
     def __init__(
-        self, policy: Policy, store: JobStore, arrays: ArrayStore, outputs_dir: Path
+        self, policy: Policy, store: JobStore, arrays: ArrayStore, pool: Pool, outputs_dir: Path
     ) -> None:
         self.policy = policy
         self.store = store
         self.arrays = arrays
+        self.pool = pool  # built first, not started: its start() names this scheduler its sink
         self.outputs_dir = outputs_dir  # kept outputs: <outputs_dir>/<job id>/<name>.npy
-        self.pool: Pool | None = None
         self.accepting = True
         self.running_total = 0
         self.jobs_total = 0  # accepted since start
@@ -210,7 +210,7 @@ class Scheduler:
 
     def _check_backend(self, task: tasks.Task) -> None:
         """A task runs only where it has an implementation: never on the host instead."""
-        for backend in sorted({w.spec.backend for w in self._pool().workers}):
+        for backend in sorted({w.spec.backend for w in self.pool.workers}):
             task.body_for(backend)  # raises UnsupportedTask, naming the backends it has
 
     def _check_inputs(
@@ -291,7 +291,7 @@ class Scheduler:
 
     def _place(self, job: JobRecord, devices: list[placement.Device]) -> Worker | None:
         """Where `job` starts now (placement.place decides), or None: it waits."""
-        workers = self._pool().workers
+        workers = self.pool.workers
         wanted = placement.Job(job.estimate_bytes, job.requested_device, job.affinity)
         decision = placement.place(
             wanted,
@@ -311,7 +311,7 @@ class Scheduler:
 
     def _devices(self) -> list[placement.Device]:
         """The workers as placement sees them, in pool order."""
-        return [_device(w) for w in self._pool().workers]
+        return [_device(w) for w in self.pool.workers]
 
     def apply_policy(self, policy: Policy) -> None:
         """A reload's new scheduling keys: in force for the next placement."""
@@ -413,7 +413,7 @@ class Scheduler:
             worker.kill()  # its loss ends the stuck job and fails the others on it
 
     def _worker_running(self, job_id: str) -> Worker | None:
-        return next((w for w in self._pool().workers if job_id in w.running), None)
+        return next((w for w in self.pool.workers if job_id in w.running), None)
 
     # -- results from the pool ------------------------------------------------------------
 
@@ -534,17 +534,13 @@ class Scheduler:
         return self.running_total
 
     def interrupt_running(self) -> None:
-        for worker in self._pool().workers:
+        for worker in self.pool.workers:
             for job_id in list(worker.running):
                 job = self._withdrawn.pop(job_id, None) or self.store.get(job_id)
                 self._release(worker, job_id, job)
                 if job is not None and job.status is JobState.running:
                     message = "taogpud stopped while the job ran (drain timeout)"
                     self._finish(job, JobState.interrupted, _error("interrupted", message))
-
-    def _pool(self) -> Pool:
-        assert self.pool is not None, "the scheduler is used before its pool is attached"
-        return self.pool
 
 
 @dataclass
