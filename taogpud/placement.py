@@ -19,14 +19,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 STRATEGIES = ("round_robin", "least_loaded")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Device:
-    """One worker as placement sees it."""
+    """One worker as placement sees it; nothing here changes one. Not frozen only for speed:
+    the scheduler makes one per worker for each placement, and a frozen dataclass is built
+    five times slower (1.05 µs against 0.19 µs here). Job and Placement are named tuples."""
 
     index: int  # the device index jobs name (`--device N`)
     slots: int  # stream_count: jobs it may run at once
@@ -41,8 +43,7 @@ class Device:
         return self.slots - self.running if self.free_slots is None else self.free_slots
 
 
-@dataclass(frozen=True, slots=True)
-class Job:
+class Job(NamedTuple):
     """What placement reads of a job."""
 
     estimate_bytes: int = 0
@@ -59,8 +60,7 @@ class Rules:
     max_concurrent_tasks: int = 8
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(NamedTuple):
     """A decision: where the job starts, or why it waits; and what to remember after it."""
 
     position: int | None  # into the devices given; None: the job waits

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import shutil
 import time
 from collections import Counter
@@ -56,8 +57,9 @@ class Policy:
     enable_profiling: bool = True
     allow_user_kernels: bool = False  # the `kernel` task: CUDA C from clients
 
+    @functools.cached_property
     def rules(self) -> placement.Rules:
-        """The keys placement obeys (taogpud.placement)."""
+        """The keys placement obeys (taogpud.placement), made once per policy."""
         return placement.Rules(self.strategy, self.gpu_affinity, self.max_concurrent_tasks)
 
     @classmethod
@@ -129,7 +131,8 @@ class Scheduler:
             tasks.check_input_names(task, regions.inputs)
             check_dtypes(task.name, getattr(validated, "dtype", None), regions.inputs)
             estimate = task.estimate_bytes(validated) + regions.input_bytes()
-        self._admit(request, estimate)
+        devices = self._devices()  # one view for the admission and the placement below
+        self._admit(request, estimate, devices)
         job = JobRecord(
             id=new_job_id(),
             task=task.name,
@@ -147,7 +150,7 @@ class Scheduler:
         )
         if regions is not None:
             self._regions[job.id] = regions
-        worker = self._place_at_once(job)
+        worker = self._place_at_once(job, devices)
         if worker is not None:  # its order leaves first: the worker runs while the rest is noted
             self._send(job, worker, self._refs(job))  # all found by _check_inputs, just above
         self.store.add(job)
@@ -193,12 +196,12 @@ class Scheduler:
             worker.send(msg.CancelJob(job.id))
         trace.log.warning("job.withdrawn", job_id=job.id, why="the job store could not be written")
 
-    def _place_at_once(self, job: JobRecord) -> Worker | None:
+    def _place_at_once(self, job: JobRecord, devices: list[placement.Device]) -> Worker | None:
         """Where a new job starts now, as dispatch() would place it: nothing is waiting (it
         would go first) and a slot is free; else None, and the job queues."""
         if self._queue or not self.accepting:
             return None
-        return self._place(job, self._devices())  # placement checks the caps and the slots
+        return self._place(job, devices)  # placement checks the caps and the slots
 
     def _check_enabled(self, task: tasks.Task) -> None:
         if task.name == KERNEL_TASK_NAME and not self.policy.allow_user_kernels:
@@ -225,8 +228,8 @@ class Scheduler:
         refs = (self.arrays.get(array_id) for array_id in inputs.values())
         return sum(ref.nbytes for ref in refs if ref is not None)
 
-    def _admit(self, request: JobRequest, estimate: int) -> None:
-        refusal = placement.admit(request.task, estimate, request.device, self._devices())
+    def _admit(self, request: JobRequest, estimate: int, devices: list[placement.Device]) -> None:
+        refusal = placement.admit(request.task, estimate, request.device, devices)
         if refusal is not None:
             error = RequestError if refusal.code == "no_such_device" else Rejected
             raise error(refusal.message, refusal.hint)
@@ -277,7 +280,7 @@ class Scheduler:
         """Start every queued job that can run now, in priority order."""
         if not self.accepting:
             return  # stopping: queued jobs stay queued in the store for the next start
-        index, devices, rules = 0, self._devices(), self.policy.rules()
+        index, devices, rules = 0, self._devices(), self.policy.rules
         while index < len(self._queue) and placement.has_capacity(
             devices, self.running_total, rules
         ):
@@ -296,7 +299,7 @@ class Scheduler:
         decision = placement.place(
             wanted,
             devices,
-            self.policy.rules(),
+            self.policy.rules,
             running_total=self.running_total,
             rr_next=self._rr_next,
             affinity=self._affinity,
@@ -560,15 +563,15 @@ class JobRegions:
 
 
 def _device(worker: Worker) -> placement.Device:
-    info = worker.info
-    return placement.Device(
-        index=worker.spec.index,
-        slots=worker.spec.stream_count,
-        running=len(worker.running),
-        free_slots=worker.free_slots,
-        reserved_bytes=worker.reserved_bytes,
-        cap_bytes=info.memory_cap_bytes if info and info.memory_cap_bytes > 0 else None,
-        alive=worker.state is not WorkerState.dead,
+    info, spec = worker.info, worker.spec
+    return placement.Device(  # index, slots, running, free_slots, reserved_bytes, cap, alive
+        spec.index,
+        spec.stream_count,
+        len(worker.running),
+        worker.free_slots,
+        worker.reserved_bytes,
+        info.memory_cap_bytes if info and info.memory_cap_bytes > 0 else None,
+        worker.state is not WorkerState.dead,
     )
 
 
