@@ -295,13 +295,13 @@ class GpuCheck:
         )
 
     def oom(self, check: Check) -> None:
-        from taogpud.backends import create_backend
         from taogpud.backends.base import WorkerSpec
         from taogpud.pool import protocol as msg
         from taogpud.pool.execute import execute
+        from taogpud.tasks.warmup import backend_for, warm
 
-        backend = create_backend(WorkerSpec("cuda", 0, 2, 1, 0.01, 0, True, "auto", True))
-        info = backend.warm()
+        backend = backend_for(WorkerSpec("cuda", 0, 2, 1, 0.01, 0, True, "auto", True))
+        info = warm(backend)
         size = info.memory_cap_bytes // 4  # a alone fills the cap; b and c cannot follow
         big = execute(backend, info, msg.RunJob("big", "vector_add", {"size": size}, {}, None),
                       threading.Event(), 0)  # fmt: skip

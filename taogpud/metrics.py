@@ -104,7 +104,7 @@ class DaemonCollector:
             "taogpud_max_concurrent_tasks", "the global cap", scheduler.policy.max_concurrent_tasks
         )
         yield _gauge(
-            "taogpud_config_generation", "config generation in force", self.daemon.generation
+            "taogpud_config_generation", "config generation in force", self.daemon.status.generation
         )
         finished = CounterMetricFamily(
             "taogpud_jobs_finished", "finished jobs", labels=["task", "backend", "status"]

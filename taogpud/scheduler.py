@@ -1,17 +1,17 @@
-"""The queue, admission and placement; the only place job states change.
+"""The queue and admission; the only place job states change.
 
 Admission at submit: the task exists, its params validate, its inputs exist, its
 memory estimate fits some device's cap (else `too_large` with the numbers), and
-the bounded queue has room (else `queue_full`). Placement when a slot frees: the
-global max_concurrent_tasks cap, at most stream_count per device, memory already
-reserved on the device, a pinned device, the affinity key's device, then the
-strategy (round_robin or least_loaded).
+the bounded queue has room (else `queue_full`). Placement when a slot frees is
+decided by `taogpud.placement` (pure: caps, affinity, strategy) over a plain view of
+the workers; the scheduler applies the decision.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import shutil
 import time
 from collections import Counter
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taogpud import metrics, tasks, trace
+from taogpud import metrics, placement, tasks, trace
 from taogpud.access import check_access
 from taogpud.arrays import ArrayStore, check_dtypes
 from taogpud.config import ConfigSnapshot
@@ -57,6 +57,11 @@ class Policy:
     enable_profiling: bool = True
     allow_user_kernels: bool = False  # the `kernel` task: CUDA C from clients
 
+    @functools.cached_property
+    def rules(self) -> placement.Rules:
+        """The keys placement obeys (taogpud.placement), made once per policy."""
+        return placement.Rules(self.strategy, self.gpu_affinity, self.max_concurrent_tasks)
+
     @classmethod
     def from_snapshot(cls, snapshot: ConfigSnapshot) -> Policy:
         scheduling = snapshot.config.scheduling
@@ -73,13 +78,13 @@ class Policy:
 
 class Scheduler:
     def __init__(
-        self, policy: Policy, store: JobStore, arrays: ArrayStore, outputs_dir: Path
+        self, policy: Policy, store: JobStore, arrays: ArrayStore, pool: Pool, outputs_dir: Path
     ) -> None:
         self.policy = policy
         self.store = store
         self.arrays = arrays
+        self.pool = pool  # built first, not started: its start() names this scheduler its sink
         self.outputs_dir = outputs_dir  # kept outputs: <outputs_dir>/<job id>/<name>.npy
-        self.pool: Pool | None = None
         self.accepting = True
         self.running_total = 0
         self.jobs_total = 0  # accepted since start
@@ -126,7 +131,8 @@ class Scheduler:
             tasks.check_input_names(task, regions.inputs)
             check_dtypes(task.name, getattr(validated, "dtype", None), regions.inputs)
             estimate = task.estimate_bytes(validated) + regions.input_bytes()
-        self._admit(request, estimate)
+        devices = self._devices()  # one view for the admission and the placement below
+        self._admit(request, estimate, devices)
         job = JobRecord(
             id=new_job_id(),
             task=task.name,
@@ -144,7 +150,7 @@ class Scheduler:
         )
         if regions is not None:
             self._regions[job.id] = regions
-        worker = self._place_at_once(job)
+        worker = self._place_at_once(job, devices)
         if worker is not None:  # its order leaves first: the worker runs while the rest is noted
             self._send(job, worker, self._refs(job))  # all found by _check_inputs, just above
         self.store.add(job)
@@ -190,12 +196,12 @@ class Scheduler:
             worker.send(msg.CancelJob(job.id))
         trace.log.warning("job.withdrawn", job_id=job.id, why="the job store could not be written")
 
-    def _place_at_once(self, job: JobRecord) -> Worker | None:
+    def _place_at_once(self, job: JobRecord, devices: list[placement.Device]) -> Worker | None:
         """Where a new job starts now, as dispatch() would place it: nothing is waiting (it
         would go first) and a slot is free; else None, and the job queues."""
-        if self._queue or not self.accepting or not self._has_capacity():
+        if self._queue or not self.accepting:
             return None
-        return self._place(job)
+        return self._place(job, devices)  # placement checks the caps and the slots
 
     def _check_enabled(self, task: tasks.Task) -> None:
         if task.name == KERNEL_TASK_NAME and not self.policy.allow_user_kernels:
@@ -207,7 +213,7 @@ class Scheduler:
 
     def _check_backend(self, task: tasks.Task) -> None:
         """A task runs only where it has an implementation: never on the host instead."""
-        for backend in sorted({w.spec.backend for w in self._pool().workers}):
+        for backend in sorted({w.spec.backend for w in self.pool.workers}):
             task.body_for(backend)  # raises UnsupportedTask, naming the backends it has
 
     def _check_inputs(
@@ -222,19 +228,11 @@ class Scheduler:
         refs = (self.arrays.get(array_id) for array_id in inputs.values())
         return sum(ref.nbytes for ref in refs if ref is not None)
 
-    def _admit(self, request: JobRequest, estimate: int) -> None:
-        workers = self._pool().workers
-        if request.device is not None and request.device not in [w.spec.index for w in workers]:
-            known = ", ".join(str(w.spec.index) for w in workers)
-            raise RequestError(f"there is no device {request.device}", f"devices: {known}")
-        eligible = [w for w in workers if request.device in (None, w.spec.index)]
-        caps = [cap for cap in map(_cap, eligible) if cap is not None]
-        if caps and estimate > max(caps):
-            raise Rejected(
-                f"{request.task} needs about {_gib(estimate)} of device memory; the largest "
-                f"device cap is {_gib(max(caps))} (gpu.memoryFraction × total)",
-                "use a smaller size, or raise gpu.memoryFraction in settings.json",
-            )
+    def _admit(self, request: JobRequest, estimate: int, devices: list[placement.Device]) -> None:
+        refusal = placement.admit(request.task, estimate, request.device, devices)
+        if refusal is not None:
+            error = RequestError if refusal.code == "no_such_device" else Rejected
+            raise error(refusal.message, refusal.hint)
         if len(self._queue) >= self.policy.queue_limit:
             raise QueueFull(
                 f"the queue is full ({self.policy.queue_limit} jobs waiting)",
@@ -282,56 +280,41 @@ class Scheduler:
         """Start every queued job that can run now, in priority order."""
         if not self.accepting:
             return  # stopping: queued jobs stay queued in the store for the next start
-        index = 0
-        while index < len(self._queue) and self._has_capacity():
+        index, devices, rules = 0, self._devices(), self.policy.rules
+        while index < len(self._queue) and placement.has_capacity(
+            devices, self.running_total, rules
+        ):
             job = self._queue[index][1]
-            worker = self._place(job)
+            worker = self._place(job, devices)
             if worker is None:
                 index += 1
                 continue
             self._start(job, worker)  # moves the job out of the queue, running or failed
+            devices = self._devices()  # that worker's load changed
 
-    def _has_capacity(self) -> bool:
-        if self.running_total >= self.policy.max_concurrent_tasks:
-            return False
-        return any(w.free_slots > 0 for w in self._pool().workers)
-
-    def _place(self, job: JobRecord) -> Worker | None:
-        workers = self._pool().workers
-        pinned = self._pinned_worker(job)
-        if pinned is not None:  # the key's device: wait for it unless it is dead
-            return pinned if _fits(pinned, job) else None
-        candidates = [
-            position
-            for position, w in enumerate(workers)
-            if _fits(w, job) and job.requested_device in (None, w.spec.index)
-        ]
-        if not candidates:
+    def _place(self, job: JobRecord, devices: list[placement.Device]) -> Worker | None:
+        """Where `job` starts now (placement.place decides), or None: it waits."""
+        workers = self.pool.workers
+        wanted = placement.Job(job.estimate_bytes, job.requested_device, job.affinity)
+        decision = placement.place(
+            wanted,
+            devices,
+            self.policy.rules,
+            running_total=self.running_total,
+            rr_next=self._rr_next,
+            affinity=self._affinity,
+        )
+        self._rr_next = decision.rr_next
+        if decision.position is None:
             return None
-        worker = workers[self._choose(candidates)]
-        if self.policy.gpu_affinity and job.affinity:
-            self._affinity[job.affinity] = worker.spec.index
-        return worker
+        if decision.remember is not None:
+            key, index = decision.remember
+            self._affinity[key] = index
+        return workers[decision.position]
 
-    def _pinned_worker(self, job: JobRecord) -> Worker | None:
-        if not (self.policy.gpu_affinity and job.affinity in self._affinity):
-            return None
-        index = self._affinity[job.affinity or ""]
-        worker = next((w for w in self._pool().workers if w.spec.index == index), None)
-        if worker is None or worker.state is WorkerState.dead:
-            return None  # gone or crashed: the key moves to wherever the strategy puts it
-        return worker
-
-    def _choose(self, candidates: list[int]) -> int:
-        workers = self._pool().workers
-        if self.policy.strategy == "least_loaded":
-            return min(
-                candidates, key=lambda p: len(workers[p].running) / workers[p].spec.stream_count
-            )
-        after = [p for p in candidates if p >= self._rr_next]
-        position = after[0] if after else candidates[0]
-        self._rr_next = (position + 1) % len(workers)
-        return position
+    def _devices(self) -> list[placement.Device]:
+        """The workers as placement sees them, in pool order."""
+        return [_device(w) for w in self.pool.workers]
 
     def apply_policy(self, policy: Policy) -> None:
         """A reload's new scheduling keys: in force for the next placement."""
@@ -433,7 +416,7 @@ class Scheduler:
             worker.kill()  # its loss ends the stuck job and fails the others on it
 
     def _worker_running(self, job_id: str) -> Worker | None:
-        return next((w for w in self._pool().workers if job_id in w.running), None)
+        return next((w for w in self.pool.workers if job_id in w.running), None)
 
     # -- results from the pool ------------------------------------------------------------
 
@@ -554,17 +537,13 @@ class Scheduler:
         return self.running_total
 
     def interrupt_running(self) -> None:
-        for worker in self._pool().workers:
+        for worker in self.pool.workers:
             for job_id in list(worker.running):
                 job = self._withdrawn.pop(job_id, None) or self.store.get(job_id)
                 self._release(worker, job_id, job)
                 if job is not None and job.status is JobState.running:
                     message = "taogpud stopped while the job ran (drain timeout)"
                     self._finish(job, JobState.interrupted, _error("interrupted", message))
-
-    def _pool(self) -> Pool:
-        assert self.pool is not None, "the scheduler is used before its pool is attached"
-        return self.pool
 
 
 @dataclass
@@ -583,17 +562,17 @@ class JobRegions:
         return {"handover": self.handover, "bytes": self.input_bytes()}
 
 
-def _fits(worker: Worker, job: JobRecord) -> bool:
-    if worker.free_slots <= 0:
-        return False
-    cap = _cap(worker)
-    return cap is None or worker.reserved_bytes + job.estimate_bytes <= cap
-
-
-def _cap(worker: Worker) -> int | None:
-    if worker.info is None or worker.info.memory_cap_bytes <= 0:
-        return None
-    return worker.info.memory_cap_bytes
+def _device(worker: Worker) -> placement.Device:
+    info, spec = worker.info, worker.spec
+    return placement.Device(  # index, slots, running, free_slots, reserved_bytes, cap, alive
+        spec.index,
+        spec.stream_count,
+        len(worker.running),
+        worker.free_slots,
+        worker.reserved_bytes,
+        info.memory_cap_bytes if info and info.memory_cap_bytes > 0 else None,
+        worker.state is not WorkerState.dead,
+    )
 
 
 def _error(code: str, message: str, hint: str = "") -> JobErrorView:
@@ -620,7 +599,3 @@ def _output_view(output: msg.OutputFile) -> OutputView:
         offset=output.offset,
         written=output.written,
     )
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:,.2f} GiB"

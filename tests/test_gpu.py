@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from taogpud.backends import create_backend
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
 from taogpud.backends.cuda.backend import probe_cuda
 from taogpud.backends.cuda.samples import ILLEGAL_ADDRESS, SAXPY, SPIN
 from taogpud.client import DaemonUnreachable
 from taogpud.pool import protocol as msg
 from taogpud.pool.execute import execute
+from taogpud.tasks.warmup import backend_for, warm
 
 CUDA_PROBLEM = probe_cuda([0])
 pytestmark = [
@@ -174,8 +174,8 @@ def test_a_sticky_error_fails_its_job_and_the_worker_comes_back_warm(
 def small_gpu() -> Iterator[tuple[Backend, DeviceInfo]]:
     """A cuda backend in this process with a 1 % cap: the worker's own code, no daemon."""
     spec = WorkerSpec("cuda", 0, 2, 1, 0.01, 0, True, "auto", True)
-    backend = create_backend(spec)
-    yield backend, backend.warm()
+    backend = backend_for(spec)
+    yield backend, warm(backend)
 
 
 def test_the_pool_cap_is_set_in_every_slot_thread(small_gpu: tuple[Backend, DeviceInfo]) -> None:

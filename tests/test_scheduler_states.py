@@ -108,9 +108,14 @@ class Incarnation:
         self.store = JobStore(path)
         policy = Policy(max_concurrent_tasks=CAP, queue_limit=QUEUE_LIMIT)
         arrays = ArrayStore(1 << 20, self.store, "hypothesis")
-        self.scheduler = Scheduler(policy, self.store, arrays, path.parent / "outputs")
         self.pool = FakePool(lambda: self.scheduler)
-        self.scheduler.pool = self.pool  # type: ignore[assignment]
+        self.scheduler = Scheduler(
+            policy,
+            self.store,
+            arrays,
+            self.pool,  # type: ignore[arg-type]
+            path.parent / "outputs",
+        )
         self.draining = False
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:

@@ -105,6 +105,17 @@ def test_pinned_device(daemon: RunningDaemon) -> None:
     assert "devices: 0, 1" in refused.value.hint
 
 
+def test_a_requested_device_wins_over_the_affinity_key(daemon: RunningDaemon) -> None:
+    """A job that names a device runs there, even when its affinity key landed elsewhere."""
+    with daemon.client() as client:
+        first = client.run("noop", affinity="K")["device_index"]
+        other = 1 - first
+        moved = client.run("noop", affinity="K", device=other)
+        again = client.run("noop", affinity="K")
+    assert moved["device_index"] == other
+    assert again["device_index"] == first  # the key stays where it first landed
+
+
 def test_priority_runs_first(daemon_factory: Callable[..., RunningDaemon]) -> None:
     """With one slot busy, a high-priority job queued last starts before earlier ones."""
     daemon = daemon_factory(

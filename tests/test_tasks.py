@@ -25,6 +25,7 @@ from taogpud.backends.cpu import CpuBackend, blas_thread_env
 from taogpud.backends.cuda.backend import _device_problem, probe_cuda
 from taogpud.errors import BackendUnavailable, InvalidParams, UnknownTask
 from taogpud.tasks import JobCancelled, TaskContext, TaskOutput
+from taogpud.tasks.warmup import backend_for, warm
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SIZED_TASKS = ("vector_add", "saxpy", "reduce_sum", "fft", "sort")
@@ -47,8 +48,8 @@ def cpu_spec(**changes: Any) -> WorkerSpec:
 
 @pytest.fixture(scope="module")
 def cpu() -> Backend:
-    backend = create_backend(cpu_spec())
-    backend.warm()
+    backend = backend_for(cpu_spec())
+    warm(backend)
     return backend
 
 
@@ -516,7 +517,7 @@ def test_broken_plugins_are_skipped_with_a_message(
 
 def test_cpu_backend_reports_its_device() -> None:
     """A warm cpu backend names the cpu, the host memory, its cap and the warm-up time."""
-    info = create_backend(cpu_spec(index=1, memory_fraction=0.25)).warm()
+    info = warm(backend_for(cpu_spec(index=1, memory_fraction=0.25)))
     assert (info.backend, info.device, info.index) == ("cpu", "cpu:1", 1)
     assert info.name
     assert info.memory_total_bytes > 0
@@ -600,8 +601,8 @@ needs_gpu = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def gpu() -> Backend:
-    backend = create_backend(cpu_spec(backend="cuda", pool_size_mb=64))
-    backend.warm()
+    backend = backend_for(cpu_spec(backend="cuda", pool_size_mb=64))
+    warm(backend)
     return backend
 
 

@@ -130,9 +130,9 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = (
-            self.state.max_upload_bytes
+            self.state.limits.max_upload_bytes
             if scope["path"] == "/v1/arrays"
-            else self.state.max_json_bytes
+            else self.state.limits.max_json_bytes
         )
         declared = _content_length(scope)
         if declared is not None and declared > limit:

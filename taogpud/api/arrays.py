@@ -27,6 +27,6 @@ router = APIRouter(prefix="/v1/arrays", tags=["arrays"])
 async def upload(request: Request, daemon: Daemon) -> ArrayView:
     """The array belongs to the caller: only they (root, group taogpu-admin) may use its id."""
     array_id, ref = await daemon.arrays.upload(
-        request.stream(), daemon.max_upload_bytes, peer_of(request)
+        request.stream(), daemon.limits.max_upload_bytes, peer_of(request)
     )
     return ArrayView(id=array_id, shape=list(ref.shape), dtype=ref.dtype, nbytes=ref.nbytes)

@@ -26,5 +26,5 @@ async def ping(
     ] = None,
 ) -> PingResult:
     """Always 200 when the ping ran: `ok` and `status` say how the channel answered."""
-    settings = ChannelSettings.from_snapshot(daemon.snapshot)
+    settings = ChannelSettings.from_snapshot(daemon.status.snapshot)
     return await channel.ping(settings, model, deadline_s=timeout_s)

@@ -8,6 +8,7 @@ from fastapi import APIRouter
 
 from taogpud.api.deps import Daemon
 from taogpud.api.models import ConfigStatusView, ReloadView
+from taogpud.daemon.state import Phase
 from taogpud.errors import Draining
 
 router = APIRouter(prefix="/v1/config", tags=["config"])
@@ -15,21 +16,22 @@ router = APIRouter(prefix="/v1/config", tags=["config"])
 
 @router.get("")
 async def effective_config(daemon: Daemon) -> dict[str, Any]:
-    return daemon.snapshot.redacted()
+    return daemon.status.snapshot.redacted()
 
 
 @router.get("/status", response_model=ConfigStatusView)
 async def config_status(daemon: Daemon) -> ConfigStatusView:
+    status = daemon.status
     return ConfigStatusView(
-        generation=daemon.generation, digest=daemon.snapshot.digest, last_reload=daemon.last_reload
+        generation=status.generation, digest=status.snapshot.digest, last_reload=status.last_reload
     )
 
 
 @router.post("/reload", response_model=ReloadView)
 async def reload_config(daemon: Daemon) -> ReloadView:
     """Re-read both files; valid → swapped (workers rolled if needed), invalid → old kept."""
-    if daemon.reload is None or daemon.phase != "ready":
+    if daemon.status.phase is not Phase.ready:
         raise Draining(
-            f"taogpud is {daemon.phase}; it reloads only when ready", "try again shortly"
+            f"taogpud is {daemon.status.phase}; it reloads only when ready", "try again shortly"
         )
     return await daemon.reload("api")

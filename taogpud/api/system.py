@@ -11,7 +11,7 @@ from taogpud import __version__, tasks
 from taogpud.api.deps import Daemon
 from taogpud.api.models import ArraysView, HealthView, InfoView, StatusView, WorkerView
 from taogpud.api.peer import peer_of
-from taogpud.daemon.state import DaemonState
+from taogpud.daemon.state import DaemonState, Phase
 from taogpud.logging import write_failures
 from taogpud.metrics import render_metrics
 
@@ -20,19 +20,19 @@ router = APIRouter(tags=["daemon"])
 
 @router.get("/v1/health", response_model=HealthView)
 async def health(daemon: Daemon) -> HealthView:
-    return HealthView(ok=daemon.phase == "ready", state=daemon.phase)
+    return HealthView(ok=daemon.status.phase is Phase.ready, state=daemon.status.phase.value)
 
 
 @router.get("/v1/info", response_model=InfoView)
 async def info(daemon: Daemon) -> InfoView:
-    snapshot = daemon.snapshot
+    snapshot = daemon.status.snapshot
     return InfoView(
         version=__version__,
-        backend=daemon.backend,
-        fallback=daemon.fallback,
+        backend=daemon.status.backend,
+        fallback=daemon.status.fallback,
         devices=devices_of(daemon),
         config_digest=snapshot.digest,
-        config_generation=daemon.generation,
+        config_generation=daemon.status.generation,
         settings_path=str(snapshot.settings_path) if snapshot.settings_path else None,
         config_path=str(snapshot.config_path) if snapshot.config_path else None,
         key_source=snapshot.key_source,
@@ -66,17 +66,17 @@ async def metrics(daemon: Daemon) -> Response:
 def status_of(daemon: DaemonState) -> StatusView:
     policy = daemon.scheduler.policy
     return StatusView(
-        state=daemon.phase,
-        backend=daemon.backend,
-        fallback=daemon.fallback,
-        fallback_reason=daemon.fallback_reason,
+        state=daemon.status.phase.value,
+        backend=daemon.status.backend,
+        fallback=daemon.status.fallback,
+        fallback_reason=daemon.status.fallback_reason,
         running=daemon.scheduler.running_total,
         queued=daemon.scheduler.queued,
         max_concurrent_tasks=policy.max_concurrent_tasks,
         queue_limit=policy.queue_limit,
         strategy=policy.strategy,
         gpu_affinity=policy.gpu_affinity,
-        config_generation=daemon.generation,
+        config_generation=daemon.status.generation,
         jobs_total=daemon.scheduler.jobs_total,
         workers=[_worker_view(w) for w in daemon.pool.workers],
         executor=daemon.pool.executor,

@@ -25,7 +25,7 @@ from fastapi.responses import StreamingResponse
 from taogpud.access import check_access, may_see
 from taogpud.api.deps import Daemon
 from taogpud.api.peer import peer_of
-from taogpud.daemon.state import DaemonState
+from taogpud.daemon.state import DaemonState, Phase
 from taogpud.trace_ring import RING, RING_LINES, TraceLine
 
 router = APIRouter(tags=["trace"])
@@ -95,7 +95,7 @@ async def _lines(
         yield item.line + b"\n"
         if ends is not None and ends(item):
             return
-    while follow and daemon.phase == "ready":
+    while follow and daemon.status.phase is Phase.ready:
         await asyncio.sleep(POLL_S)
         for item in RING.after(seq):
             seq = item.seq

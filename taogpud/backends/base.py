@@ -66,18 +66,22 @@ class WorkerSpec:
 class Backend(ABC):
     """One device, as seen from inside its worker process."""
 
-    name: str  # "cpu" | "cuda"
+    name: str  # "cpu" | "cuda" | "opencl"
     xp: ModuleType  # numpy or cupy: the namespace task bodies are written against
     # Whether xp arrays live in host memory: a task may then compute its outputs straight
     # into a client's memory (TaskContext.output); on a device they land there by d2h.
     computes_in_host_memory = False
+    # Whether each slot holds kernel objects of its own (opencl), so that a warm-up runs in
+    # every slot; else the kernels are the process's and one slot's warm-up warms them all.
+    kernels_per_slot = False
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
 
     @abstractmethod
     def warm(self) -> DeviceInfo:
-        """Select the device, size the pool, compile the built-in kernels. Runs once."""
+        """Select the device and size its memory pool; what this backend builds itself is
+        built. Runs once. The tasks layer then runs every body once (tasks/warmup.py)."""
 
     @contextlib.contextmanager
     def slot(self, slot_index: int) -> Iterator[None]:

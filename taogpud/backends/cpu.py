@@ -49,19 +49,16 @@ class CpuBackend(Backend):
         self.xp = numpy
 
     def warm(self) -> DeviceInfo:
-        from taogpud.tasks.builtin import warm_up
-
-        device = f"cpu:{self.spec.index}"
-        extra = {"fallback_reason": self.spec.fallback_reason} if self.spec.fallback_reason else {}
         started = time.perf_counter()
-        warm_up(self.xp, self.name, device, {"name": cpu_model_name(), **extra})
-        warmup_ms = (time.perf_counter() - started) * 1000
+        extra = {"fallback_reason": self.spec.fallback_reason} if self.spec.fallback_reason else {}
         total = host_memory_bytes()
+        name = cpu_model_name()
+        warmup_ms = (time.perf_counter() - started) * 1000
         return DeviceInfo(
             backend=self.name,
-            device=device,
+            device=f"cpu:{self.spec.index}",
             index=self.spec.index,
-            name=cpu_model_name(),
+            name=name,
             memory_total_bytes=total,
             memory_cap_bytes=int(total * self.spec.memory_fraction),
             warmup_ms=warmup_ms,

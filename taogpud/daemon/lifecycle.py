@@ -38,7 +38,7 @@ from taogpud.api.listen import bind_unix_socket
 from taogpud.arrays import ArrayStore, upload_quota_bytes
 from taogpud.daemon.reload import Reloader, watch_files
 from taogpud.daemon.shm_server import ShmServer
-from taogpud.daemon.state import DaemonState
+from taogpud.daemon.state import DaemonState, DaemonStatus, Limits, Phase
 from taogpud.daemon.state_lock import StateDirLocked, lock_state_dir
 from taogpud.errors import BackendUnavailable, ConfigError, StateDiskFull
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
@@ -99,15 +99,14 @@ class Daemon:
 
     async def run(self) -> int:
         state, server, serving = await self._startup()
-        reloader = Reloader(state, self.notifier, self.args.settings, self.args.config)
-        self._reloader, state.reload = reloader, reloader.reload
+        assert self._reloader is not None  # built with the state
         loop = asyncio.get_running_loop()
-        watching = loop.create_task(self._watch(reloader))
+        watching = loop.create_task(self._watch(self._reloader))
         background = [
             loop.create_task(coroutine)
             for coroutine in (_heartbeat(self.notifier, state), _housekeeping(state))
         ]
-        state.phase = "ready"
+        state.status.phase = Phase.ready
         log.info("daemon.ready", socket=str(self.socket_path), **_summary(state))
         self.notifier.ready(state.status_line())
         await self._stop_requested.wait()
@@ -142,7 +141,7 @@ class Daemon:
             raise
         self._install_signal_handlers()
         try:
-            await state.pool.start(WARM_TIMEOUT_S)
+            await state.pool.start(state.scheduler, WARM_TIMEOUT_S)
             state.scheduler.recover(state.store.unfinished())
             state.store.load_recent(RECENT_JOBS_SHOWN)
             server, serving = await self._serve(state, sock)
@@ -157,7 +156,7 @@ class Daemon:
         """`<socket>.shm`: local clients' own memory, handed over once (daemon/shm_server.py).
         Each uid may hold as much there as the array store's budget. Not with executor
         "ray": its workers may be on other hosts, which a memfd cannot reach."""
-        if state.snapshot.config.scheduling.executor != "local":
+        if state.status.snapshot.config.scheduling.executor != "local":
             return
         self.shm = ShmServer(state.scheduler, state.store, state.arrays.budget_bytes)
         self.shm.start(socket_path_for(self.socket_path))
@@ -170,6 +169,8 @@ class Daemon:
             log.error("config.watch_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _build_state(self) -> DaemonState:
+        """The services, each built once from those below it: the store, the array store,
+        the pool (not started), the scheduler over it, the reloader over them all."""
         plan = plan_workers(self.snapshot)
         state_dir = self.state_dir
         private_dir(state_dir)
@@ -178,20 +179,21 @@ class Daemon:
         arrays = ArrayStore(_array_budget_bytes(), store, shm.namespace_of(state_dir))
         arrays.user_quota_bytes = upload_quota_bytes(self.snapshot, arrays)
         arrays.restore()
-        scheduler = Scheduler(
-            Policy.from_snapshot(self.snapshot), store, arrays, state_dir / OUTPUTS_DIR_NAME
-        )
-        pool = create_pool(self.snapshot, plan.specs, scheduler)
-        scheduler.pool = pool
+        pool = create_pool(self.snapshot, plan.specs)
+        policy = Policy.from_snapshot(self.snapshot)
+        scheduler = Scheduler(policy, store, arrays, pool, state_dir / OUTPUTS_DIR_NAME)
+        status = DaemonStatus(self.snapshot, plan.backend, plan.fallback_reason)
+        services = (pool, scheduler, arrays)
+        args = (self.args.settings, self.args.config)
+        self._reloader = Reloader(status, services, self.notifier, *args)
         return DaemonState(
-            self.snapshot,
-            scheduler,
+            status,
             store,
             arrays,
             pool,
-            plan.backend,
-            plan.fallback_reason,
-            max_upload_bytes=arrays.budget_bytes,
+            scheduler,
+            self._reloader.reload,
+            Limits(max_upload_bytes=arrays.budget_bytes),
         )
 
     async def _serve(
@@ -200,7 +202,7 @@ class Daemon:
         app = create_app(state)
         server_config = uvicorn.Config(
             app,
-            http=protocol.serving(lambda: state.snapshot.config.server, _open_file_limit()),
+            http=protocol.serving(lambda: state.status.snapshot.config.server, _open_file_limit()),
             timeout_keep_alive=KEEP_ALIVE_S,
             lifespan="off",
             log_config=None,
@@ -221,15 +223,18 @@ class Daemon:
     async def _shutdown(
         self, state: DaemonState, server: _Server, serving: asyncio.Task[None]
     ) -> None:
-        state.phase = "draining"
+        state.status.phase = Phase.draining
         drain_s = (
-            0.0 if self._signals_seen > 1 else state.snapshot.config.scheduling.drain_timeout_s
+            0.0
+            if self._signals_seen > 1
+            else state.status.snapshot.config.scheduling.drain_timeout_s
         )
         self.notifier.stopping(f"draining {state.scheduler.running_total} running jobs")
         log.info("daemon.draining", running=state.scheduler.running_total, drain_timeout_s=drain_s)
         left = await state.scheduler.drain(drain_s)
         if left:
             state.scheduler.interrupt_running()
+        state.status.phase = Phase.stopping
         end_waits(state)
         server.should_exit = True
         await serving
@@ -311,12 +316,12 @@ def remove_forgotten_outputs(outputs_dir: Path, store: JobStore) -> int:
 
 def _summary(state: DaemonState) -> dict[str, object]:
     return {
-        "backend": state.backend,
-        "fallback": state.fallback,
-        "fallback_reason": state.fallback_reason,
+        "backend": state.status.backend,
+        "fallback": state.status.fallback,
+        "fallback_reason": state.status.fallback_reason,
         "devices": [w.label for w in state.pool.workers],
-        "config_digest": state.snapshot.digest,
-        "key_source": state.snapshot.key_source,
+        "config_digest": state.status.snapshot.digest,
+        "key_source": state.status.snapshot.key_source,
     }
 
 

@@ -32,13 +32,14 @@ from watchfiles import Change, awatch
 
 from taogpud import config
 from taogpud import logging as tlog
-from taogpud.arrays import upload_quota_bytes
+from taogpud.arrays import ArrayStore, upload_quota_bytes
 from taogpud.config.ray import restart_only
-from taogpud.daemon.state import DaemonState
+from taogpud.daemon.state import DaemonStatus, Phase, status_line
 from taogpud.errors import BackendUnavailable, ConfigError, Problem
 from taogpud.pool.environ import keep_from_children
+from taogpud.pool.interface import Pool
 from taogpud.pool.plan import plan_workers
-from taogpud.scheduler import Policy
+from taogpud.scheduler import Policy, Scheduler
 from taogpud.systemd import Notifier
 from taogpud.wire import ChangeView, ReloadView
 
@@ -52,14 +53,19 @@ log = tlog.get_logger("taogpud.reload")
 
 
 class Reloader:
+    """Reloads one at a time; it writes the daemon's status (the snapshot, the generation,
+    the last reload, the backend after a roll) and tells the services what changed."""
+
     def __init__(
         self,
-        state: DaemonState,
+        status: DaemonStatus,
+        services: tuple[Pool, Scheduler, ArrayStore],
         notifier: Notifier,
         settings_arg: Path | None,
         config_arg: Path | None,
     ) -> None:
-        self.state = state
+        self.status = status
+        self.pool, self.scheduler, self.arrays = services
         self.notifier = notifier
         self._args = (settings_arg, config_arg)
         self._lock = asyncio.Lock()
@@ -68,7 +74,12 @@ class Reloader:
 
     def request(self, trigger: str) -> None:
         """From a signal handler or the watcher: reload soon. Requests that come while one
-        waits join it (it reads the files after them) and are named in its trigger."""
+        waits join it (it reads the files after them) and are named in its trigger. Only a
+        ready daemon reloads (as POST /v1/config/reload says): one still warming or already
+        stopping drops the request, with a log line."""
+        if self.status.phase is not Phase.ready:
+            log.warning("config.reload_ignored", trigger=trigger, phase=self.status.phase.value)
+            return
         self._waiting_triggers.append(trigger)
         if len(self._waiting_triggers) > 1:
             return
@@ -88,12 +99,12 @@ class Reloader:
             try:
                 view = await self._reload(trigger)
             finally:
-                self.notifier.ready(self.state.status_line())
-            self.state.last_reload = view
+                self.notifier.ready(status_line(self.status, self.pool, self.scheduler))
+            self.status.last_reload = view
             return view
 
     async def _reload(self, trigger: str) -> ReloadView:
-        old = self.state.snapshot
+        old = self.status.snapshot
         try:
             new = config.load(*self._args)
             changes = config.diff(old, new)
@@ -112,16 +123,16 @@ class Reloader:
             ok=True, at=time.time(), trigger=trigger, warnings=[w.as_dict() for w in new.warnings]
         )
         if not changes:
-            log.info("config.unchanged", trigger=trigger, generation=self.state.generation)
-            return view.model_copy(update={"generation": self.state.generation})
+            log.info("config.unchanged", trigger=trigger, generation=self.status.generation)
+            return view.model_copy(update={"generation": self.status.generation})
         view.warnings += [p.as_dict() for p in restart_only(changes)]  # executor: at next start
         self._swap(new, changes, trigger, restart=plan is not None)
         if plan is not None:
-            problems = await self.state.pool.roll(plan.specs, WARM_TIMEOUT_S)
-            self.state.backend, self.state.fallback_reason = plan.backend, plan.fallback_reason
+            problems = await self.pool.roll(plan.specs, WARM_TIMEOUT_S)
+            self.status.backend, self.status.fallback_reason = plan.backend, plan.fallback_reason
             view.errors = [_worker_problem(p).as_dict() for p in problems]
             view.ok = not problems
-        view.generation = self.state.generation
+        view.generation = self.status.generation
         view.changes = [ChangeView(key=k, old=o, new=n) for k, o, n in changes]
         view.restarted_workers = plan is not None
         view.at = time.time()
@@ -131,11 +142,11 @@ class Reloader:
         self, new: config.ConfigSnapshot, changes: list[Any], trigger: str, restart: bool
     ) -> None:
         """Everything live changes here, in one step, before anything awaits."""
-        old = self.state.snapshot
-        self.state.snapshot = new
-        self.state.generation += 1
-        self.state.scheduler.apply_policy(Policy.from_snapshot(new))
-        self.state.arrays.user_quota_bytes = upload_quota_bytes(new, self.state.arrays)
+        old = self.status.snapshot
+        self.status.snapshot = new
+        self.status.generation += 1
+        self.scheduler.apply_policy(Policy.from_snapshot(new))
+        self.arrays.user_quota_bytes = upload_quota_bytes(new, self.arrays)
         keep_from_children(new.config.api.api_key_env)  # workers rolled from now on
         tlog.set_level(new.settings.logging.level)
         tlog.set_request_trace(new.settings.logging.request_trace)
@@ -144,11 +155,11 @@ class Reloader:
             log.warning("logging.file_unusable", problem=problem)
         tlog.set_secrets(*(k.get_secret_value() for k in (old.api_key, new.api_key) if k))
         if new.settings.gpu.memory_fraction != old.settings.gpu.memory_fraction:
-            self.state.pool.set_memory_fraction(new.settings.gpu.memory_fraction)
+            self.pool.set_memory_fraction(new.settings.gpu.memory_fraction)
         log.info(
             "config.reloaded",
             trigger=trigger,
-            generation=self.state.generation,
+            generation=self.status.generation,
             restart_workers=restart,
             changes=[{"key": k, "old": o, "new": n} for k, o, n in changes],
         )
@@ -156,13 +167,16 @@ class Reloader:
     def _rejected(self, trigger: str, problems: list[Problem]) -> ReloadView:
         errors = [p.as_dict() for p in problems]
         log.error(
-            "config.reload_failed", trigger=trigger, generation=self.state.generation, errors=errors
+            "config.reload_failed",
+            trigger=trigger,
+            generation=self.status.generation,
+            errors=errors,
         )
         return ReloadView(
             ok=False,
             at=time.time(),
             trigger=trigger,
-            generation=self.state.generation,
+            generation=self.status.generation,
             errors=errors,
         )
 
@@ -181,7 +195,7 @@ class Reloader:
             before = now
 
     def watched_paths(self) -> list[Path]:
-        snapshot = self.state.snapshot
+        snapshot = self.status.snapshot
         chosen = (
             arg or path
             for arg, path in zip(

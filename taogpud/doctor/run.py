@@ -74,7 +74,7 @@ class Options:
 
 async def daemon_checks(state: DaemonState, peer: Peer, options: Options) -> list[Check]:
     """Every daemon-side check; the ping, the probes and the host facts run at once."""
-    snapshot = state.snapshot
+    snapshot = state.status.snapshot
     target = Target.of(snapshot)
     pinged = asyncio.create_task(_ping_check(snapshot, options))
     host = asyncio.create_task(asyncio.to_thread(_host_facts))
@@ -105,19 +105,19 @@ async def daemon_checks(state: DaemonState, peer: Peer, options: Options) -> lis
 
 def daemon_facts(state: DaemonState) -> dict[str, Any]:
     """Who answered: what the CLI needs to add its own checks (no secrets)."""
-    snapshot = state.snapshot
+    snapshot = state.status.snapshot
     return {
         "version": __version__,
         "pid": os.getpid(),
-        "backend": state.backend,
-        "fallback": state.fallback,
-        "fallback_reason": state.fallback_reason,
+        "backend": state.status.backend,
+        "fallback": state.status.fallback,
+        "fallback_reason": state.status.fallback_reason,
         "key_source": snapshot.key_source,
         "api_key_env": snapshot.config.api.api_key_env,
         "settings_path": str(snapshot.settings_path) if snapshot.settings_path else None,
         "config_path": str(snapshot.config_path) if snapshot.config_path else None,
         "config_digest": snapshot.digest,
-        "config_generation": state.generation,
+        "config_generation": state.status.generation,
     }
 
 

@@ -24,13 +24,13 @@ def worker_main(spec: WorkerSpec, control: Connection, slots: list[Connection]) 
     """Entry point of a spawned worker; returns when the daemon says stop or goes away."""
     _prepare_environment(spec)
     from taogpud import logging as tlog
-    from taogpud.backends import create_backend
+    from taogpud.tasks.warmup import backend_for, warm
 
     tlog.configure()
     log = tlog.get_logger("taogpud.worker").bind(pid=os.getpid(), device_index=spec.index)
-    backend = create_backend(spec)
+    backend = backend_for(spec)
     try:
-        info = backend.warm()
+        info = warm(backend)
     except Exception as exc:  # any failure to warm is reported, not raised: the daemon decides
         log.error("worker.warm_failed", error=f"{type(exc).__name__}: {exc}")
         control.send(msg.WarmFailed(f"{type(exc).__name__}: {exc}"))

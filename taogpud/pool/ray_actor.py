@@ -55,14 +55,14 @@ class WorkerActor:
             self.failure = f"{type(exc).__name__}: {exc}"
 
     def _warm(self) -> None:
-        from taogpud.backends import create_backend
+        from taogpud.tasks.warmup import backend_for, warm
 
         # the one GPU Ray granted is device 0 in here; cpu devices keep their number
         local = (
             dataclasses.replace(self.spec, index=0) if self.spec.backend == "cuda" else self.spec
         )
-        self.backend = create_backend(local)
-        info = self.backend.warm()
+        self.backend = backend_for(local)
+        info = warm(self.backend)
         context = ray.get_runtime_context()
         node = {
             "node_id": context.get_node_id(),

@@ -117,10 +117,10 @@ class RayWorker:
 class RayWorkerPool:
     executor = "ray"
 
-    def __init__(self, specs: list[WorkerSpec], sink: PoolSink, settings: RaySection) -> None:
+    def __init__(self, specs: list[WorkerSpec], settings: RaySection) -> None:
         self.workers = [RayWorker(spec, self) for spec in specs]
         self.settings = settings
-        self._sink = sink
+        self._sink: PoolSink | None = None  # given to start(): nothing reports before it
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inputs = InputCache()
@@ -132,8 +132,15 @@ class RayWorkerPool:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    async def start(self, warm_timeout_s: float) -> None:
-        """Connect, check the cluster can hold every actor, and return once all are warm."""
+    @property
+    def _told(self) -> PoolSink:
+        assert self._sink is not None, "a worker reported before the pool was started"
+        return self._sink
+
+    async def start(self, sink: PoolSink, warm_timeout_s: float) -> None:
+        """Connect, check the cluster can hold every actor, and return once all are warm.
+        From now on the workers' news goes to `sink` (the scheduler)."""
+        self._sink = sink
         await self._connect()
         self._check_resources()
         timeout_s = min(warm_timeout_s, self.settings.ready_timeout_s)
@@ -305,7 +312,7 @@ class RayWorkerPool:
             "worker.lost", device=worker.label, pid=worker.pid, exit=reason,
             jobs_lost=len(worker.running),
         )  # fmt: skip
-        self._sink.on_worker_lost(worker)
+        self._told.on_worker_lost(worker)
         self._spawn(self._respawn(worker))
 
     async def _respawn(self, worker: RayWorker) -> None:
@@ -317,7 +324,7 @@ class RayWorkerPool:
                 return
             await self._start_worker(worker, self.settings.ready_timeout_s)
         if worker.state is WorkerState.warm:
-            self._sink.on_worker_warm(worker)
+            self._told.on_worker_warm(worker)
 
     # -- jobs -----------------------------------------------------------------------------
 
@@ -340,7 +347,7 @@ class RayWorkerPool:
             finally:
                 self._inputs.release(_uploads(order))
         if actor is worker.actor and order.job_id in worker.running:
-            self._sink.on_job_finished(worker, finished)
+            self._told.on_job_finished(worker, finished)
         if finished.error is not None and finished.error[0] in STICKY_ERROR_CODES:
             # the actor's CUDA context is unusable for good: replace it, as a local worker
             # exits (its other jobs fail worker_crashed, or are retried)
@@ -456,7 +463,7 @@ class RayWorkerPool:
                 self.workers.sort(key=lambda w: w.spec.index)
             await self._start_worker(fresh, min(warm_timeout_s, self.settings.ready_timeout_s))
             if fresh.state is WorkerState.warm:
-                self._sink.on_worker_warm(fresh)
+                self._told.on_worker_warm(fresh)
             else:
                 problems.append(f"{fresh.label}: {fresh.warm_failure}")
                 self._spawn(self._respawn(fresh))

@@ -37,14 +37,21 @@ class PoolSink(Protocol):
 class WorkerPool:
     executor = "local"
 
-    def __init__(self, specs: list[WorkerSpec], sink: PoolSink) -> None:
+    def __init__(self, specs: list[WorkerSpec]) -> None:
         self.workers = [WorkerHandle(s, self._on_message, self._on_exit) for s in specs]
-        self._sink = sink
+        self._sink: PoolSink | None = None  # given to start(): nothing reports before it
         self._stopping = False
         self._respawns: set[asyncio.Task[None]] = set()
 
-    async def start(self, warm_timeout_s: float) -> None:
-        """Spawn all workers and return once every one is warm; raise if any is not."""
+    @property
+    def _told(self) -> PoolSink:
+        assert self._sink is not None, "a worker reported before the pool was started"
+        return self._sink
+
+    async def start(self, sink: PoolSink, warm_timeout_s: float) -> None:
+        """Spawn all workers and return once every one is warm; raise if any is not. From
+        now on the workers' news goes to `sink` (the scheduler)."""
+        self._sink = sink
         for worker in self.workers:
             worker.start()
         try:
@@ -94,11 +101,11 @@ class WorkerPool:
 
     def _on_message(self, worker: WorkerHandle, message: msg.FromWorker) -> None:
         if isinstance(message, msg.JobFinished):
-            self._sink.on_job_finished(worker, message)
+            self._told.on_job_finished(worker, message)
         elif isinstance(message, msg.Warm):
             log.info("worker.warm", device=worker.label, pid=message.pid, **_warm_fields(worker))
             if worker.restarts:  # a respawn; a rolled worker is announced by _replace
-                self._sink.on_worker_warm(worker)
+                self._told.on_worker_warm(worker)
 
     def set_memory_fraction(self, fraction: float) -> None:
         for worker in self.healthy:
@@ -139,7 +146,7 @@ class WorkerPool:
         if fresh.state is not WorkerState.warm:
             return f"{fresh.label}: {fresh.warm_failure or fresh.exit_description()}"
         log.info("worker.rolled", device=fresh.label, pid=fresh.pid)
-        self._sink.on_worker_warm(fresh)
+        self._told.on_worker_warm(fresh)
         return None
 
     async def _retire(self, worker: WorkerHandle) -> None:
@@ -160,7 +167,7 @@ class WorkerPool:
             exit=worker.exit_description(),
             jobs_lost=len(worker.running),
         )
-        self._sink.on_worker_lost(worker)
+        self._told.on_worker_lost(worker)
         task = asyncio.get_running_loop().create_task(self._respawn(worker))
         self._respawns.add(task)
         task.add_done_callback(self._respawns.discard)

@@ -36,7 +36,7 @@ def mount(app: FastAPI, state: DaemonState) -> None:
 
     store_path = state.store.path
     tokens = TokenStore(None if store_path is None else store_path.parent / FILE_NAME)
-    relay = Relay(lambda: state.snapshot, tokens)
+    relay = Relay(lambda: state.status.snapshot, tokens)
     app.state.relay = relay
     app.include_router(router)
     app.add_middleware(UnixRelay, relay=relay)

@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 import os
 import socket
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from taogpud.backends.cuda.evidence import format_gpu_uuid
 from taogpud.errors import InvalidParams
 from taogpud.tasks.base import JobCancelled, Task, TaskContext, TaskOutput
 
@@ -278,14 +278,6 @@ def _cuda_identity(xp: Any) -> dict[str, Any]:
     }
 
 
-def format_gpu_uuid(raw: Any) -> str | None:
-    """16 raw bytes → 'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx', the form nvidia-smi prints."""
-    if not isinstance(raw, bytes | bytearray) or len(raw) != 16:
-        return None
-    text = raw.hex()
-    return f"GPU-{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
-
-
 def checked_probe(
     ctx: TaskContext, got: float, array_module: str, rel_tol: float = 0.0
 ) -> dict[str, Any]:
@@ -445,17 +437,14 @@ _WARMUP_PARAMS: dict[str, dict[str, Any]] = {
 }
 
 
+def warmup_runs() -> list[tuple[Task, dict[str, Any]]]:
+    """(task, params) pairs that run every built-in once on tiny data, in every dtype each
+    takes (tasks/warmup.py runs them)."""
+    return [(task, params) for task in BUILTIN_TASKS for params in _warmup_params(task)]
+
+
 def _warmup_params(task: Task) -> list[dict[str, Any]]:
     tiny = _WARMUP_PARAMS[task.name]
     if "dtype" not in task.params.model_fields:
         return [tiny]
     return [{**tiny, "dtype": dtype} for dtype in ITEMSIZE]
-
-
-def warm_up(xp: Any, backend: str, device: str, info: Mapping[str, Any]) -> None:
-    """Run every built-in once on tiny data, so the first real job finds everything loaded
-    (BLAS and FFT plans on cpu; compiled kernels and cuFFT/cuBLAS handles on cuda)."""
-    for task in BUILTIN_TASKS:
-        for raw in _warmup_params(task):
-            ctx = TaskContext(xp, backend, device, {}, threading.Event(), info)
-            task.body(ctx, task.params.model_validate(raw))

@@ -9,7 +9,9 @@ per element. Sums and sort are pyopencl's ReductionKernel and RadixSort. Random 
 drawn on the device (Philox), so, as with CuPy, a seed's numbers differ from NumPy's.
 
 Every kernel object is per slot: a pyopencl kernel sets its arguments and then enqueues,
-so two slot threads must never share one.
+so two slot threads must never share one. `build_slot_kernels` is what the tasks layer hands
+the opencl backend (tasks/warmup.py): the backend builds its slots around these kernels
+without importing this module.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pyopencl import clrandom
 from pyopencl.algorithm import RadixSort
 from pyopencl.reduction import ReductionKernel
 
-from taogpud.backends.opencl.probe import device_type_name
+from taogpud.backends.opencl.runtime import SlotRuntime, device_facts, has_fp64
 from taogpud.errors import InvalidParams
 from taogpud.tasks.base import TaskContext, TaskOutput
 from taogpud.tasks.builtin import (
@@ -151,8 +153,11 @@ class DtypeKernels:
 class Kernels:
     """One slot's kernels, by element type. Built before the worker reports warm."""
 
-    def __init__(self, context: cl.Context, programs: dict[str, cl.Program], fp64: bool) -> None:
+    def __init__(
+        self, context: cl.Context, programs: dict[str, cl.Program], fp64: bool, tile: int
+    ) -> None:
         self.fp64 = fp64
+        self.tile = tile  # matmul's work-group side (matmul_tile)
         self.checksum_dtype = np.dtype(np.float64 if fp64 else np.float32)
         self.by_dtype = {dtype: DtypeKernels(context, p, dtype) for dtype, p in programs.items()}
         self.checksum_of_f32: Any = ReductionKernel(
@@ -171,6 +176,13 @@ class Kernels:
         return kernels
 
 
+def build_slot_kernels(context: cl.Context, device: cl.Device, slots: int) -> list[Kernels]:
+    """Every slot's kernels: the programs built once for the device, kernel objects per slot."""
+    fp64 = has_fp64(device)
+    programs = build_programs(context, device, fp64)
+    return [Kernels(context, programs, fp64, matmul_tile(device)) for _ in range(slots)]
+
+
 def build_programs(context: cl.Context, device: cl.Device, fp64: bool) -> dict[str, cl.Program]:
     """The OpenCL C above, built once per element type (the slots share the programs)."""
     tile = matmul_tile(device)
@@ -179,26 +191,6 @@ def build_programs(context: cl.Context, device: cl.Device, fp64: bool) -> dict[s
         dtype: cl.Program(context, SOURCE).build(options=build_options(dtype, tile))
         for dtype in dtypes
     }
-
-
-@dataclass
-class SlotRuntime:
-    """What an OpenCL task body uses: the slot's queue, its capped allocator, its kernels."""
-
-    context: cl.Context
-    queue: cl.CommandQueue
-    allocator: Any  # size → cl.Buffer, counted against the device's memory cap
-    kernels: Kernels
-    tile: int
-
-    def empty(self, shape: tuple[int, ...], dtype: Any) -> cla.Array:
-        return cla.empty(self.queue, shape, dtype, allocator=self.allocator)
-
-    def to_dtype(self, array: cla.Array, dtype: Any) -> cla.Array:
-        if array.dtype == dtype:
-            return array
-        converted: cla.Array = array.astype(dtype)  # through the array's own capped allocator
-        return converted
 
 
 def _runtime(ctx: TaskContext) -> SlotRuntime:
@@ -361,7 +353,7 @@ def matmul(ctx: TaskContext, params: MatmulParams) -> TaskOutput:
     ctx.check_cancelled()
     (m, k), n = a.shape, b.shape[1]
     c = runtime.empty((m, n), a.dtype)
-    tile = runtime.tile
+    tile = runtime.kernels.tile
     global_size = (math.ceil(n / tile) * tile, math.ceil(m / tile) * tile)
     runtime.kernels.of(params.dtype).matmul(
         runtime.queue, global_size, (tile, tile),
@@ -391,16 +383,6 @@ def probe(ctx: TaskContext, params: NoParams) -> TaskOutput:
         **device_facts(runtime.queue.device),
     }
     return TaskOutput(summary=summary)
-
-
-def device_facts(device: cl.Device) -> dict[str, Any]:
-    """What a job trace repeats about the OpenCL device: its type, name, vendor, platform."""
-    return {
-        "device_type": device_type_name(cl, device.type),
-        "device_name": device.name.strip(),
-        "device_vendor": device.vendor.strip(),
-        "platform": device.platform.name.strip(),
-    }
 
 
 OPENCL_BODIES: dict[str, Any] = {

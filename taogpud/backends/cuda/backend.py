@@ -17,7 +17,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from taogpud.backends.base import Backend, DeviceInfo, PhaseClock, WorkerSpec
-from taogpud.backends.cuda.evidence import NvmlWatch, UtilizationSampler, job_evidence, unavailable
+from taogpud.backends.cuda.evidence import (
+    NvmlWatch,
+    UtilizationSampler,
+    format_gpu_uuid,
+    job_evidence,
+    unavailable,
+)
 from taogpud.backends.cuda.kernels import resolve_arch, same_arch
 from taogpud.errors import BackendUnavailable
 from taogpud.install_hints import install_hint
@@ -173,8 +179,6 @@ class CudaBackend(Backend):
         self._sampler: UtilizationSampler | None = None
 
     def warm(self) -> DeviceInfo:
-        from taogpud.tasks.builtin import format_gpu_uuid, warm_up
-
         started = time.perf_counter()
         with self._device:
             props = self.xp.cuda.runtime.getDeviceProperties(self.spec.index)
@@ -188,9 +192,6 @@ class CudaBackend(Backend):
         for slot_index in range(self.spec.stream_count):
             with self.slot(slot_index):
                 self._preallocate()
-        with self.slot(0):
-            warm_up(self.xp, self.name, info.device, info.as_dict())
-            self.synchronize()
         warmup_ms = (time.perf_counter() - started) * 1000
         return dataclasses.replace(info, warmup_ms=warmup_ms)
 

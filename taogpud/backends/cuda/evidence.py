@@ -33,6 +33,14 @@ PIDS_SHOWN = 16
 TOO_SHORT = "too short to sample"
 
 
+def format_gpu_uuid(raw: Any) -> str | None:
+    """16 raw bytes → 'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx', the form nvidia-smi prints."""
+    if not isinstance(raw, bytes | bytearray) or len(raw) != 16:
+        return None
+    text = raw.hex()
+    return f"GPU-{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
 def normalise_bus_id(bus_id: str) -> str:
     """'00000000:17:00.0' (NVML) and '0000:17:00.0' (CUDA) → '0000:17:00.0', lower case."""
     text = bus_id.strip().lower()

@@ -1,9 +1,11 @@
 """The OpenCL backend (pyopencl): one device of one platform, one command queue per slot.
 
-Warm-up creates the context and `stream_count` in-order queues, builds every built-in kernel
-for every slot (tasks/opencl_kernels.py) and runs each once, so the first job compiles
-nothing. PoCL keeps its compiled kernels in POCL_CACHE_DIR: the daemon points it at its cache
-directory (paths.kernel_cache_env), so a restart builds from that cache.
+Warm-up creates the context and `stream_count` in-order queues, and has every slot's kernels
+built by the `slot_kernels` it was given (the tasks layer's: tasks/opencl_kernels.py); the
+tasks layer then runs each once in every slot (tasks/warmup.py), so the first job compiles
+nothing. This package never imports the tasks. PoCL keeps its compiled kernels in
+POCL_CACHE_DIR: the daemon points it at its cache directory (paths.kernel_cache_env), so a
+restart builds from that cache.
 
 Memory (memory.py): each slot allocates from its own buffer pool, and every pool of
 the device counts against memoryFraction × its global memory. An allocation past that cap
@@ -20,12 +22,15 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
 from taogpud.backends.opencl.memory import DeviceMemoryBudget, SlotAllocator
 from taogpud.backends.opencl.probe import build_log
 from taogpud.errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from taogpud.backends.opencl.runtime import SlotKernels
 
 # OpenCL status codes that mean the device or its context is gone for good: a fresh worker
 # (a new context) is the only way back. -9999 is NVIDIA's code for a faulting kernel.
@@ -49,12 +54,14 @@ class OpenclBackend(Backend):
 
     name = "opencl"
     sticky_error_code = "opencl_device_lost"
+    kernels_per_slot = True
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, slot_kernels: SlotKernels | None = None) -> None:
         super().__init__(spec)
         import pyopencl.array
 
         self.xp = pyopencl.array  # the bodies for this backend are in tasks/opencl_kernels.py
+        self._slot_kernels = slot_kernels  # builds each slot's kernels (the tasks layer's)
         self._local = threading.local()  # this thread's SlotRuntime
         self._slots: list[Any] = []
         self._device: Any = None
@@ -62,7 +69,7 @@ class OpenclBackend(Backend):
         self._total_bytes = 0
 
     def warm(self) -> DeviceInfo:
-        from taogpud.tasks.opencl_kernels import device_facts
+        from taogpud.backends.opencl.runtime import device_facts, has_fp64
 
         started = time.perf_counter()
         self._device = self._find_device()
@@ -70,14 +77,13 @@ class OpenclBackend(Backend):
         cap = int(self._total_bytes * self.spec.memory_fraction)
         self._budget = DeviceMemoryBudget(cap, int(self._device.max_mem_alloc_size))
         self._slots = self._build_slots()
-        self._run_every_kernel()
         facts = device_facts(self._device)
         extra = {
             **facts,
             "platform_index": self.spec.platform_index,
             "opencl_version": self._device.version.strip(),
             "driver_version": self._device.driver_version.strip(),
-            "fp64": self._slots[0].kernels.fp64,
+            "fp64": has_fp64(self._device),
             "max_alloc_bytes": self._budget.max_alloc_bytes,
         }
         return DeviceInfo(
@@ -114,22 +120,20 @@ class OpenclBackend(Backend):
     def _build_slots(self) -> list[Any]:
         import pyopencl as cl
 
-        from taogpud.tasks.opencl_kernels import Kernels, SlotRuntime, build_programs, matmul_tile
+        from taogpud.backends.opencl.runtime import SlotRuntime
 
         context = cl.Context([self._device])
-        fp64 = "cl_khr_fp64" in self._device.extensions
+        count = self.spec.stream_count
         try:
-            programs = build_programs(context, self._device, fp64)
-            queues = [cl.CommandQueue(context) for _ in range(self.spec.stream_count)]
+            kernels = (
+                self._slot_kernels(context, self._device, count)
+                if self._slot_kernels is not None
+                else [None] * count
+            )
+            queues = [cl.CommandQueue(context) for _ in range(count)]
             return [
-                SlotRuntime(
-                    context,
-                    queue,
-                    SlotAllocator(queue, self._budget),
-                    Kernels(context, programs, fp64),
-                    matmul_tile(self._device),
-                )
-                for queue in queues
+                SlotRuntime(context, queue, SlotAllocator(queue, self._budget), slot_kernels)
+                for queue, slot_kernels in zip(queues, kernels, strict=True)
             ]
         except cl.Error as exc:  # a driver that cannot build our kernels cannot run jobs
             raise BackendUnavailable(
@@ -138,24 +142,6 @@ class OpenclBackend(Backend):
                 "check the OpenCL driver (`clinfo`); for PoCL, check that `ld` (binutils) is "
                 "installed",
             ) from exc
-
-    def _run_every_kernel(self) -> None:
-        """Each body once per slot on tiny data: pyopencl finishes its kernels on first call."""
-        from taogpud import tasks
-        from taogpud.tasks.base import TaskContext
-        from taogpud.tasks.opencl_tasks import warmup_runs
-
-        info = {"backend": self.name}
-        for slot_index in range(self.spec.stream_count):
-            with self.slot(slot_index):
-                for name, raw in warmup_runs(fp64=self._slots[0].kernels.fp64):
-                    task = tasks.get(name)
-                    ctx = TaskContext(
-                        self.xp, self.name, f"opencl:{self.spec.index}", {},
-                        threading.Event(), info, self.task_runtime(),
-                    )  # fmt: skip
-                    task.body_for(self.name)(ctx, task.params.model_validate(raw))
-                self.synchronize()
 
     @contextlib.contextmanager
     def slot(self, slot_index: int) -> Iterator[None]:
@@ -208,7 +194,7 @@ class OpenclBackend(Backend):
     @contextlib.contextmanager
     def observe(self) -> Iterator[dict[str, Any]]:
         """The device the slot's queue really holds, as every job's evidence (and trace)."""
-        from taogpud.tasks.opencl_kernels import device_facts
+        from taogpud.backends.opencl.runtime import device_facts
 
         evidence: dict[str, Any] = {}
         try:

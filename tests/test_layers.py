@@ -1,0 +1,94 @@
+"""The rooms talk downwards: a module never imports a layer above it, lazily or not.
+
+Each module's AST is walked whole, so an import inside a function counts as much as one at
+the top: backends never import tasks (tasks hand backends what they need, tasks/warmup.py),
+placement stays pure (nothing of taogpud, no asyncio), the scheduler never imports the API.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import taogpud
+
+PACKAGE_ROOT = Path(taogpud.__file__).parent
+
+# (modules whose names start with this, imported names that may not start with any of these)
+RULES = [
+    ("taogpud.backends", ("taogpud.tasks",)),
+    ("taogpud.placement", ("taogpud", "asyncio")),
+    ("taogpud.scheduler", ("taogpud.api",)),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(path: Path) -> list[tuple[int, str]]:
+    """Every name an import statement in `path` brings in, with its line."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return names_in(path.read_text(), package)
+
+
+def names_in(source: str, package: str) -> list[tuple[int, str]]:
+    """The names the imports of `source` bring in, anywhere in it, as absolute dotted names
+    (a relative import resolved against `package`, the module's own package)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
+    return found
+
+
+def modules_under(prefix: str) -> list[Path]:
+    return [
+        path
+        for path in sorted(PACKAGE_ROOT.rglob("*.py"))
+        if module_name(path) == prefix or module_name(path).startswith(prefix + ".")
+    ]
+
+
+def _is_under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize(("layer", "forbidden"), RULES, ids=[rule[0] for rule in RULES])
+def test_no_module_imports_a_layer_above_it(layer: str, forbidden: tuple[str, ...]) -> None:
+    """No module of `layer` imports any name under `forbidden`, at the top or in a function."""
+    paths = modules_under(layer)
+    assert paths, f"no module is named {layer}"
+    offences = [
+        f"{path.relative_to(PACKAGE_ROOT.parent)}:{line} imports {name}"
+        for path in paths
+        for line, name in imported_names(path)
+        if any(_is_under(name, prefix) for prefix in forbidden)
+    ]
+    assert offences == []
+
+
+def test_the_walk_sees_lazy_and_relative_imports() -> None:
+    """The check itself: imports inside functions, and relative ones, are all found."""
+    source = (
+        "def f():\n    from taogpud.tasks import get\n"
+        "    class C:\n        import taogpud.tasks.builtin\n"
+        "    from ..tasks import warmup\n    from . import cpu\n"
+    )
+    names = sorted(name for _, name in names_in(source, "taogpud.backends"))
+    assert names == [
+        "taogpud.backends.cpu",
+        "taogpud.tasks.builtin",
+        "taogpud.tasks.get",
+        "taogpud.tasks.warmup",
+    ]
