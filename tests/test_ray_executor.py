@@ -27,8 +27,9 @@ import pytest
 from conftest import RunningDaemon, start_daemon
 from traces import most_running
 
+from taogpud.client import Client
 from taogpud.config import diff, load, needs_restart
-from taogpud.config.ray import restart_only
+from taogpud.config.ray import restart_only, serves_client_memory
 from taogpud.errors import ConfigError
 from taogpud.pool import shm
 
@@ -183,6 +184,56 @@ def test_inputs_and_outputs_go_through_the_object_store(ray_daemon: RunningDaemo
     path.write_bytes(bytes(body))
     np.testing.assert_array_equal(np.load(path), a + b)
     assert (ray_daemon.state_dir / "outputs" / job["id"] / "c.npy").is_file()
+
+
+@needs_ray
+def test_client_memory_reaches_the_actors_without_a_copy(ray_daemon: RunningDaemon) -> None:
+    """With a local Ray the `.shm` socket is served: compute hands the client's memfd over,
+    an actor maps it (as a local worker does) and writes the output in place, on both actors;
+    a frozen handover works too."""
+    with ray_daemon.client() as client:
+        a = client.empty(100_000, "float32")
+        a[:] = np.arange(100_000, dtype=np.float32)
+        b = np.full(100_000, 2.0, np.float32)
+        outs = [client.compute("vector_add", a=a, b=b) for _ in range(2)]
+        frozen = client.compute("vector_add", frozen=True, a=a, b=b)
+        actors = {w["pid"] for w in client.status()["workers"]}
+        arena = client._shared().arena
+    for out in [*outs, frozen]:
+        np.testing.assert_array_equal(out["c"], a + 2)
+    assert [o.job["memory"] for o in outs] == [{"handover": "shared", "bytes": 800_000}] * 2
+    assert frozen.job["memory"]["handover"] == "sealed"
+    assert {o.job["worker_pid"] for o in outs} == actors  # round robin: each actor mapped it
+    assert (
+        arena is not None and arena.offset_of(outs[0]["c"]) == outs[0].job["outputs"][0]["offset"]
+    )
+
+
+def arena_maps(pid: int) -> int:
+    """How many of a process's mappings are a client's arena memfd."""
+    return Path(f"/proc/{pid}/maps").read_text().count("memfd:taogpud-arena")
+
+
+@needs_ray
+def test_an_actor_lets_the_clients_memory_go_once_the_client_leaves(
+    ray_daemon: RunningDaemon,
+) -> None:
+    """After the client closes, no actor keeps its memory mapped and the daemon holds no
+    descriptor of it (the actor's sweep drops the mapping, as a local worker's does)."""
+    with ray_daemon.client() as client:
+        actors = [w["pid"] for w in client.status()["workers"]]
+        other = Client(ray_daemon.socket_path)
+        a = other.empty(1 << 16, "float32")
+        for _ in range(2):
+            assert other.compute("vector_add", a=a, b=a).job["memory"]["handover"] == "shared"
+        assert sum(arena_maps(pid) for pid in actors) >= 2  # mapped, kept across jobs
+        other.close()
+        deadline = time.monotonic() + 10
+        while sum(arena_maps(pid) for pid in actors) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert [arena_maps(pid) for pid in actors] == [0, 0]
+    daemon_fds = [str(p.readlink()) for p in Path(f"/proc/{ray_daemon.proc.pid}/fd").iterdir()]
+    assert not [fd for fd in daemon_fds if "taogpud-arena" in fd]
 
 
 @needs_ray
@@ -361,6 +412,22 @@ def test_cuda_on_ray_needs_listed_devices_and_a_gpu_per_actor(tmp_path: Path) ->
         tmp_path, '[scheduling]\nexecutor = "ray"\n', "cuda", 'device_id = "all"\n'
     )
     assert len(errors) == 1 and 'config.toml: backend.cuda.device_id: "all"' in errors[0]
+
+
+def test_client_memory_is_served_with_local_workers_or_a_local_ray_only(tmp_path: Path) -> None:
+    """The `.shm` socket stands beside the daemon's with executor "local" and with a private
+    local Ray; a cluster's actors may be on other hosts, so there clients get the HTTP body."""
+    tables = {
+        "local": "",
+        "ray-local": '[scheduling]\nexecutor = "ray"\n[ray]\naddress = "local"\n',
+        "cluster": '[scheduling]\nexecutor = "ray"\n[ray]\naddress = "head:6379"\n',
+    }
+    served = {}
+    for name, table in tables.items():
+        (tmp_path / name).mkdir()
+        pair = write_pair(tmp_path / name, table)
+        served[name] = serves_client_memory(load(*pair, environ={"HOME": str(tmp_path)}).config)
+    assert served == {"local": True, "ray-local": True, "cluster": False}
 
 
 def test_executor_and_ray_keys_need_new_workers_and_a_reload_says_so(tmp_path: Path) -> None:
