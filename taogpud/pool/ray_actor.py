@@ -31,6 +31,7 @@ from typing import Any
 import ray
 
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
+from taogpud.pool import pinning
 from taogpud.pool import protocol as msg
 from taogpud.pool.cancels import Cancels
 from taogpud.pool.execute import OUTPUT_NAME, execute, map_input
@@ -66,6 +67,7 @@ class WorkerActor:
         )
         self.backend = create_backend(local)
         info = self.backend.warm()
+        pinning.install(self.backend.host_pinning())  # as in a local worker (pool/child.py)
         context = ray.get_runtime_context()
         node = {
             "node_id": context.get_node_id(),
