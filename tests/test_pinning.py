@@ -64,6 +64,17 @@ class FakeRuntime:
         assert mapped_here(address, nbytes), "unregistered after the mapping went"
 
 
+class FakeDevice(contextlib.nullcontext[None]):
+    """cupy.cuda.Device: current inside `with`; synchronize is recorded."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        super().__init__()
+        self.runtime = runtime
+
+    def synchronize(self) -> None:
+        self.runtime.calls.append(("synchronize",))
+
+
 def mapped_here(address: int, nbytes: int) -> bool:
     """Whether [address, address + nbytes) lies in one mapping of this process."""
     for line in Path("/proc/self/maps").read_text().splitlines():
@@ -80,7 +91,7 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRuntime]:
     from taogpud.backends.cuda.backend import CudaBackend
 
     fake = FakeRuntime()
-    cuda = types.SimpleNamespace(runtime=fake, Device=lambda index: contextlib.nullcontext())
+    cuda = types.SimpleNamespace(runtime=fake, Device=lambda index: FakeDevice(fake))
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
     monkeypatch.setattr(regions, "MAPPED", regions.MappedMemories())
     pinning.install(CudaBackend(SPEC).host_pinning())
@@ -148,7 +159,10 @@ def test_the_registration_goes_before_the_mapping_once_the_client_has(
     memory.gone()
     regions.MAPPED.sweep()
     assert runtime.registered == {}
-    assert [call[0] for call in runtime.calls] == ["register"] * 2 + ["unregister"] * 2
+    assert [call[0] for call in runtime.calls] == ["register"] * 2 + [
+        "synchronize",
+        "unregister",
+    ] * 2
     assert regions.MAPPED.pinner is not None and regions.MAPPED.pinner.pinned_bytes == 0
 
 

@@ -251,7 +251,8 @@ class CudaBackend(Backend):
 
     def _pin_host(self, address: int, nbytes: int, read_only: bool) -> Callable[[], None]:
         """cudaHostRegister of client memory this worker mapped (pool/pinning.py); the
-        unregister runs with this device current, from whichever thread drops the mapping."""
+        unregister runs with this device current, from whichever thread drops the mapping,
+        once the device is idle: a job that failed mid-way has not waited for its copies."""
         runtime = self.xp.cuda.runtime
         flags = HOST_REGISTER_PORTABLE | (HOST_REGISTER_READ_ONLY if read_only else 0)
         with self._device:
@@ -259,6 +260,7 @@ class CudaBackend(Backend):
 
         def unpin() -> None:
             with self._device:
+                self._device.synchronize()
                 runtime.hostUnregister(address)
 
         return unpin
