@@ -2,8 +2,8 @@
 
     python -m bench.ray_shm [--sizes 64 256] [--repeats 5]
 
-One daemon with `executor = "ray"` on a private local Ray (2 actors, the CPU backend), the
-way bench/ray_executor.py starts it. For each size, float32 `vector_add` end to end, client
+One daemon with `executor = "ray"` on a private local Ray (2 actors, the CPU backend), with
+bench/ray_executor.py's config. For each size, float32 `vector_add` end to end, client
 ndarrays in, an ndarray of c back in the client:
 
 - shared memory: `client.compute` with a and b made by `client.empty` (the `.shm` socket: the
@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,8 +33,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.daemon_under_test import Client  # noqa: E402
-from bench.ray_executor import _daemon  # noqa: E402
+from bench.daemon_under_test import Client, running  # noqa: E402
+from bench.ray_executor import RAY_LOCAL  # noqa: E402
 
 MIB = 1 << 20
 
@@ -70,20 +73,29 @@ def over_http(socket_path: str, n: int, repeats: int) -> list[float]:
         return [timed(once) for _ in range(repeats + 1)]
 
 
+def row(socket_path: str, size_mib: int, repeats: int) -> None:
+    n = size_mib * MIB // 4
+    for name, measure in (("shared memory", shared), ("HTTP body", over_http)):
+        samples = measure(socket_path, n, repeats)
+        warm = statistics.median(samples[1:])
+        print(f"| {name} | {size_mib} MiB | {samples[0]:.3f} | {warm:.3f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     print("| path | size (a and b each) | first s | warm s (median) |\n|---|---|---|---|")
-    with _daemon("ray") as (daemon, _):
-        path = str(daemon.socket_path)
-        for size_mib in args.sizes:
-            n = size_mib * MIB // 4
-            for name, measure in (("shared memory", shared), ("HTTP body", over_http)):
-                samples = measure(path, n, args.repeats)
-                warm = statistics.median(samples[1:])
-                print(f"| {name} | {size_mib} MiB | {samples[0]:.3f} | {warm:.3f} |", flush=True)
+    ray_root = tempfile.mkdtemp(prefix="tgd-ray-", dir="/tmp")
+    # the daemon inherits these: Ray's files in a temp dir, a test instance without auth
+    os.environ.update(RAY_TMPDIR=ray_root, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    try:
+        with running(config=RAY_LOCAL) as daemon:
+            for size_mib in args.sizes:
+                row(str(daemon.socket_path), size_mib, args.repeats)
+    finally:
+        shutil.rmtree(ray_root, ignore_errors=True)
 
 
 if __name__ == "__main__":
