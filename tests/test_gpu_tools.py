@@ -68,6 +68,14 @@ def test_the_bandwidth_inputs_fit_half_of_dev_shm(check: ModuleType) -> None:
     assert check.fitting_elements((24 * 2**30, 24 * 2**30)) == check.BIG_N
 
 
+def test_the_shm_h2d_client_memory_fits_the_daemons_quota(check: ModuleType) -> None:
+    """The shm_h2d check's client memory (16 bytes an element, plus 1 MiB) stays inside the
+    per-uid quota, half of /dev/shm: 600 MB gives less than 300 MB; a large one 64 Mi."""
+    n = check.shm_elements((600 * 10**6, 600 * 10**6))
+    assert 16 * n + (1 << 20) <= 300 * 10**6
+    assert check.shm_elements((64 * 2**30, 64 * 2**30)) == 64 << 20
+
+
 def test_every_cap_is_a_share_of_the_deadline_and_never_past_it(check: ModuleType) -> None:
     clock = check.Clock(deadline_s=100)
     assert clock.cap_s("warm_up") == pytest.approx(35)

@@ -16,6 +16,8 @@ import importlib.util
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -27,8 +29,9 @@ import pytest
 from conftest import RunningDaemon, start_daemon
 from traces import most_running
 
+from taogpud.client import Client
 from taogpud.config import diff, load, needs_restart
-from taogpud.config.ray import restart_only
+from taogpud.config.ray import restart_only, serves_client_memory
 from taogpud.errors import ConfigError
 from taogpud.pool import shm
 
@@ -242,6 +245,112 @@ def _reload_after(client: Any, generation: int, timeout_s: float) -> dict[str, A
     raise AssertionError(f"no reload to generation {generation} in {timeout_s} s")
 
 
+# --- a client's own memory on a local Ray's actors (issue 22) --------------------------------
+# After the actor kill and the roll above: an earlier draft of the killed-client test run
+# before them was followed by a roll whose new actor Ray did not start within 60 s (5 runs of
+# 6 here); this draft passed in both places, and this one keeps the roll on main's footing.
+
+
+@needs_ray
+def test_client_memory_reaches_the_actors_without_a_copy(ray_daemon: RunningDaemon) -> None:
+    """With a local Ray the `.shm` socket is served: compute hands the client's memfd over,
+    an actor maps it (as a local worker does) and writes the output in place, on both actors;
+    a frozen handover works too."""
+    with ray_daemon.client() as client:
+        a = client.empty(100_000, "float32")
+        a[:] = np.arange(100_000, dtype=np.float32)
+        b = np.full(100_000, 2.0, np.float32)
+        outs = [client.compute("vector_add", a=a, b=b) for _ in range(2)]
+        frozen = client.compute("vector_add", frozen=True, a=a, b=b)
+        actors = {w["pid"] for w in client.status()["workers"]}
+        arena = client._shared().arena
+    for out in [*outs, frozen]:
+        np.testing.assert_array_equal(out["c"], a + 2)
+    assert [o.job["memory"] for o in outs] == [{"handover": "shared", "bytes": 800_000}] * 2
+    assert frozen.job["memory"]["handover"] == "sealed"
+    assert {o.job["worker_pid"] for o in outs} == actors  # round robin: each actor mapped it
+    assert (
+        arena is not None and arena.offset_of(outs[0]["c"]) == outs[0].job["outputs"][0]["offset"]
+    )
+
+
+def arena_maps(pid: int) -> int:
+    """How many of a process's mappings are a client's arena memfd."""
+    return Path(f"/proc/{pid}/maps").read_text().count("memfd:taogpud-arena")
+
+
+@needs_ray
+def test_an_actor_lets_the_clients_memory_go_once_the_client_leaves(
+    ray_daemon: RunningDaemon,
+) -> None:
+    """After the client closes, no actor keeps its memory mapped and the daemon holds no
+    descriptor of it (the actor's sweep drops the mapping, as a local worker's does)."""
+    with ray_daemon.client() as client:
+        actors = [w["pid"] for w in client.status()["workers"]]
+        other = Client(ray_daemon.socket_path)
+        a = other.empty(1 << 16, "float32")
+        for _ in range(2):
+            assert other.compute("vector_add", a=a, b=a).job["memory"]["handover"] == "shared"
+        assert sum(arena_maps(pid) for pid in actors) >= 2  # mapped, kept across jobs
+        other.close()
+        deadline = time.monotonic() + 10
+        while sum(arena_maps(pid) for pid in actors) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert [arena_maps(pid) for pid in actors] == [0, 0]
+    assert arena_fds(ray_daemon.proc.pid) == 0
+
+
+def arena_fds(pid: int) -> int:
+    """How many of a process's descriptors are a client's arena memfd."""
+    found = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # closed while we looked
+            found += "taogpud-arena" in str(fd.readlink())
+    return found
+
+
+@needs_ray
+def test_a_client_killed_mid_job_on_an_actor_leaves_nothing_behind(
+    ray_daemon: RunningDaemon,
+) -> None:
+    """kill -9 of a client whose job runs on an actor: the job runs on and succeeds, holding
+    the memory; then the daemon closes it and the actor's mapping goes."""
+    script = (
+        "import sys; from taogpud.client import Client\n"
+        "c = Client(sys.argv[1]); a = c.empty(4096, 'float32')\n"
+        "print('attached', flush=True)\n"
+        "c.compute('sleep', {'ms': 1500})\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(ray_daemon.socket_path)], stdout=subprocess.PIPE
+    )
+    with ray_daemon.client() as client:
+        assert child.stdout is not None and child.stdout.readline() == b"attached\n"
+        job_id = _newest_job_id(client, "sleep")
+        actor = ray_daemon.wait_running(job_id)["worker_pid"]
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        assert arena_fds(ray_daemon.proc.pid) == 1  # the job still holds the memory
+        done = client.wait(job_id, timeout_s=10)
+        assert done["status"] == "succeeded", done["error"]
+    deadline = time.monotonic() + 10
+    while (arena_fds(ray_daemon.proc.pid) or arena_maps(actor)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (arena_fds(ray_daemon.proc.pid), arena_maps(actor)) == (0, 0)
+
+
+def _newest_job_id(client: Any, task: str) -> str:
+    """The running job of `task` (earlier tests' sleep jobs have all ended)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        jobs = [j for j in client.list_jobs() if j["task"] == task and j["status"] == "running"]
+        if jobs:
+            return str(jobs[0]["id"])
+        time.sleep(0.02)
+    raise AssertionError(f"no {task} job appeared")
+
+
 @needs_ray
 def test_lost_head_node_is_a_clear_error_in_status_and_doctor() -> None:
     """The GCS of the daemon's Ray killed: status and doctor say the cluster does not answer
@@ -361,6 +470,22 @@ def test_cuda_on_ray_needs_listed_devices_and_a_gpu_per_actor(tmp_path: Path) ->
         tmp_path, '[scheduling]\nexecutor = "ray"\n', "cuda", 'device_id = "all"\n'
     )
     assert len(errors) == 1 and 'config.toml: backend.cuda.device_id: "all"' in errors[0]
+
+
+def test_client_memory_is_served_with_local_workers_or_a_local_ray_only(tmp_path: Path) -> None:
+    """The `.shm` socket stands beside the daemon's with executor "local" and with a private
+    local Ray; a cluster's actors may be on other hosts, so there clients get the HTTP body."""
+    tables = {
+        "local": "",
+        "ray-local": '[scheduling]\nexecutor = "ray"\n[ray]\naddress = "local"\n',
+        "cluster": '[scheduling]\nexecutor = "ray"\n[ray]\naddress = "head:6379"\n',
+    }
+    served = {}
+    for name, table in tables.items():
+        (tmp_path / name).mkdir()
+        pair = write_pair(tmp_path / name, table)
+        served[name] = serves_client_memory(load(*pair, environ={"HOME": str(tmp_path)}).config)
+    assert served == {"local": True, "ray-local": True, "cluster": False}
 
 
 def test_executor_and_ray_keys_need_new_workers_and_a_reload_says_so(tmp_path: Path) -> None:

@@ -105,6 +105,12 @@ class Backend(ABC):
     def is_out_of_memory(self, exc: BaseException) -> bool:
         return isinstance(exc, MemoryError)
 
+    def host_pinning(self) -> Callable[[int, int, bool], Callable[[], None]] | None:
+        """How this backend pins host memory for fast copies to its device: a function of
+        (address, nbytes, read_only) that registers it and returns its unregister, raising
+        when it cannot (pool/pinning.py). None: nothing to pin (cpu, opencl)."""
+        return None
+
     def task_runtime(self) -> Any:
         """What a task body written for this backend needs beyond `xp` (opencl: the slot's
         queue, allocator and built kernels); None where `xp` is enough."""

@@ -29,6 +29,14 @@ START_ONLY_KEYS = (
 )
 
 
+def serves_client_memory(config: ConfigFile) -> bool:
+    """Whether a client's own memory (the `.shm` socket) can reach every worker: local workers,
+    or the actors of a private local Ray (ray.address = "local"), processes of the daemon's
+    uid on its host. A cluster's actors may be on other hosts, where no memfd reaches and
+    /proc/<daemon pid> is another process: no socket there, and clients send the HTTP body."""
+    return config.scheduling.executor == "local" or config.ray.address == "local"
+
+
 def check_ray(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
     return _local_only(config) + _cuda_on_ray(settings, config)
 

@@ -36,6 +36,7 @@ from taogpud.api.app import create_app
 from taogpud.api.jobs import end_waits
 from taogpud.api.listen import bind_unix_socket
 from taogpud.arrays import ArrayStore, upload_quota_bytes
+from taogpud.config.ray import serves_client_memory
 from taogpud.daemon.reload import Reloader, watch_files
 from taogpud.daemon.shm_server import ShmServer
 from taogpud.daemon.state import DaemonState, DaemonStatus, Limits, Phase
@@ -154,9 +155,9 @@ class Daemon:
 
     def _start_shm(self, state: DaemonState) -> None:
         """`<socket>.shm`: local clients' own memory, handed over once (daemon/shm_server.py).
-        Each uid may hold as much there as the array store's budget. Not with executor
-        "ray": its workers may be on other hosts, which a memfd cannot reach."""
-        if state.status.snapshot.config.scheduling.executor != "local":
+        Each uid may hold as much there as the array store's budget. With executor "ray"
+        only on a local instance (config.ray.serves_client_memory, docs/ray.md)."""
+        if not serves_client_memory(state.status.snapshot.config):
             return
         self.shm = ShmServer(state.scheduler, state.store, state.arrays.budget_bytes)
         self.shm.start(socket_path_for(self.socket_path))

@@ -15,6 +15,7 @@ from multiprocessing.connection import Connection
 
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
 from taogpud.backends.cpu import blas_thread_env
+from taogpud.pool import pinning
 from taogpud.pool import protocol as msg
 from taogpud.pool.cancels import Cancels
 from taogpud.pool.execute import STICKY_ERROR_CODES, execute
@@ -35,6 +36,7 @@ def worker_main(spec: WorkerSpec, control: Connection, slots: list[Connection]) 
         log.error("worker.warm_failed", error=f"{type(exc).__name__}: {exc}")
         control.send(msg.WarmFailed(f"{type(exc).__name__}: {exc}"))
         return
+    pinning.install(backend.host_pinning())  # cuda: client memory it maps becomes pinned
     Runner(backend, info, control, slots).serve()
 
 

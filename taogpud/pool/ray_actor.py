@@ -11,9 +11,12 @@ Jobs run on the default concurrency group (max_concurrency = stream_count thread
 each); ping, cancel and the memory cap run on their own "control" thread, so a busy actor
 still answers them.
 
-Data: the inputs arrive as object refs (put once by the daemon) and are fetched here (no copy
-on the daemon's node); the kept outputs go back as arrays in the call's return value, through
-the object store, and the daemon writes them to its state directory.
+Data: uploaded inputs arrive as object refs (put once by the daemon) and are fetched here (no
+copy on the daemon's node); the kept outputs go back as arrays in the call's return value,
+through the object store, and the daemon writes them to its state directory. Inputs in a
+client's own memory (a local instance only) stay in the order as regions: mapped here through
+/proc/<daemon pid>/fd/<n> with the inode check, kept mapped across jobs, outputs written in
+place (pool/regions.py), exactly as in a local worker.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from typing import Any
 import ray
 
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
+from taogpud.pool import pinning
 from taogpud.pool import protocol as msg
 from taogpud.pool.cancels import Cancels
-from taogpud.pool.execute import OUTPUT_NAME, execute
+from taogpud.pool.execute import OUTPUT_NAME, execute, map_input
 
 CONTROL = "control"  # the concurrency group of ping, cancel and set_memory_fraction
 
@@ -63,6 +67,7 @@ class WorkerActor:
         )
         self.backend = backend_for(local)
         info = warm(self.backend)
+        pinning.install(self.backend.host_pinning())  # as in a local worker (pool/child.py)
         context = ray.get_runtime_context()
         node = {
             "node_id": context.get_node_id(),
@@ -126,7 +131,10 @@ class ObjectStoreIO:
         self.kept: dict[str, Any] = {}
 
     def host_inputs(self, order: msg.RunJob, maps: list[Any]) -> dict[str, Any]:
-        return self.inputs
+        """The fetched uploads, and the regions of a client's memory mapped here (a local
+        instance's actor is a process of the daemon's uid on its host, as a worker is)."""
+        mapped = {name: map_input(ref, maps) for name, ref in order.inputs.items()}
+        return {**self.inputs, **mapped}
 
     def keep_outputs(
         self, backend: Backend, arrays: dict[str, Any], output_dir: str

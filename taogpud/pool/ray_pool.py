@@ -8,10 +8,12 @@ call, its result a JobFinished for the scheduler.
     ray.init ─(connect_timeout_s)─► actors created (num_gpus, max_concurrency = stream_count)
       └─ warm_info ─(ready_timeout_s)─► warm ─► run / cancel / ping ─► lost ─► replaced (backoff)
 
-Data: each input array is put into Ray's object store once (from its /dev/shm image, while
-any running job uses it) and fetched by the actor — zero-copy when it shares the node. Kept
-outputs come back as arrays in the call's return value and are written here to
-state/outputs/<job>/<name>.npy: each byte crosses the daemon once, into the file.
+Data: each uploaded input array is put into Ray's object store once (from its /dev/shm image,
+while any running job uses it) and fetched by the actor — zero-copy when it shares the node.
+Kept outputs come back as arrays in the call's return value and are written here to
+state/outputs/<job>/<name>.npy: each byte crosses the daemon once, into the file. On a local
+instance, a client's own memory (the `.shm` socket) reaches the actors as it reaches local
+workers: the actor maps it through /proc and writes the outputs in place, no store involved.
 
 Faults: ray.init and actor readiness have timeouts (an unreachable cluster is a clear error,
 never a hang; ray.init runs in a daemon thread, which a timeout leaves behind). An actor that
@@ -46,6 +48,7 @@ from taogpud.pool.interface import PoolSink
 from taogpud.pool.ray_actor import CONTROL, WorkerActor
 from taogpud.pool.ray_calls import KeeperThread, first_line, in_daemon_thread, wait_ref
 from taogpud.pool.ray_data import InputCache, failed, keep_outputs
+from taogpud.pool.regions import RegionRef
 from taogpud.pool.shm import ArrayRef
 from taogpud.pool.supervisor import next_respawn_delay
 from taogpud.pool.worker import WorkerState
@@ -356,7 +359,7 @@ class RayWorkerPool:
 
     async def _call(self, actor: Any, order: msg.RunJob, refs: dict[str, Any]) -> msg.JobFinished:
         """The job on the actor; its kept outputs written here, into the state directory."""
-        call = actor.run.remote(dataclasses.replace(order, inputs={}), refs)
+        call = actor.run.remote(_regions_only(order), refs)
         finished, kept = await wait_ref(call, None)
         if kept and order.output_dir:
             finished = await asyncio.to_thread(keep_outputs, finished, kept, order.output_dir)
@@ -482,9 +485,16 @@ class RayWorkerPool:
 
 
 def _uploads(order: msg.RunJob) -> dict[str, ArrayRef]:
-    """A Ray job's inputs are uploads: a client's own memory is local to this host, and the
-    shared-memory socket is not served with executor "ray" (daemon/lifecycle.py)."""
-    files = {name: ref for name, ref in order.inputs.items() if isinstance(ref, ArrayRef)}
-    if len(files) != len(order.inputs):
-        raise ValueError("inputs in a client's shared memory cannot reach a Ray worker")
-    return files
+    """The job's uploaded inputs: these go through the object store. The others are regions
+    of a client's own memory, which reach only a local instance's actors (the `.shm` socket
+    is served with ray.address = "local" alone): they stay in the order, and the actor maps
+    them through /proc as a local worker does (ray_actor.ObjectStoreIO)."""
+    return {name: ref for name, ref in order.inputs.items() if isinstance(ref, ArrayRef)}
+
+
+def _regions_only(order: msg.RunJob) -> msg.RunJob:
+    """The order as the actor gets it: uploads travel beside it, as object refs."""
+    kept: dict[str, ArrayRef | RegionRef] = {
+        name: ref for name, ref in order.inputs.items() if not isinstance(ref, ArrayRef)
+    }
+    return dataclasses.replace(order, inputs=kept)

@@ -9,7 +9,8 @@ inode), so a descriptor number the daemon reused can never give it other memory.
 
 A worker maps a client's memory whole, once, and keeps the mapping across jobs (so a warm
 array costs neither a mapping nor a page fault); it drops it once no job uses it and the
-daemon no longer holds the memory (MappedMemories).
+daemon no longer holds the memory (MappedMemories). A CUDA worker also registers the spans
+its jobs copy to the device as pinned host memory, once, until the mapping goes (pinning.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from taogpud.errors import TaogpudError
+from taogpud.pool.pinning import PinnedSpans, Pinner
 
 OUTPUT_ALIGN = 64  # each output starts on a cache line
 
@@ -81,9 +83,10 @@ def open_memory(memory: MemoryHandle, write: bool) -> int:
 class _Mapped:
     """One client memory mapped whole in this worker, and how many running jobs use it."""
 
-    def __init__(self, mapping: mmap.mmap) -> None:
+    def __init__(self, mapping: mmap.mmap, pins: PinnedSpans | None) -> None:
         self.mapping = mapping
         self.users = 0
+        self.pins = pins  # a CUDA worker's registrations in it (pool/pinning.py)
 
 
 class MappedMemories:
@@ -99,14 +102,25 @@ class MappedMemories:
         self._mapped: dict[MemoryHandle, _Mapped] = {}
         self._lock = threading.Lock()
         self._sweeper: threading.Thread | None = None
+        self.pinner: Pinner | None = None  # set in a CUDA worker (pinning.install)
 
-    def acquire(self, memory: MemoryHandle) -> mmap.mmap:
+    def acquire(self, memory: MemoryHandle, span: tuple[int, int] | None = None) -> mmap.mmap:
+        """The memory's mapping, for one job; `span` (offset, nbytes): bytes the job copies
+        to the device, pinned on a CUDA worker."""
         with self._lock:
             self._sweep_locked()
             entry = self._mapped.get(memory)
             if entry is None:
-                entry = self._mapped[memory] = _Mapped(_map_whole(memory))
+                mapping = _map_whole(memory)
+                pins = (
+                    None
+                    if self.pinner is None
+                    else PinnedSpans(self.pinner, mapping, read_only=not memory.writable)
+                )
+                entry = self._mapped[memory] = _Mapped(mapping, pins)
             entry.users += 1
+            if span is not None and entry.pins is not None:
+                entry.pins.ensure(*span, alone=entry.users == 1)
             self._start_sweeper()
             return entry.mapping
 
@@ -124,6 +138,8 @@ class MappedMemories:
         for memory, entry in list(self._mapped.items()):
             if entry.users == 0 and not still_held(memory):
                 del self._mapped[memory]
+                if entry.pins is not None:
+                    entry.pins.release_all()  # before the pages go from this process
                 with contextlib.suppress(BufferError):  # a task kept a view: closed when collected
                     entry.mapping.close()
 
@@ -169,9 +185,11 @@ def _map_whole(memory: MemoryHandle) -> mmap.mmap:
         os.close(fd)
 
 
-def map_span(memory: MemoryHandle, maps: list[Any]) -> mmap.mmap:
+def map_span(
+    memory: MemoryHandle, maps: list[Any], span: tuple[int, int] | None = None
+) -> mmap.mmap:
     """The whole memory, mapped for this job (released with the job's maps)."""
-    mapped = MAPPED.acquire(memory)
+    mapped = MAPPED.acquire(memory, span)
     maps.append(_Hold(memory))
     return mapped
 
@@ -180,7 +198,7 @@ def map_region(ref: RegionRef, maps: list[Any]) -> Any:
     """A read-only numpy view of an input region: no copy."""
     import numpy as np
 
-    mapped = map_span(ref.memory, maps)
+    mapped = map_span(ref.memory, maps, (ref.offset, ref.nbytes))  # an input: pinned on cuda
     flat = np.frombuffer(mapped, np.dtype(ref.dtype), count=math.prod(ref.shape), offset=ref.offset)
     flat.flags.writeable = False  # a worker reads its inputs, never writes them
     return flat.reshape(ref.shape)

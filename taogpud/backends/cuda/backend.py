@@ -13,7 +13,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from taogpud.backends.base import Backend, DeviceInfo, PhaseClock, WorkerSpec
@@ -49,6 +49,11 @@ STICKY_CUDA_ERRORS = {
     719: "launch failure",
 }
 _CUDA_ERROR_CLASSES = ("CUDARuntimeError", "CUDADriverError")
+# cudaHostRegister flags (not exported by CuPy): pinned for every context, and for a
+# write-sealed client memory, whose mapping is read-only (CUDA 11.1+; without the flag a
+# read-only range cannot be registered)
+HOST_REGISTER_PORTABLE = 0x01
+HOST_REGISTER_READ_ONLY = 0x08
 
 
 def probe_cuda(device_ids: Sequence[int]) -> str | None:
@@ -241,6 +246,25 @@ class CudaBackend(Backend):
         self.spec = dataclasses.replace(self.spec, memory_fraction=fraction)
         self._cap_bytes = self._pool_cap(self._total_bytes)
         self._limit_generation += 1  # each slot thread sets the new limit before its next job
+
+    def host_pinning(self) -> Callable[[int, int, bool], Callable[[], None]]:
+        return self._pin_host
+
+    def _pin_host(self, address: int, nbytes: int, read_only: bool) -> Callable[[], None]:
+        """cudaHostRegister of client memory this worker mapped (pool/pinning.py); the
+        unregister runs with this device current, from whichever thread drops the mapping,
+        once the device is idle: a job that failed mid-way has not waited for its copies."""
+        runtime = self.xp.cuda.runtime
+        flags = HOST_REGISTER_PORTABLE | (HOST_REGISTER_READ_ONLY if read_only else 0)
+        with self._device:
+            runtime.hostRegister(address, nbytes, flags)
+
+        def unpin() -> None:
+            with self._device:
+                self._device.synchronize()
+                runtime.hostUnregister(address)
+
+        return unpin
 
     def to_host(self, array: Any, out: Any = None) -> Any:
         stream = getattr(self._local, "stream", None)
