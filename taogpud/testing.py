@@ -148,6 +148,9 @@ def wait_until(
 # --- taogpuctl --------------------------------------------------------------------------------
 
 
+Ctl = Callable[..., subprocess.CompletedProcess[str]]  # taogpuctl ARGS, bound to a socket
+
+
 def ctl_command(socket_path: Path | None = None) -> list[str]:
     """`python -m taogpud.cli [--socket S]`: taogpuctl with this interpreter, for Popen."""
     command = [sys.executable, "-m", "taogpud.cli"]

@@ -8,11 +8,9 @@ reached neither the client nor (daemon_home's check) any log.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -459,10 +457,8 @@ def test_tcp_listener_port_is_really_loopback(relayd: RunningDaemon) -> None:
 
 
 def ctl(daemon: RunningDaemon, home: Any, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "XDG_CONFIG_HOME": str(home)}
-    env.pop("TAOTOKEN_API_KEY", None)
-    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path), *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+    """taogpuctl against the daemon, its relay token kept under `home`."""
+    return daemon.ctl(*args, env={"XDG_CONFIG_HOME": str(home)}, timeout_s=60)
 
 
 @pytest.mark.slow
