@@ -18,7 +18,7 @@ every log beyond 1 + attempts). At the end: the most jobs ever running (from the
 max_concurrent_tasks — a half-applied config would show here — p99 latency with 8 clients,
 schemathesis cases and failures, and a scan of every log line and API answer for the key.
 
-    python scripts/soak.py [--seconds-per-phase 8] [--fuzz-per-operation 200]
+    python -m scripts.soak [--seconds-per-phase 8] [--fuzz-per-operation 200]   (from the root)
 """
 
 from __future__ import annotations
@@ -41,15 +41,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO))
-
-from conftest import CPU_CONFIG, RunningDaemon, deep_merge, start_daemon, to_toml  # noqa: E402
-from fuzzing import FUZZ_CONFIG, FUZZ_SETTINGS, fuzz  # noqa: E402
-from traces import most_running  # noqa: E402
-
-from taogpud.client import ApiError, Client, DaemonUnreachable  # noqa: E402
+from taogpud.client import ApiError, Client, DaemonUnreachable
+from taogpud.testing import (
+    CPU_CONFIG,
+    RunningDaemon,
+    deep_merge,
+    most_running,
+    start_daemon,
+    to_toml,
+)
+from tests.fuzzing import FUZZ_CONFIG, FUZZ_SETTINGS, fuzz
 
 MAX_CONCURRENT = 3
 CLIENTS = 8
