@@ -45,6 +45,7 @@ from taogpud.client import ApiError, Client, DaemonUnreachable
 from taogpud.testing import (
     CPU_CONFIG,
     RunningDaemon,
+    daemon_command,
     deep_merge,
     most_running,
     start_daemon,
@@ -199,9 +200,7 @@ def restart_after(signum: int) -> Any:
 def second_daemon(daemon: RunningDaemon, notes: list[str]) -> RunningDaemon:
     """A second taogpud by hand, another socket, the same state directory: it must exit 1."""
     done = subprocess.run(
-        [sys.executable, "-m", "taogpud", "--settings", str(daemon.settings_path),
-         "--config", str(daemon.config_path), "--socket", str(daemon.home / "second.sock"),
-         "--state-dir", str(daemon.state_dir)],
+        daemon_command(daemon.home, "second.sock"),
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     notes.append(f"second daemon exit {done.returncode}: {done.stderr.strip()[:200]}")
@@ -243,12 +242,8 @@ def dead_stdout_pipe(daemon: RunningDaemon, notes: list[str]) -> RunningDaemon:
     """A restart into a stdout pipe nobody reads (closed at once), a second of load, SIGTERM
     (it must stop, exit 0, within 30 s), then a normal restart."""
     daemon.stop(signal.SIGTERM)
-    command = [
-        sys.executable, "-m", "taogpud", "--settings", str(daemon.settings_path),
-        "--config", str(daemon.config_path), "--socket", str(daemon.socket_path),
-        "--state-dir", str(daemon.state_dir),
-    ]  # fmt: skip
     env = {**os.environ, "TAOTOKEN_API_KEY": KEY}
+    command = daemon_command(daemon.home)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     assert proc.stdout is not None
     proc.stdout.close()

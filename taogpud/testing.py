@@ -297,18 +297,21 @@ class RunningDaemon:
         return self.stop(signal.SIGKILL)
 
     def stderr(self) -> str:
-        """What it wrote to stderr (the human-readable start and exit lines)."""
-        return self.err_path.read_text()
+        """What it wrote to stderr (the human-readable start and exit lines), if to its log."""
+        return self.err_path.read_text() if self.err_path.exists() else ""
 
 
-def daemon_command(home: Path) -> list[str]:
-    """`python -m taogpud` on the pair, socket and state directory in `home`."""
+def daemon_command(
+    home: Path, socket_name: str = "taogpud.sock", state_name: str = "state"
+) -> list[str]:
+    """`python -m taogpud` on the pair in `home`, with its socket and state directory there
+    (other names: a second daemon on the same state directory or socket, which must refuse)."""
     return [
         sys.executable, "-m", "taogpud",
         "--settings", str(home / "settings.json"),
         "--config", str(home / "config.toml"),
-        "--socket", str(home / "taogpud.sock"),
-        "--state-dir", str(home / "state"),
+        "--socket", str(home / socket_name),
+        "--state-dir", str(home / state_name),
     ]  # fmt: skip
 
 

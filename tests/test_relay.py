@@ -30,6 +30,8 @@ from fake_provider import (
     openai_stream,
 )
 
+from taogpud.testing import wait_until
+
 KEY = "sk-relay-" + secrets.token_hex(16)
 MODELS = {"default": "claude-sonnet-4", "coding": "claude-coder-9", "reasoning": "claude-opus-4"}
 
@@ -350,9 +352,7 @@ def test_a_client_hanging_up_mid_stream_cancels_upstream(
         pieces = response.iter_raw()
         next(pieces), next(pieces)
         response.close()
-    deadline = time.monotonic() + 5
-    while not provider.stream_ends and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: bool(provider.stream_ends), "the provider's stream to end", 5, 0.05)
     assert provider.stream_ends == ["client_gone"]
     line = relayd.wait_for_event(lambda e: e.get("event") == "relay.request" and e["hung_up"])
     assert line["status"] == 200
