@@ -121,3 +121,35 @@ def test_taogpuctl_drops_the_key_and_the_control_variables(
     child = testing.ctl_env({"EXTRA": "1"})
     assert "TAOTOKEN_API_KEY" not in child and "TAOGPUD_SOCKET" not in child
     assert child["EXTRA"] == "1"
+
+
+REPO = Path(__file__).resolve().parent.parent
+AS_MODULES = [
+    ("bench.run", "--help"),
+    ("bench.cli_start", "--help"),
+    ("bench.reload_latency", "--help"),
+    ("bench.relay", "--help"),
+    ("bench.ray_executor", "--help"),
+    ("scripts.soak", "--help"),
+    ("scripts.gpu_check", "--test-files"),
+]
+
+
+@pytest.mark.parametrize(("module", "flag"), AS_MODULES)
+def test_bench_and_scripts_run_as_modules_from_the_root(module: str, flag: str) -> None:
+    """`python -m MODULE` from the repository's root with no PYTHONPATH: it finds taogpud and
+    the harness by itself (what `make bench` and `make gpu-check` run)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", module, flag],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout
+
+
+def test_no_source_outside_the_tests_puts_a_folder_on_sys_path() -> None:
+    """bench/ and scripts/ import by package, never by a folder put on sys.path by hand."""
+    sources = [*REPO.glob("bench/**/*.py"), *REPO.glob("scripts/**/*.py")]
+    inserting = [str(p.relative_to(REPO)) for p in sources if "sys.path.insert" in p.read_text()]
+    assert sources and inserting == []
