@@ -29,10 +29,17 @@ def tree(pid):
         kids += [int(k) for k in (task / "children").read_text().split()]
     return [pid] + [p for kid in kids for p in tree(kid)]
 
+seen = {}
+remove_home = testing.remove_home
+def looked_at(home):  # what the stopped daemon left, just before its home is removed
+    seen["socket_left"] = (home / "taogpud.sock").exists()
+    remove_home(home)
+testing.remove_home = looked_at
+
 with testing.running() as daemon:
     assert daemon.healthy()
-    pids = tree(daemon.proc.pid)
-    seen = {"pids": pids, "socket": str(daemon.socket_path), "home": str(daemon.home)}
+    seen.update(pids=tree(daemon.proc.pid), home=str(daemon.home))
+seen["exit"] = daemon.proc.returncode
 print(json.dumps(seen))
 """
 
@@ -64,14 +71,15 @@ def test_the_harness_imports_without_pytest() -> None:
 
 
 def test_running_leaves_no_process_no_socket_and_no_home() -> None:
-    """A daemon started and stopped through `testing.running()` (without pytest): the daemon
-    and every worker it spawned are gone, and so are its socket and its home."""
+    """A daemon started and stopped through `testing.running()` (without pytest): it drained
+    (exit 0), removed its socket, and it and every worker it spawned are gone, as is its home."""
     done = run_without_pytest(START_AND_STOP)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert len(seen["pids"]) >= 3, seen  # the daemon and its two CPU workers at least
     testing.wait_until(lambda: not any(map(alive, seen["pids"])), "every process to be gone")
-    assert not Path(seen["socket"]).exists()
+    assert seen["exit"] == 0  # a drain, not the kill -9 after the timeout
+    assert seen["socket_left"] is False  # the daemon removed its socket as it stopped
     assert not Path(seen["home"]).exists()
 
 
