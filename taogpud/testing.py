@@ -145,6 +145,27 @@ def wait_until(
         time.sleep(poll_s)
 
 
+# --- children ---------------------------------------------------------------------------------
+
+
+def source_root() -> Path | None:
+    """The checkout this taogpud was imported from; None for an installed package."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def same_code_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with this checkout first on PYTHONPATH: a daemon or taogpuctl started from another
+    folder runs the code the harness imported, not whichever taogpud the venv holds. An
+    installed package is left to the interpreter (its site-packages never goes before the
+    standard library)."""
+    root = source_root()
+    if root is None:
+        return dict(env)
+    path = [str(root), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**env, "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
+
+
 # --- taogpuctl --------------------------------------------------------------------------------
 
 
@@ -160,7 +181,7 @@ def ctl_command(socket_path: Path | None = None) -> list[str]:
 def ctl_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment without the control variables and the API key, then `env`."""
     child_env = {k: v for k, v in os.environ.items() if k not in (*CONTROL_ENV, KEY_ENV)}
-    return {**child_env, **(env or {})}
+    return same_code_env({**child_env, **(env or {})})
 
 
 def taogpuctl(
@@ -319,7 +340,7 @@ def launch(
     home: Path, env: Mapping[str, str] | None, wait_ready: bool = True, run: int = 0
 ) -> RunningDaemon:
     """Start taogpud on the pair already in `home` (this environment, then `env`)."""
-    child_env = {**os.environ, **(env or {})}
+    child_env = same_code_env({**os.environ, **(env or {})})
     if len(child_env.get(KEY_ENV, "")) >= 8:
         KEYS_GIVEN.add(child_env[KEY_ENV])
     out_path, err_path = log_paths(home, run)

@@ -161,3 +161,14 @@ def test_no_source_outside_the_tests_puts_a_folder_on_sys_path() -> None:
     sources = [*REPO.glob("bench/**/*.py"), *REPO.glob("scripts/**/*.py")]
     inserting = [str(p.relative_to(REPO)) for p in sources if "sys.path.insert" in p.read_text()]
     assert sources and inserting == []
+
+
+def test_children_run_the_code_the_harness_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started from another folder with no PYTHONPATH of its own, a child of the harness
+    imports this checkout's taogpud, not whichever one the venv holds."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    done = subprocess.run(
+        [sys.executable, "-c", "import taogpud; print(taogpud.__file__)"],
+        cwd="/", env=testing.ctl_env(), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert Path(done.stdout.strip()) == Path(testing.__file__).with_name("__init__.py")
