@@ -29,7 +29,7 @@ test-gpu: venv
 # On a GPU host: every GPU measurement and `pytest -m gpu`, as one report in
 # bench/results/gpu-check.md (+ gpu-check-numbers.json). No venv there? make gpu-check PY=python3
 gpu-check:
-	PYTHONUNBUFFERED=1 $(PY) scripts/gpu_check.py
+	PYTHONUNBUFFERED=1 $(PY) -m scripts.gpu_check
 
 # The daemon's wheels for a GPU host without network (Python 3.12), into .whl/
 # (docs/gpu-check.md): taogpud's closure minus packaging/gpu-host/packages.txt. No venv
@@ -62,7 +62,7 @@ $(DEMO_STAMP): pyproject.toml
 # Not part of the tests: installs dask, Ray and matplotlib to measure beside them.
 bench: venv
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) bench/run.py
+	$(PY) -m bench.run
 
 # dist/taogpud_<version>_<arch>.deb: the units, sysusers/tmpfiles, /etc/taogpud and the app
 # in a venv under /opt/taogpud. EXTRAS= for CPU only. The package's venv is filled from a

@@ -8,7 +8,7 @@ for the calls): without it every call would compile taogpud's modules again, ~70
 The target is a median under 100 ms on the bench host; a timed assertion in the tests would
 only measure how busy the CI machine is, so it lives here.
 
-    python bench/cli_start.py [--runs 10]
+    python -m bench.cli_start [--runs 10]      (from the repository's root)
 """
 
 from __future__ import annotations
@@ -19,13 +19,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from bench.daemon_under_test import running  # noqa: E402
-from bench.peers.taogpuctl import taogpuctl  # noqa: E402
+from bench.daemon_under_test import running
+from bench.peers.taogpuctl import taogpuctl
 
 RUNS = 10
 WARM_UP = 2  # the first calls fill the page cache with the interpreter and the modules

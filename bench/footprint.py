@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from dataclasses import dataclass
 
-from bench.daemon_under_test import stop, time_to_ready
+from bench.daemon_under_test import timed_start
 from bench.procs import rss_mib
 from bench.stats import Spread
 
@@ -24,17 +23,13 @@ class Footprint:
 def measure(repeats: int) -> Footprint:
     ready, daemon_rss, worker_rss = [], [], {}
     for _ in range(repeats):
-        seconds, daemon, home = time_to_ready()
-        try:
+        with timed_start() as (seconds, daemon):
             ready.append(seconds)
             time.sleep(IDLE_S)
             daemon_rss.append(rss_mib(daemon.proc.pid))
             with daemon.client() as client:
                 for worker in client.status()["workers"]:
                     worker_rss.setdefault(worker["device"], []).append(rss_mib(worker["pid"]))
-        finally:
-            stop(daemon)
-            shutil.rmtree(home, ignore_errors=True)
     return Footprint(
         Spread.of(ready),
         Spread.of(daemon_rss),

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -26,14 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # run as a file too, not only as `python -m bench.ray_executor`
-    sys.path.insert(0, str(REPO))
-
-from bench.daemon_under_test import RunningDaemon, running  # noqa: E402
-from bench.load import Plan  # noqa: E402
-from bench.peers import taogpud_client  # noqa: E402
-from bench.stats import DispatchRow, Spread  # noqa: E402
+from bench.daemon_under_test import RunningDaemon, running
+from bench.load import Plan
+from bench.peers import taogpud_client
+from bench.stats import DispatchRow, Spread
 
 CLIENTS = 8
 COUNTS = (1000, 150)  # jobs per repeat: 1 client sequential, each of the 8 clients
@@ -87,26 +81,11 @@ def _daemon(executor: str) -> Iterator[tuple[RunningDaemon, float]]:
     ray_root = Path(tempfile.mkdtemp(prefix="tgd-ray-", dir="/tmp"))
     env = {"RAY_TMPDIR": str(ray_root), "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     try:
-        with _environ(env):  # the daemon inherits them (start_daemon passes os.environ on)
-            started = time.monotonic()
-            with running(config=RAY_LOCAL) as daemon:
-                yield daemon, time.monotonic() - started
+        started = time.monotonic()
+        with running(config=RAY_LOCAL, env=env) as daemon:
+            yield daemon, time.monotonic() - started
     finally:
         shutil.rmtree(ray_root, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _big_job(daemon: RunningDaemon, repeats: int) -> Spread:

@@ -1,7 +1,7 @@
 """The relay's added latency and throughput against the fake provider called directly, and
 beside LiteLLM's proxy in front of the same provider when one is given.
 
-    PYTHONPATH=. python bench/relay.py [--n N] [--litellm PATH/TO/litellm]
+    python -m bench.relay [--n N] [--litellm PATH/TO/litellm]      (from the repository's root)
 
 p50 of N small non-streaming chat completions (one keep-alive http.client connection),
 time to first byte of a streaming one (the first byte of its first event), and requests/s
@@ -21,17 +21,14 @@ import os
 import secrets
 import statistics
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import start_daemon
-from fake_provider import FakeProvider, Reply, closed_port, fake_provider, openai_stream
+from taogpud.testing import running
+from tests.fake_provider import FakeProvider, Reply, closed_port, fake_provider, openai_stream
 
 KEY = "sk-bench-" + "0" * 24
 BODY = json.dumps({"model": "default", "messages": [{"role": "user", "content": "hi"}]})
@@ -151,11 +148,10 @@ def main() -> None:
     args = parser.parse_args()
     with fake_provider(KEY) as provider:
         base = provider.base_url
-        home = Path(tempfile.mkdtemp(prefix="tgd-bench-"))
         settings = {"provider": {"baseUrl": base}, "logging": {"requestTrace": True}}
         config = {"api": {"base_url": base}, "relay": {"enabled": True, "listen": "127.0.0.1:0"}}
-        daemon = start_daemon(home, settings, config, env={"TAOTOKEN_API_KEY": KEY})
-        try:
+        env = {"TAOTOKEN_API_KEY": KEY}
+        with running(settings, config, env, prefix="tgd-bench-") as daemon:
             with daemon.client() as client:
                 answer = client.relay_token()
             relay_port = int(answer["listen"].rsplit(":", 1)[1])
@@ -168,10 +164,8 @@ def main() -> None:
             ]
             rows = {t.name: measure(provider, t, args.n) for t in targets}
             if args.litellm:
-                with litellm_proxy(args.litellm, provider, home) as target:
+                with litellm_proxy(args.litellm, provider, daemon.home) as target:
                     rows["litellm"] = measure(provider, target, args.n)
-        finally:
-            daemon.stop()
     report(rows)
 
 

@@ -1,7 +1,7 @@
 """Issue 8's benchmarks in one command: taogpud beside dask, Ray, a process pool and a process
 per job, measured in one run on one host; writes bench/results/report.md and PNG charts.
 
-    python bench/run.py [--quick] [--repeats 3]
+    python -m bench.run [--quick] [--repeats 3]      (from the repository's root)
 
 Needs the bench extra (`pip install -e '.[bench]'`: dask, ray, matplotlib, py-spy); a peer
 that is not installed shows as "not measured". --quick: a fifth of the jobs and shorter
@@ -17,20 +17,20 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # `bench` as a package, here and in every spawned process
-# Ray and dask start their own interpreters: they must import bench.peers too.
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+from bench import cli_start, datapath, dispatch, footprint, host, opencl, where_time_goes
+from bench.advice import ADVICE
+from bench.charts import draw_all
+from bench.daemon_under_test import running
+from bench.procs import cmdline, descendants
+from bench.pyspy_profile import py_spy
+from bench.ray_executor import ray_executor_section
+from bench.report import RunFacts, render
+from bench.targets import evaluate
 
-from bench import cli_start, datapath, dispatch, footprint, host, opencl, where_time_goes  # noqa: E402
-from bench.advice import ADVICE  # noqa: E402
-from bench.charts import draw_all  # noqa: E402
-from bench.daemon_under_test import running  # noqa: E402
-from bench.procs import cmdline, descendants  # noqa: E402
-from bench.pyspy_profile import py_spy  # noqa: E402
-from bench.ray_executor import ray_executor_section  # noqa: E402
-from bench.report import RunFacts, render  # noqa: E402
-from bench.targets import evaluate  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+# Ray's and dask's workers are interpreters of their own, started elsewhere than this root:
+# they find bench.peers through their environment, as `python -m` found it here.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 RESULTS = REPO / "bench" / "results"
 SIZES_MIB = [64, 512]
@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
     # SIGTERM ends the run through its finally blocks: daemons, clusters and /dev/shm cleaned up.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    command = "python bench/run.py" + (" --quick" if args.quick else "")
+    command = "python -m bench.run" + (" --quick" if args.quick else "")
     facts = RunFacts(
         host.description(), host.now(), command, args.repeats, host.versions(), host.load_average()
     )

@@ -49,16 +49,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(1, str(REPO / "tests"))
 
 # The daemon first: on a host missing one of its packages this fails here, at once, and not
 # minutes later in a daemon's stderr (fastapi 0.165 importing opentelemetry did just that).
 importlib.import_module("taogpud.daemon.lifecycle")
 importlib.import_module("taogpud.api.app")
-from conftest import RunningDaemon, start_daemon  # noqa: E402
-
 from taogpud.backends.cuda.samples import ILLEGAL_ADDRESS  # noqa: E402
+from taogpud.testing import HarnessError, RunningDaemon, start_daemon, wait_for_ready  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 GPU_SETTINGS: dict[str, Any] = {"gpu": {"backend": "cuda", "memoryFraction": 0.9}}
@@ -437,15 +434,11 @@ class GpuCheck:
             self.home / "daemon", GPU_SETTINGS, GPU_CONFIG, env=self._env(), wait_ready=False
         )
         self.daemons.append(daemon)
-        while not _healthy(daemon):
-            if daemon.proc.poll() is not None:
-                raise RuntimeError(f"taogpud exited {daemon.proc.returncode}: {daemon.stderr()}")
-            if time.monotonic() >= check.deadline:
-                daemon.stop()
-                raise TimeoutError(
-                    f"not ready within the cap of {check.cap_s:.0f} s: {daemon.stderr()[-2000:]}"
-                )
-            time.sleep(0.02)
+        try:
+            wait_for_ready(daemon, timeout_s=check.left_s(), poll_s=0.02)
+        except HarnessError as exc:
+            daemon.stop()
+            raise RuntimeError(f"within the cap of {check.cap_s:.0f} s: {exc}"[:2500]) from None
         return time.monotonic() - started, daemon
 
     def _env(self) -> dict[str, str]:
@@ -626,18 +619,6 @@ def _pin(mapping: Any, nbytes: int) -> Callable[[], None]:
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def _healthy(daemon: RunningDaemon) -> bool:
-    from taogpud.client import DaemonUnreachable
-
-    if not daemon.socket_path.exists():
-        return False
-    try:
-        with daemon.client(timeout_s=5) as client:
-            return bool(client.health().get("ok"))
-    except DaemonUnreachable:
-        return False
 
 
 def _warm_again(worker: dict[str, Any], before: int) -> bool:

@@ -97,14 +97,14 @@ EOF
 step "imports ok"
 
 # 2. the check itself: it must import the daemon first and say there is no GPU
-out=$("$PY" scripts/gpu_check.py 2>&1) || { echo "$out"; echo "gpu-replica: gpu_check.py failed" >&2; exit 1; }
+out=$("$PY" -m scripts.gpu_check 2>&1) || { echo "$out"; echo "gpu-replica: gpu_check.py failed" >&2; exit 1; }
 echo "$out" | sed 's/^/  /'
 grep -q "no GPU" <<<"$out" || { echo "gpu-replica: gpu_check.py did not say 'no GPU'" >&2; exit 1; }
 step "gpu_check.py exited 0 with no GPU"
 
 # 3. and 4. the check's test files: the gpu tests collect, the CPU tests pass; with the
 # PYTHONPATH the check gives its pytest (the checkout first, then the carried wheels)
-mapfile -t FILES < <("$PY" scripts/gpu_check.py --test-files)
+mapfile -t FILES < <("$PY" -m scripts.gpu_check --test-files)
 export PYTHONPATH=$REPO:$SITE
 "$PY" -m pytest -q -p no:cacheprovider -m gpu --collect-only "${FILES[@]}" | tail -1
 step "pytest -m gpu --collect-only ok"

@@ -18,7 +18,7 @@ every log beyond 1 + attempts). At the end: the most jobs ever running (from the
 max_concurrent_tasks — a half-applied config would show here — p99 latency with 8 clients,
 schemathesis cases and failures, and a scan of every log line and API answer for the key.
 
-    python scripts/soak.py [--seconds-per-phase 8] [--fuzz-per-operation 200]
+    python -m scripts.soak [--seconds-per-phase 8] [--fuzz-per-operation 200]   (from the root)
 """
 
 from __future__ import annotations
@@ -41,15 +41,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO))
-
-from conftest import CPU_CONFIG, RunningDaemon, deep_merge, start_daemon, to_toml  # noqa: E402
-from fuzzing import FUZZ_CONFIG, FUZZ_SETTINGS, fuzz  # noqa: E402
-from traces import most_running  # noqa: E402
-
-from taogpud.client import ApiError, Client, DaemonUnreachable  # noqa: E402
+from taogpud.client import ApiError, Client, DaemonUnreachable
+from taogpud.testing import (
+    CPU_CONFIG,
+    RunningDaemon,
+    daemon_command,
+    deep_merge,
+    most_running,
+    start_daemon,
+    to_toml,
+)
+from tests.fuzzing import FUZZ_CONFIG, FUZZ_SETTINGS, fuzz
 
 MAX_CONCURRENT = 3
 CLIENTS = 8
@@ -198,9 +200,7 @@ def restart_after(signum: int) -> Any:
 def second_daemon(daemon: RunningDaemon, notes: list[str]) -> RunningDaemon:
     """A second taogpud by hand, another socket, the same state directory: it must exit 1."""
     done = subprocess.run(
-        [sys.executable, "-m", "taogpud", "--settings", str(daemon.settings_path),
-         "--config", str(daemon.config_path), "--socket", str(daemon.home / "second.sock"),
-         "--state-dir", str(daemon.state_dir)],
+        daemon_command(daemon.home, "second.sock"),
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     notes.append(f"second daemon exit {done.returncode}: {done.stderr.strip()[:200]}")
@@ -242,12 +242,8 @@ def dead_stdout_pipe(daemon: RunningDaemon, notes: list[str]) -> RunningDaemon:
     """A restart into a stdout pipe nobody reads (closed at once), a second of load, SIGTERM
     (it must stop, exit 0, within 30 s), then a normal restart."""
     daemon.stop(signal.SIGTERM)
-    command = [
-        sys.executable, "-m", "taogpud", "--settings", str(daemon.settings_path),
-        "--config", str(daemon.config_path), "--socket", str(daemon.socket_path),
-        "--state-dir", str(daemon.state_dir),
-    ]  # fmt: skip
     env = {**os.environ, "TAOTOKEN_API_KEY": KEY}
+    command = daemon_command(daemon.home)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     assert proc.stdout is not None
     proc.stdout.close()

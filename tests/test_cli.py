@@ -6,9 +6,7 @@ Exit codes under test (DESIGN §11): 0 ok; 1 the job or check failed; 2 usage or
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -23,8 +21,10 @@ import pytest
 from taogpud import nvml
 from taogpud.cli import CliError, build_params, parse_param
 from taogpud.cli.output import error_line
+from taogpud.testing import Ctl, taogpuctl, write_pair
 
-CONTROL_ENV = ("TAOGPUD_SOCKET", "TAOGPUD_SETTINGS", "TAOGPUD_CONFIG", "OPENCLAW_CONFIG")
+__all__ = ["Ctl", "assert_one_error_line", "json_out", "taogpuctl"]  # what other test files use
+
 JOB_CONTRACT = {"id", "task", "status", "backend", "device", "fallback", "queue_ms", "run_ms"}
 JOB_CONTRACT |= {"result", "error"}
 STATUS_CONTRACT = {"backend", "fallback", "running", "queued", "max_concurrent_tasks"}
@@ -67,20 +67,6 @@ strategy = "round_robin"
 max_concurrent_tasks = 8
 gpu_affinity = true
 """
-
-
-def taogpuctl(
-    *args: str, socket_path: Path | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run `python -m taogpud.cli ARGS` with a clean control environment."""
-    child_env = {key: value for key, value in os.environ.items() if key not in CONTROL_ENV}
-    child_env.update(env or {})
-    command = [sys.executable, "-m", "taogpud.cli"]
-    if socket_path is not None:
-        command += ["--socket", str(socket_path)]
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, env=child_env, timeout=90, check=False
-    )
 
 
 def assert_one_error_line(result: subprocess.CompletedProcess[str], exit_code: int) -> str:
@@ -165,24 +151,12 @@ def test_socket_from_environment(tmp_path: Path) -> None:
     assert str(socket_path) in assert_one_error_line(result, 3)
 
 
-def write_pair(directory: Path, settings: dict[str, Any], config: str) -> list[str]:
-    """Write settings.json and config.toml; the flags that name them."""
-    (directory / "settings.json").write_text(json.dumps(settings))
-    (directory / "config.toml").write_text(config)
-    return [
-        "--settings",
-        str(directory / "settings.json"),
-        "--config",
-        str(directory / "config.toml"),
-    ]
-
-
 KEY_ENV = {"TAOTOKEN_API_KEY": "sk-test-not-a-real-key"}
 
 
 def test_config_validate_accepts_the_seed_pair(tmp_path: Path) -> None:
     """The setup guide's own pair validates: exit 0, ok in --json, no errors."""
-    flags = write_pair(tmp_path, SEED_SETTINGS, SEED_CONFIG)
+    flags = write_pair(tmp_path, SEED_SETTINGS, SEED_CONFIG).flags()
     human = taogpuctl("config", "validate", *flags, env=KEY_ENV)
     assert human.returncode == 0, human.stdout + human.stderr
     result = taogpuctl("config", "validate", *flags, "--json", env=KEY_ENV)
@@ -196,7 +170,7 @@ def test_config_validate_reports_each_error_as_file_key_message_fix(tmp_path: Pa
     settings = json.loads(json.dumps(SEED_SETTINGS))
     settings["gpu"]["memoryFracton"] = settings["gpu"].pop("memoryFraction")
     settings["provider"]["baseUrl"] = "https://elsewhere.example/api"
-    flags = write_pair(tmp_path, settings, SEED_CONFIG)
+    flags = write_pair(tmp_path, settings, SEED_CONFIG).flags()
     result = taogpuctl("config", "validate", *flags, env=KEY_ENV)
     assert result.returncode == 2, result.stdout + result.stderr
     problem_lines = [line for line in result.stdout.splitlines() if "(fix: " in line]
@@ -209,7 +183,7 @@ def test_config_validate_json_lists_errors_with_fields(tmp_path: Path) -> None:
     """--json on a broken pair: ok false, each error has file, key, message and fix."""
     settings = json.loads(json.dumps(SEED_SETTINGS))
     settings["gpu"]["memoryFracton"] = settings["gpu"].pop("memoryFraction")
-    flags = write_pair(tmp_path, settings, SEED_CONFIG)
+    flags = write_pair(tmp_path, settings, SEED_CONFIG).flags()
     result = taogpuctl("config", "validate", *flags, "--json", env=KEY_ENV)
     assert result.returncode == 2
     report = json_out(result)
@@ -222,7 +196,7 @@ def test_config_validate_warning_keeps_exit_0(tmp_path: Path) -> None:
     """Differing timeouts are a warning: exit 0, printed as `file: key: warning: ...`."""
     settings = json.loads(json.dumps(SEED_SETTINGS))
     settings["provider"]["timeoutMs"] = 30000
-    flags = write_pair(tmp_path, settings, SEED_CONFIG)
+    flags = write_pair(tmp_path, settings, SEED_CONFIG).flags()
     result = taogpuctl("config", "validate", *flags, env=KEY_ENV)
     assert result.returncode == 0, result.stdout + result.stderr
     assert any(": warning: " in line and "(fix: " in line for line in result.stdout.splitlines())
@@ -231,7 +205,7 @@ def test_config_validate_warning_keeps_exit_0(tmp_path: Path) -> None:
 
 def test_config_show_offline_hides_the_key(tmp_path: Path) -> None:
     """`config show --offline` with files prints the redacted config; the key never appears."""
-    flags = write_pair(tmp_path, SEED_SETTINGS, SEED_CONFIG)
+    flags = write_pair(tmp_path, SEED_SETTINGS, SEED_CONFIG).flags()
     result = taogpuctl("config", "show", *flags, "--json", env=KEY_ENV)
     assert result.returncode == 0, result.stderr
     assert isinstance(json_out(result), dict)
@@ -242,20 +216,12 @@ def test_config_show_offline_broken_pair_is_exit_2(tmp_path: Path) -> None:
     """`config show` of a broken pair: exit 2 and one line pointing at `config validate`."""
     settings = json.loads(json.dumps(SEED_SETTINGS))
     settings["gpu"]["memoryFracton"] = 0.5
-    flags = write_pair(tmp_path, settings, SEED_CONFIG)
+    flags = write_pair(tmp_path, settings, SEED_CONFIG).flags()
     line = assert_one_error_line(taogpuctl("config", "show", *flags, env=KEY_ENV), 2)
     assert "config validate" in line
 
 
 # --- against a real daemon -----------------------------------------------------------------
-
-Ctl = Callable[..., subprocess.CompletedProcess[str]]
-
-
-@pytest.fixture
-def ctl(daemon: Any) -> Ctl:
-    """taogpuctl aimed at the test's daemon."""
-    return functools.partial(taogpuctl, socket_path=daemon.socket_path)
 
 
 def test_submit_wait_prints_device_and_backend(ctl: Ctl) -> None:
@@ -425,7 +391,7 @@ def test_fallback_is_loud(daemon_factory: Callable[..., Any]) -> None:
         settings={"gpu": {"backend": "cuda", "allowFallbackToCpu": True}},
         config={"runtime": {"device_type": "gpu"}, "backend": {"cuda": {"enabled": True}}},
     )
-    ctl = functools.partial(taogpuctl, socket_path=fallback.socket_path)
+    ctl = fallback.ctl
     submitted = ctl("submit", "noop", "--wait")
     assert submitted.returncode == 0, submitted.stderr
     assert "fallback=true" in submitted.stdout

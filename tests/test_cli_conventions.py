@@ -3,12 +3,10 @@ completion scripts, job-id prefixes, exit 124 for "still running", errors in fla
 
 from __future__ import annotations
 
-import functools
 import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -96,12 +94,6 @@ def test_params_errors_speak_json_not_python() -> None:
 
 
 # --- against a real daemon -----------------------------------------------------------------
-
-
-@pytest.fixture
-def ctl(daemon: Any) -> Ctl:
-    """taogpuctl aimed at the test's daemon."""
-    return functools.partial(taogpuctl, socket_path=daemon.socket_path)
 
 
 def test_bad_priority_and_status_in_flags_words(ctl: Ctl) -> None:

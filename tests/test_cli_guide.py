@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import pytest
 
 from taogpud.cli.guide import emit_evidence
-from tests.test_cli import Ctl, json_out, taogpuctl
-
-
-@pytest.fixture
-def ctl(daemon: Any) -> Ctl:
-    """taogpuctl aimed at the test's daemon."""
-    return functools.partial(taogpuctl, socket_path=daemon.socket_path)
+from tests.test_cli import Ctl, json_out
 
 
 def test_guide_run_with_its_own_flags(ctl: Ctl, daemon: Any) -> None:

@@ -3,7 +3,6 @@ commands that read them: `trace --grep`, `logs ID [-f]`, `status --watch`."""
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -15,15 +14,9 @@ from typing import Any
 import pytest
 
 from taogpud.client.stream import stream_lines
-from tests.test_cli import Ctl, assert_one_error_line, json_out, taogpuctl
+from tests.test_cli import Ctl, assert_one_error_line, json_out
 
 NOBODY = 65534  # the uid the other-user check acts as
-
-
-@pytest.fixture
-def ctl(daemon: Any) -> Ctl:
-    """taogpuctl aimed at the test's daemon."""
-    return functools.partial(taogpuctl, socket_path=daemon.socket_path)
 
 
 def test_trace_grep_backend_lists_the_jobs_lines(ctl: Ctl) -> None:

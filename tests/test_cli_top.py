@@ -3,7 +3,6 @@ one real frame from a daemon with a job in a slot and one queued."""
 
 from __future__ import annotations
 
-import functools
 import io
 from typing import Any
 
@@ -11,7 +10,7 @@ from rich.console import Console
 
 from taogpud import nvml
 from taogpud.cli.top import Snapshot, elapsed, frame
-from tests.test_cli import Ctl, taogpuctl
+from tests.test_cli import Ctl
 
 GPU_STATUS: dict[str, Any] = {
     "state": "ready",
@@ -69,7 +68,7 @@ def test_elapsed_reads_like_a_clock() -> None:
 def test_top_once_on_the_cpu_daemon(daemon: Any) -> None:
     """`top --once` against the CPU daemon: its workers, a running sleep in a slot, no NVML
     columns, and the header saying why there are no NVML fields when there is no driver."""
-    ctl: Ctl = functools.partial(taogpuctl, socket_path=daemon.socket_path)
+    ctl: Ctl = daemon.ctl
     job_id = ctl("submit", "sleep", "--param", "ms=20000").stdout.strip()
     daemon.wait_running(job_id)
     result = ctl("top", "--once")

@@ -38,6 +38,7 @@ from taogpud.pool import protocol as msg
 from taogpud.pool.child import Runner
 from taogpud.tasks import validate_params
 from taogpud.tasks.kernel import KERNEL_TASK
+from taogpud.testing import wait_until
 
 CUDARuntimeError = pytest.importorskip("cupy.cuda.runtime").CUDARuntimeError  # CuPy: cuda extra
 GIB = 2**30
@@ -420,13 +421,6 @@ def test_bus_ids_of_nvml_and_cuda_compare_equal() -> None:
     """NVML's 8-digit domain and CUDA's 4-digit one name the same slot."""
     assert normalise_bus_id("00000000:17:00.0") == normalise_bus_id("0000:17:00.0")
     assert normalise_bus_id("00000000:C1:00.0") == "0000:c1:00.0"
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.01)
 
 
 def test_the_sampler_runs_only_while_jobs_run_and_keeps_each_jobs_peak() -> None:

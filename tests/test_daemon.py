@@ -21,6 +21,7 @@ from conftest import RunningDaemon, start_daemon
 
 from taogpud.client import ApiError
 from taogpud.pool import shm
+from taogpud.testing import daemon_command
 
 EXAMPLES = Path(__file__).parent.parent / "packaging" / "examples"
 SECRET = "tk-test-" + "9f3c1a7e5b2d4c6e8a0b"  # built at runtime: no key sits in a fixture file
@@ -408,11 +409,8 @@ def test_the_key_never_appears(daemon_home: Path) -> None:
 
 def test_second_daemon_on_the_same_socket_refuses(daemon: RunningDaemon) -> None:
     """A second taogpud on a live socket exits non-zero saying another one serves there."""
-    other_state = daemon.home / "other-state"  # its own: never the host's /var/lib/taogpud
-    result = subprocess.run(
-        [sys.executable, "-m", "taogpud", "--settings", str(daemon.settings_path), "--config",
-         str(daemon.config_path), "--socket", str(daemon.socket_path),
-         "--state-dir", str(other_state)],
+    result = subprocess.run(  # its own state dir: never the host's /var/lib/taogpud
+        daemon_command(daemon.home, state_name="other-state"),
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 1

@@ -8,11 +8,10 @@ any check failed — an unreachable daemon included (the report still comes).
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import secrets
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,9 @@ from fake_provider import FakeProvider, fake_provider
 from taogpud.backends.cuda.backend import probe_cuda
 from taogpud.client import ApiError
 from taogpud.doctor import ORDER
+from taogpud.testing import taogpuctl
 
 KEY = f"sk-taogpud-doctor-{secrets.token_hex(12)}"
-CONTROL_ENV = ("TAOGPUD_SOCKET", "TAOGPUD_SETTINGS", "TAOGPUD_CONFIG", "OPENCLAW_CONFIG")
 STATUSES = {"pass", "warn", "fail", "skip"}
 # cuda configured, allowed to fall back: on this GPU-less host it starts on CPU workers
 CUDA_FALLBACK_SETTINGS = {"gpu": {"backend": "cuda", "allowFallbackToCpu": True}}
@@ -35,16 +34,7 @@ CUDA_CONFIG = {"runtime": {"device_type": "gpu"}, "backend": {"cuda": {"enabled"
 Factory = Callable[..., RunningDaemon]
 
 
-def ctl(
-    *args: str, socket_path: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """`python -m taogpud.cli --socket S ARGS` in a shell without the key or control vars."""
-    child_env = {k: v for k, v in os.environ.items() if k not in (*CONTROL_ENV, "TAOTOKEN_API_KEY")}
-    child_env.update(env or {})
-    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(socket_path), *args]
-    return subprocess.run(
-        command, capture_output=True, text=True, env=child_env, timeout=120, check=False
-    )
+ctl = functools.partial(taogpuctl, timeout_s=120.0)  # doctor pings the channel
 
 
 def channel_daemon(

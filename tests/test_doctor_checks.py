@@ -3,7 +3,6 @@ NVML and CuPy readers on this host (no GPU: their reasons; a GPU: marked `gpu`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from taogpud.doctor.gpu import (
     host_checks,
 )
 from taogpud.jobs import JobErrorView, JobRecord, JobState
+from taogpud.testing import write_pair
 
 GIB = 1024**3
 CUDA = Target(
@@ -398,10 +398,8 @@ def test_shell_env_is_never_needed(
 # --- config ---------------------------------------------------------------------------------------
 
 
-def write_pair(tmp_path: Path, settings: dict[str, Any], toml: str) -> config.ConfigSnapshot:
-    (tmp_path / "settings.json").write_text(json.dumps(settings))
-    (tmp_path / "config.toml").write_text(toml)
-    return config.load(tmp_path / "settings.json", tmp_path / "config.toml", environ={})
+def load_pair(tmp_path: Path, settings: dict[str, Any], toml: str) -> config.ConfigSnapshot:
+    return config.load(*write_pair(tmp_path, settings, toml), environ={})
 
 
 CPU_TOML = '[runtime]\ndevice_type = "cpu"\n[backend.cuda]\nenabled = false\n'
@@ -409,9 +407,9 @@ CPU_TOML = '[runtime]\ndevice_type = "cpu"\n[backend.cuda]\nenabled = false\n'
 
 def test_config_pair_uses_the_configs_own_rules(tmp_path: Path) -> None:
     """Agreeing files pass; timeouts that differ warn (config_rules.check_pair)."""
-    agreeing = write_pair(tmp_path, {"gpu": {"backend": "cpu"}}, CPU_TOML)
+    agreeing = load_pair(tmp_path, {"gpu": {"backend": "cpu"}}, CPU_TOML)
     assert check_config_pair(agreeing.settings, agreeing.config).status == "pass"
-    slow = write_pair(
+    slow = load_pair(
         tmp_path, {"gpu": {"backend": "cpu"}, "provider": {"timeoutMs": 5000}}, CPU_TOML
     )
     result = check_config_pair(slow.settings, slow.config)
@@ -420,15 +418,15 @@ def test_config_pair_uses_the_configs_own_rules(tmp_path: Path) -> None:
 
 def test_config_files_against_the_running_pair(tmp_path: Path) -> None:
     """Files differing from the running pair warn; errors fail; unreadable files skip."""
-    running = write_pair(tmp_path, {"gpu": {"backend": "cpu"}}, CPU_TOML).redacted()
-    edited = write_pair(tmp_path, {"gpu": {"backend": "cpu", "memoryFraction": 0.5}}, CPU_TOML)
+    running = load_pair(tmp_path, {"gpu": {"backend": "cpu"}}, CPU_TOML).redacted()
+    edited = load_pair(tmp_path, {"gpu": {"backend": "cpu", "memoryFraction": 0.5}}, CPU_TOML)
     result = check_config_files("files", list(edited.warnings), running, edited.redacted())
     assert result.status == "warn" and "settings.gpu.memoryFraction" in result.detail
     assert "reload" in result.hint
     same = check_config_files("files", [], running, running)
     assert same.status == "pass" and "match what the daemon runs" in same.detail
     try:
-        write_pair(tmp_path, {"gpu": {"backend": "cpu", "deviceId": "x"}}, CPU_TOML)
+        load_pair(tmp_path, {"gpu": {"backend": "cpu", "deviceId": "x"}}, CPU_TOML)
     except config.ConfigError as exc:
         problems = exc.problems
     failed = check_config_files("files", problems, running, None)

@@ -23,6 +23,7 @@ from taogpud.client import Client
 from taogpud.jobs import JobRecord, JobState
 from taogpud.pool import shm
 from taogpud.store import JobStore
+from taogpud.testing import wait_until
 
 NOBODY = 65534
 
@@ -348,10 +349,7 @@ def test_an_upload_cut_off_midway_leaves_nothing_behind(daemon: RunningDaemon) -
         f"content-length: {len(image)}\r\n\r\n"
     )
     raw_exchange(daemon, head.encode() + image[: 2**20], close_early=True)
-    deadline = time.monotonic() + 10
-    while images() != before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert images() == before, "the half-filled image is still in /dev/shm"
+    wait_until(lambda: images() == before, "the half-filled image to leave /dev/shm", poll_s=0.05)
     with daemon.client() as client:
         kept = client.upload_array(np.ones(2**20, dtype=np.float32))
         job = client.run("reduce_sum", inputs={"x": kept["id"]})

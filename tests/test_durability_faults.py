@@ -27,9 +27,10 @@ from conftest import (
     to_toml,
 )
 
-from taogpud.client import ApiError, DaemonUnreachable
+from taogpud.client import ApiError
 from taogpud.store import WRITE_RETRY_S as STORE_RETRY_S
 from taogpud.store import JobStore
+from taogpud.testing import cpu_pair, daemon_command, wait_for_ready, write_pair
 
 ONE_SLOT: dict[str, Any] = {
     "runtime": {"cpu_devices": 1},
@@ -105,9 +106,7 @@ def test_a_second_daemon_on_the_same_state_dir_exits_1_naming_the_holder(
         kept = client.run("vector_add", {"size": 1000}, keep_outputs=True)
     started = time.monotonic()
     second = subprocess.run(
-        [sys.executable, "-m", "taogpud", "--settings", str(daemon.settings_path),
-         "--config", str(daemon.config_path), "--socket", str(daemon.home / "other.sock"),
-         "--state-dir", str(daemon.state_dir)],
+        daemon_command(daemon.home, "other.sock"),
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     took_s = time.monotonic() - started
@@ -214,7 +213,7 @@ def test_relative_paths_are_resolved_at_start(daemon_home: Path) -> None:
     """--settings/--config/--socket/--state-dir given relative: the daemon reports absolute
     paths, and doctor run from another directory finds the same files."""
     home = daemon_home / "rel"
-    start_daemon(home, None, None).stop()  # writes the pair
+    write_pair(home, *cpu_pair())
     command = [
         sys.executable, "-m", "taogpud", "--settings", "settings.json", "--config",
         "config.toml", "--socket", "taogpud.sock", "--state-dir", "state",
@@ -223,10 +222,7 @@ def test_relative_paths_are_resolved_at_start(daemon_home: Path) -> None:
     with (home / "logs" / "rel.log").open("wb") as out:
         proc = subprocess.Popen(command, cwd=home, stdout=out, stderr=subprocess.STDOUT)
     try:
-        daemon = RunningDaemon(proc, home, run=9)
-        _wait_until(daemon.socket_path.exists, 60)
-        with daemon.client() as client:
-            _wait_until(lambda: bool(client.health().get("ok")), 60)
+        wait_for_ready(RunningDaemon(proc, home, run=9), 60)
         doctor = subprocess.run(
             [sys.executable, "-m", "taogpud.cli", "--socket", str(home / "taogpud.sock"),
              "doctor", "--json"],
@@ -237,16 +233,6 @@ def test_relative_paths_are_resolved_at_start(daemon_home: Path) -> None:
         proc.wait(60)
     checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
     assert checks["config_files"]["status"] == "pass", checks["config_files"]
-
-
-def _wait_until(predicate: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, DaemonUnreachable):
-            if predicate():
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout_s} s")
 
 
 # -- a full disk -------------------------------------------------------------------------
@@ -324,18 +310,12 @@ def test_a_full_disk_refuses_submits_and_loses_no_accepted_job(
 
 def launch_into_pipe(home: Path) -> tuple[subprocess.Popen[bytes], RunningDaemon]:
     """A daemon whose stdout is a pipe the test holds (as `taogpud | tee log`), ready."""
-    start_daemon(home, None, None).stop()  # writes the pair
-    command = [
-        sys.executable, "-m", "taogpud", "--settings", str(home / "settings.json"),
-        "--config", str(home / "config.toml"), "--socket", str(home / "taogpud.sock"),
-        "--state-dir", str(home / "state"),
-    ]  # fmt: skip
+    write_pair(home, *cpu_pair())
+    (home / "logs").mkdir()
     with (home / "logs" / "pipe-stderr.log").open("wb") as err:
-        proc = subprocess.Popen(command, cwd=home, stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.Popen(daemon_command(home), cwd=home, stdout=subprocess.PIPE, stderr=err)
     daemon = RunningDaemon(proc, home, run=8)
-    _wait_until(daemon.socket_path.exists, 60)
-    with daemon.client() as client:
-        _wait_until(lambda: bool(client.health().get("ok")), 60)
+    wait_for_ready(daemon, 60)
     return proc, daemon
 
 

@@ -6,10 +6,8 @@ the NVML evidence and the CUDA-event timings. Skipped without a GPU (`make test-
 
 from __future__ import annotations
 
-import contextlib
 import io
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,10 +17,10 @@ import pytest
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
 from taogpud.backends.cuda.backend import probe_cuda
 from taogpud.backends.cuda.samples import ILLEGAL_ADDRESS, SAXPY, SPIN
-from taogpud.client import DaemonUnreachable
 from taogpud.pool import protocol as msg
 from taogpud.pool.execute import execute
 from taogpud.tasks.warmup import backend_for, warm
+from taogpud.testing import wait_for_ready, wait_until
 
 CUDA_PROBLEM = probe_cuda([0])
 pytestmark = [
@@ -53,24 +51,8 @@ WARM_TIMEOUT_S = 300  # a first start on an empty kernel cache compiles every bu
 def cuda_daemon(daemon_factory: Factory) -> Any:
     """A ready cuda daemon; it may take minutes to warm where the kernel cache is empty."""
     daemon = daemon_factory(CUDA_SETTINGS, CUDA_CONFIG, wait_ready=False)
-    wait_until(lambda: _ready(daemon), "the cuda daemon to be ready", WARM_TIMEOUT_S)
+    wait_for_ready(daemon, WARM_TIMEOUT_S)
     return daemon
-
-
-def _ready(daemon: Any) -> bool:
-    assert daemon.proc.poll() is None, f"taogpud exited: {daemon.stderr()}"
-    if not daemon.socket_path.exists():
-        return False
-    with contextlib.suppress(DaemonUnreachable), daemon.client(timeout_s=5) as client:
-        return bool(client.health().get("ok"))
-    return False
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.1)
 
 
 def test_vector_add_on_the_gpu_matches_numpy_with_evidence_and_timings(
@@ -162,7 +144,7 @@ def test_a_sticky_error_fails_its_job_and_the_worker_comes_back_warm(
             worker = client.status()["workers"][0]
             return bool(worker["state"] == "warm" and worker["pid"] != before)
 
-        wait_until(back, "a new warm worker")
+        wait_until(back, "a new warm worker", timeout_s=180, poll_s=0.1)
         after = client.run("vector_add", {"size": 1000}, wait_s=120)
     assert after["status"] == "succeeded" and after["worker_pid"] != before
 

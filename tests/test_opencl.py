@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -80,9 +77,8 @@ def start_opencl(
 
 def taogpuctl(daemon: RunningDaemon, *args: str) -> str:
     """taogpuctl's stdout; it asks a child process about OpenCL, with the daemon's PoCL env."""
-    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path), *args]
-    env = {**os.environ, **TWO_DEVICES}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=True)
+    done = daemon.ctl(*args, env=TWO_DEVICES, timeout_s=60)
+    assert done.returncode == 0, done.stderr
     return done.stdout
 
 

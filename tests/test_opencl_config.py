@@ -5,7 +5,6 @@ Real files in tmp_path and an explicit environ per test, as in test_config.py.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import pytest
 
 from taogpud.config import ConfigSnapshot, diff, load, needs_restart
 from taogpud.errors import ConfigError, Problem
+from taogpud.testing import write_pair
 
 OPENCL_CONFIG = """
 [runtime]
@@ -24,13 +24,6 @@ enabled = true
 platform_index = 0
 device_index = {devices}
 """
-
-
-def write_pair(root: Path, settings: dict[str, Any], config: str) -> tuple[Path, Path]:
-    settings_path, config_path = root / "settings.json", root / "config.toml"
-    settings_path.write_text(json.dumps(settings))
-    config_path.write_text(config)
-    return settings_path, config_path
 
 
 def load_pair(root: Path, settings: dict[str, Any], config: str) -> ConfigSnapshot:

@@ -34,6 +34,7 @@ from taogpud.config import diff, load, needs_restart
 from taogpud.config.ray import restart_only, serves_client_memory
 from taogpud.errors import ConfigError
 from taogpud.pool import shm
+from taogpud.testing import Pair, write_pair
 
 pytestmark = [
     pytest.mark.slow,  # a local Ray instance: tens of seconds to start
@@ -417,27 +418,22 @@ def test_unreachable_cluster_fails_fast_with_the_key_named(tmp_path: Path) -> No
 # --- the config keys, without Ray ------------------------------------------------------------
 
 
-def write_pair(
-    root: Path, config_toml: str, backend: str = "cpu", cuda_keys: str = ""
-) -> tuple[Path, Path]:
+def write_ray_pair(root: Path, config_toml: str, backend: str = "cpu", cuda_keys: str = "") -> Pair:
     """The CPU (or seed CUDA) pair with `config_toml` appended and `cuda_keys` in [backend.cuda]."""
-    settings = root / "settings.json"
-    settings.write_text(f'{{"gpu": {{"backend": "{backend}"}}}}')
     device_type = "cpu" if backend == "cpu" else "gpu"
     enabled = "false" if backend == "cpu" else "true"
-    config = root / "config.toml"
-    config.write_text(
+    config = (
         f'[runtime]\ndevice_type = "{device_type}"\n'
         f"[backend.cuda]\nenabled = {enabled}\n{cuda_keys}{config_toml}"
     )
-    return settings, config
+    return write_pair(root, {"gpu": {"backend": backend}}, config)
 
 
 def load_errors(
     root: Path, config_toml: str, backend: str = "cpu", cuda_keys: str = ""
 ) -> list[str]:
     with pytest.raises(ConfigError) as raised:
-        load(*write_pair(root, config_toml, backend, cuda_keys), environ={"HOME": str(root)})
+        load(*write_ray_pair(root, config_toml, backend, cuda_keys), environ={"HOME": str(root)})
     return [f"{p.file}: {p.key}: {p.message} (fix: {p.fix})" for p in raised.value.problems]
 
 
@@ -492,9 +488,9 @@ def test_executor_and_ray_keys_need_new_workers_and_a_reload_says_so(tmp_path: P
     """Changing the executor or a [ray] key rolls the workers; the executor, address and
     namespace only apply at the next start, and the reload's warning says so."""
     environ = {"HOME": str(tmp_path)}
-    old = load(*write_pair(tmp_path, ""), environ=environ)
+    old = load(*write_ray_pair(tmp_path, ""), environ=environ)
     new = load(
-        *write_pair(
+        *write_ray_pair(
             tmp_path,
             '[scheduling]\nexecutor = "ray"\n[ray]\nworker_resources = {taogpu = 1}\n',
         ),

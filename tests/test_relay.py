@@ -8,11 +8,9 @@ reached neither the client nor (daemon_home's check) any log.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +29,8 @@ from fake_provider import (
     fake_provider,
     openai_stream,
 )
+
+from taogpud.testing import wait_until
 
 KEY = "sk-relay-" + secrets.token_hex(16)
 MODELS = {"default": "claude-sonnet-4", "coding": "claude-coder-9", "reasoning": "claude-opus-4"}
@@ -352,9 +352,7 @@ def test_a_client_hanging_up_mid_stream_cancels_upstream(
         pieces = response.iter_raw()
         next(pieces), next(pieces)
         response.close()
-    deadline = time.monotonic() + 5
-    while not provider.stream_ends and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: bool(provider.stream_ends), "the provider's stream to end", 5, 0.05)
     assert provider.stream_ends == ["client_gone"]
     line = relayd.wait_for_event(lambda e: e.get("event") == "relay.request" and e["hung_up"])
     assert line["status"] == 200
@@ -459,10 +457,8 @@ def test_tcp_listener_port_is_really_loopback(relayd: RunningDaemon) -> None:
 
 
 def ctl(daemon: RunningDaemon, home: Any, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "XDG_CONFIG_HOME": str(home)}
-    env.pop("TAOTOKEN_API_KEY", None)
-    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path), *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+    """taogpuctl against the daemon, its relay token kept under `home`."""
+    return daemon.ctl(*args, env={"XDG_CONFIG_HOME": str(home)}, timeout_s=60)
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,26 +15,21 @@ from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon, deep_merge, to_tom
 from traces import FINISHED_EVENTS
 
 from taogpud.client import Client
+from taogpud.testing import ctl_command, write_text
 
 
 def ctl(daemon: RunningDaemon) -> list[str]:
-    return [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path)]
+    return ctl_command(daemon.socket_path)
 
 
 def write_config(daemon: RunningDaemon, overrides: dict[str, Any], atomic: bool = True) -> None:
-    text = to_toml(deep_merge(CPU_CONFIG, overrides))
-    if atomic:  # what editors do: a temporary file renamed over the old one
-        temporary = daemon.config_path.with_name(".config.toml.swp")
-        temporary.write_text(text)
-        temporary.rename(daemon.config_path)
-    else:
-        daemon.config_path.write_text(text)
+    """config.toml: the CPU config with `overrides`; atomic: as editors save (a rename)."""
+    write_text(daemon.config_path, to_toml(deep_merge(CPU_CONFIG, overrides)), atomic)
 
 
 def write_settings(daemon: RunningDaemon, overrides: dict[str, Any]) -> None:
-    temporary = daemon.settings_path.with_name(".settings.json.swp")
-    temporary.write_text(json.dumps(deep_merge(CPU_SETTINGS, overrides)))
-    temporary.rename(daemon.settings_path)
+    """settings.json: the CPU settings with `overrides`, saved by a rename."""
+    write_text(daemon.settings_path, json.dumps(deep_merge(CPU_SETTINGS, overrides)), atomic=True)
 
 
 def wait_generation(client: Client, generation: int, timeout_s: float = 20.0) -> dict[str, Any]:

@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 import structlog
-from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon, to_toml
+from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon
 
 from taogpud import journal, systemd, trace
 from taogpud import logging as tlog
 from taogpud.client import Client
+from taogpud.testing import write_pair
 
 SECRET = "tt-sk-glue-5e3a9c71d4"
 
@@ -184,14 +185,6 @@ def test_heartbeat_sends_watchdog_only_while_healthy(
 # --- the daemon, notifying --------------------------------------------------------------
 
 
-def _write_pair(home: Path) -> tuple[Path, Path]:
-    home.mkdir(parents=True, exist_ok=True)
-    settings, config = home / "settings.json", home / "config.toml"
-    settings.write_text(json.dumps(CPU_SETTINGS))
-    config.write_text(to_toml(CPU_CONFIG))
-    return settings, config
-
-
 def test_daemon_notifies_ready_watchdog_and_reload(
     daemon_factory: Callable[..., RunningDaemon], notify_socket: NotifySocket
 ) -> None:
@@ -239,7 +232,7 @@ def test_daemon_serves_on_the_socket_systemd_passes(daemon_home: Path) -> None:
     tool = "/usr/bin/systemd-socket-activate"
     if not Path(tool).exists():
         pytest.skip("systemd-socket-activate is missing")
-    settings, config = _write_pair(daemon_home / "activated")
+    settings, config = write_pair(daemon_home / "activated", CPU_SETTINGS, CPU_CONFIG)
     sock = daemon_home / "activated/s.sock"
     command = [
         tool, "--listen", str(sock), sys.executable, "-m", "taogpud",

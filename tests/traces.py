@@ -1,27 +1,6 @@
-"""Reading the daemon's job traces: shared by the tests and scripts/soak.py."""
+"""Reading the daemon's job traces: kept for the tests that import it from here; the helpers
+live in taogpud.testing (the harness bench and scripts use too)."""
 
-from __future__ import annotations
+from taogpud.testing import FINISHED_EVENTS, most_running
 
-from collections.abc import Iterable
-from typing import Any
-
-FINISHED_EVENTS = {
-    "job.succeeded",
-    "job.failed",
-    "job.cancelled",
-    "job.timed_out",
-    "job.interrupted",
-}
-
-
-def most_running(events: Iterable[dict[str, Any]]) -> int:
-    """The most jobs running at once, by job id: a job leaves at any finished event."""
-    running: set[str] = set()
-    most = 0
-    for event in events:
-        if event.get("event") == "job.running":
-            running.add(event["job_id"])
-            most = max(most, len(running))
-        elif event.get("event") in FINISHED_EVENTS:
-            running.discard(event.get("job_id", ""))
-    return most
+__all__ = ["FINISHED_EVENTS", "most_running"]

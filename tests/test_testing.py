@@ -1,0 +1,174 @@
+"""taogpud.testing, the harness that tests, bench and scripts share: importable without pytest,
+and a daemon started through it leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from taogpud import testing
+from taogpud.config import load
+
+# Run in a fresh interpreter where importing pytest fails, as in a bench or a script.
+WITHOUT_PYTEST = "import sys; sys.modules['pytest'] = sys.modules['_pytest'] = None\n"
+START_AND_STOP = """
+import json, os
+from pathlib import Path
+from taogpud import testing
+
+def tree(pid):
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(k) for k in (task / "children").read_text().split()]
+    return [pid] + [p for kid in kids for p in tree(kid)]
+
+seen = {}
+remove_home = testing.remove_home
+def looked_at(home):  # what the stopped daemon left, just before its home is removed
+    seen["socket_left"] = (home / "taogpud.sock").exists()
+    remove_home(home)
+testing.remove_home = looked_at
+
+with testing.running() as daemon:
+    assert daemon.healthy()
+    seen.update(pids=tree(daemon.proc.pid), home=str(daemon.home))
+seen["exit"] = daemon.proc.returncode
+print(json.dumps(seen))
+"""
+
+
+def run_without_pytest(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_PYTEST + code],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_the_harness_imports_without_pytest() -> None:
+    """`import taogpud.testing` in an interpreter where pytest cannot be imported succeeds."""
+    done = run_without_pytest("import taogpud.testing\nprint(taogpud.testing.running.__name__)")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "running"
+
+
+def test_running_leaves_no_process_no_socket_and_no_home() -> None:
+    """A daemon started and stopped through `testing.running()` (without pytest): it drained
+    (exit 0), removed its socket, and it and every worker it spawned are gone, as is its home."""
+    done = run_without_pytest(START_AND_STOP)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert len(seen["pids"]) >= 3, seen  # the daemon and its two CPU workers at least
+    testing.wait_until(lambda: not any(map(alive, seen["pids"])), "every process to be gone")
+    assert seen["exit"] == 0  # a drain, not the kill -9 after the timeout
+    assert seen["socket_left"] is False  # the daemon removed its socket as it stopped
+    assert not Path(seen["home"]).exists()
+
+
+def test_stop_kills_a_daemon_that_does_not_drain_in_time() -> None:
+    """A daemon frozen with SIGSTOP ignores SIGTERM: stop() waits its timeout, then kill -9."""
+    home = testing.new_home()
+    try:
+        daemon = testing.start_daemon(home, None, None)
+        os.kill(daemon.proc.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        assert daemon.stop(timeout_s=0.5) == -signal.SIGKILL
+        assert time.monotonic() - started >= 0.5
+    finally:
+        testing.remove_home(home)
+
+
+def test_write_pair_writes_what_the_loader_reads(tmp_path: Path) -> None:
+    """Mappings are serialised as JSON and TOML, strings written as they are; `load` reads both."""
+    settings, config = testing.cpu_pair(config={"scheduling": {"max_concurrent_tasks": 3}})
+    pair = testing.write_pair(tmp_path / "a", settings, config)
+    assert load(*pair, environ={}).config.scheduling.max_concurrent_tasks == 3
+    as_text = testing.write_pair(tmp_path / "b", json.dumps(settings), testing.to_toml(config))
+    assert as_text.settings.read_text() == pair.settings.read_text()
+    assert as_text.config.read_text() == pair.config.read_text()
+    assert pair.flags() == ["--settings", str(pair.settings), "--config", str(pair.config)]
+
+
+def test_cpu_pair_merges_overrides_without_changing_the_defaults() -> None:
+    """Overrides land table by table; CPU_CONFIG itself is untouched."""
+    _, config = testing.cpu_pair(config={"runtime": {"thread_num": 4}})
+    assert config["runtime"] == {"device_type": "cpu", "thread_num": 4, "cpu_devices": 2}
+    assert testing.CPU_CONFIG["runtime"]["thread_num"] == 1
+
+
+def test_wait_until_names_what_never_happened() -> None:
+    """A condition that stays false: HarnessError (an AssertionError) naming it, once late."""
+    with pytest.raises(AssertionError, match=r"never happened within 0\.05 s: the sky to fall"):
+        testing.wait_until(lambda: False, "the sky to fall", timeout_s=0.05)
+
+
+def test_taogpuctl_drops_the_key_and_the_control_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A child started by ctl_env never inherits TAOTOKEN_API_KEY or TAOGPUD_SOCKET; `env` wins."""
+    monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-never-in-a-child")
+    monkeypatch.setenv("TAOGPUD_SOCKET", "/nowhere.sock")
+    child = testing.ctl_env({"EXTRA": "1"})
+    assert "TAOTOKEN_API_KEY" not in child and "TAOGPUD_SOCKET" not in child
+    assert child["EXTRA"] == "1"
+
+
+REPO = Path(__file__).resolve().parent.parent
+AS_MODULES = [
+    ("bench.run", "--help"),
+    ("bench.cli_start", "--help"),
+    ("bench.reload_latency", "--help"),
+    ("bench.relay", "--help"),
+    ("bench.ray_executor", "--help"),
+    ("scripts.soak", "--help"),
+    ("scripts.gpu_check", "--test-files"),
+]
+
+
+@pytest.mark.parametrize(("module", "flag"), AS_MODULES)
+def test_bench_and_scripts_run_as_modules_from_the_root(module: str, flag: str) -> None:
+    """`python -m MODULE` from the repository's root with no PYTHONPATH: it finds taogpud and
+    the harness by itself (what `make bench` and `make gpu-check` run)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", module, flag],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout
+
+
+def test_no_source_outside_the_tests_puts_a_folder_on_sys_path() -> None:
+    """bench/ and scripts/ import by package, never by a folder put on sys.path by hand."""
+    sources = [*REPO.glob("bench/**/*.py"), *REPO.glob("scripts/**/*.py")]
+    inserting = [str(p.relative_to(REPO)) for p in sources if "sys.path.insert" in p.read_text()]
+    assert sources and inserting == []
+
+
+def test_children_run_the_code_the_harness_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started from another folder with no PYTHONPATH of its own, a child of the harness
+    imports this checkout's taogpud, not whichever one the venv holds."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    done = subprocess.run(
+        [sys.executable, "-c", "import taogpud; print(taogpud.__file__)"],
+        cwd="/", env=testing.ctl_env(), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert Path(done.stdout.strip()) == Path(testing.__file__).with_name("__init__.py")
