@@ -22,19 +22,13 @@ import io
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from bench.daemon_under_test import Client, running  # noqa: E402
-from bench.ray_executor import RAY_LOCAL  # noqa: E402
+from bench.daemon_under_test import Client, running
+from bench.ray_executor import RAY_LOCAL
 
 MIB = 1 << 20
 

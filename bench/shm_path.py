@@ -18,7 +18,7 @@ One run, float32 arrays of each size, each path a "lane" sampled in turn, round 
 First call (a new client: its memory's pages allocated on the way; Ray's first put of that
 size) and warm calls (median).
 
-    PYTHONPATH=. python -m bench.shm_path --sizes 64 512 --repeats 7 [--no-ray] [--out F.md]
+    python -m bench.shm_path --sizes 64 512 --repeats 7 [--no-ray] [--out F.md]
 """
 
 from __future__ import annotations

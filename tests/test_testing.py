@@ -138,6 +138,8 @@ AS_MODULES = [
     ("bench.reload_latency", "--help"),
     ("bench.relay", "--help"),
     ("bench.ray_executor", "--help"),
+    ("bench.ray_shm", "--help"),
+    ("bench.shm_path", "--help"),
     ("scripts.soak", "--help"),
     ("scripts.gpu_check", "--test-files"),
 ]
