@@ -80,9 +80,15 @@ def _median(values: list[float]) -> float:
 
 def _measure_in(tree: Path, what: str, repeats: int) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    command = [sys.executable, str(tree / "bench" / "ab.py"), f"--{what}", "--repeats", str(repeats)]
-    if not (tree / "bench" / "ab.py").exists():  # a base tree from before this script
-        command[1] = str(HERE / "bench" / "ab.py")
+    # This script drives every tree (a base from before it has none); the daemon it starts
+    # inherits PYTHONPATH, so it runs the tree's own code.
+    command = [
+        sys.executable,
+        str(HERE / "bench" / "ab.py"),
+        f"--{what}",
+        "--repeats",
+        str(repeats),
+    ]
     done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{what} in {tree} failed:\n{done.stderr[-3000:]}")
