@@ -35,6 +35,7 @@ def create_app(state: DaemonState) -> FastAPI:
         redoc_url=None,
     )
     app.state.daemon = state
+    jobs.add_submit_route(app)  # every job comes this way: the first route matched
     for module in (jobs, system, arrays, config, channel, doctor, trace_api):  # jobs first
         app.include_router(module.router)
     app.add_exception_handler(TaogpudError, _taogpud_error)

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from fastapi.routing import APIRoute
@@ -113,21 +113,26 @@ async def submit(request: Request) -> Response:
     return Response(record, status_code=201, media_type=JSON)
 
 
-router.add_api_route(
-    "",
-    submit,
-    methods=["POST"],
-    route_class_override=DirectRoute,
-    response_model=JobRecord,
-    status_code=201,
-    openapi_extra={
-        "parameters": [WAIT_S_PARAMETER],
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": JobRequest.model_json_schema()}},
+def add_submit_route(app: FastAPI) -> None:
+    """POST /v1/jobs on the app's own router, ahead of the included ones: matched there in
+    one step, where an included router's routes are matched through its inclusion context
+    (about a tenth of the daemon's CPU per job in a profile under 8 clients)."""
+    app.router.add_api_route(
+        "/v1/jobs",
+        submit,
+        methods=["POST"],
+        route_class_override=DirectRoute,
+        response_model=JobRecord,
+        status_code=201,
+        tags=["jobs"],
+        openapi_extra={
+            "parameters": [WAIT_S_PARAMETER],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": JobRequest.model_json_schema()}},
+            },
         },
-    },
-)
+    )
 
 
 # Everyone sees every job; another user's without what it holds (access.view_of).
