@@ -33,6 +33,9 @@ def create_app(state: DaemonState) -> FastAPI:
         openapi_url="/v1/openapi.json",
         docs_url=None,
         redoc_url=None,
+        # No OpenTelemetry here (the job and request traces are the record): off, FastAPI
+        # asks no provider at each request whether it is configured.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.daemon = state
     jobs.add_submit_route(app)  # every job comes this way: the first route matched
