@@ -16,13 +16,13 @@ bottleneck (docs/performance.md).
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from taogpud import trace
 from taogpud.api.peer import peer_in
-from taogpud.daemon.state import DaemonState
 from taogpud.errors import BodyTooLarge, ErrorBody
 from taogpud.logging import request_trace_enabled
 
@@ -30,10 +30,17 @@ CLIENT_GONE = 499  # as nginx logs it: the client closed the connection before t
 UPLOAD_PATH = "/v1/arrays"
 
 
+class BodyLimits(Protocol):
+    """Where the limits are read at each request (the daemon's state: a reload may move them)."""
+
+    max_json_bytes: int
+    max_upload_bytes: int
+
+
 class ApiEdge:
     """Body limits and the request trace, in front of the FastAPI app."""
 
-    def __init__(self, app: ASGIApp, state: DaemonState) -> None:
+    def __init__(self, app: ASGIApp, state: BodyLimits) -> None:
         self.app = app
         self.state = state
 
