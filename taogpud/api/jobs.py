@@ -108,8 +108,9 @@ class DirectRoute(APIRoute):
     documented hook for a custom route class (`get_route_handler`). The route, its matching
     and its OpenAPI entry stay FastAPI's; what goes is the per-request machinery for
     parameters, dependencies, body parsing and the response model, which submit does not
-    use (it validates in one pydantic call each). Measured in-process: 30-50 µs a request
-    of FastAPI's 65-90 µs for an endpoint that does nothing."""
+    use (it validates in one pydantic call each). In-process, in one interleaved run, an
+    endpoint that does nothing took 34–37 µs a request this way and 66–87 µs through
+    FastAPI's handler."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         return cast(Callable[[Request], Coroutine[Any, Any, Response]], self.endpoint)
