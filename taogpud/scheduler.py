@@ -127,7 +127,7 @@ class Scheduler:
             check_dtypes(task.name, getattr(validated, "dtype", None), regions.inputs)
             estimate = task.estimate_bytes(validated) + regions.input_bytes()
         self._admit(request, estimate)
-        job = JobRecord(  # validating: model_construct was slower (it deep-copies defaults)
+        job = JobRecord(
             id=new_job_id(),
             task=task.name,
             params=validated.model_dump(mode="json"),
