@@ -31,16 +31,19 @@ ADVICE: dict[str, str] = {
         "with our own framing, are what is left."
     ),
     "framework (FastAPI, Starlette, anyio)": (
-        "Every request, job submits included, goes through seven ASGI layers and FastAPI's "
-        "routing and `solve_dependencies` (one handler per route, on public APIs: the "
-        "submit route validates its body in one pydantic call). Folding RequestTrace and "
-        "BodyLimit into one middleware is what is left."
+        "Every request passes FastAPI's own layers (ServerErrorMiddleware, its telemetry and "
+        "body-limit wrappers, ExceptionMiddleware, AsyncExitStackMiddleware), the relay's "
+        "prefix check and taogpud's one edge (api/edge.py: body limits and the request "
+        "trace). `POST /v1/jobs` sits on the app's own router, matched first, on a "
+        "DirectRoute: no parameter or dependency machinery. What is left is those layers "
+        "themselves, a coroutine and a send wrapper each, and the routes other than submit, "
+        "which are matched through their routers' inclusion contexts."
     ),
     "HTTP server (uvicorn, httptools)": (
-        "httptools parsing and uvicorn's callbacks around it: the scope and a "
-        "`RequestResponseCycle` built per request. A job submit has no task and no ASGI "
-        "messages and its answer leaves in one write; what is left is those per-request "
-        "objects, which the route still uses for keep-alive and pipelining."
+        "httptools parsing and uvicorn's callbacks around it: the scope, a "
+        "`RequestResponseCycle` and an ASGI task per request, job submits included (one "
+        "handler per route, on uvicorn's public surface); the head and body of each answer "
+        "leave in one write (api/protocol.py). What is left is those per-request objects."
     ),
     "event loop (uvloop, in C)": (
         "uvloop's own C code: epoll, socket and pipe reads and writes, running callbacks. For "

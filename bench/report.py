@@ -78,7 +78,7 @@ def _header(facts: RunFacts) -> str:
 
 def _targets(targets: list[Target]) -> str:
     lines = [
-        "## Targets (issue 8)",
+        "## Targets (issue 18)",
         "",
         "Ratio: the measured value against the goal, 1.00× or more is met. A ratio with a "
         "number whose median is more than 2× off its best repeat (most repeats disturbed: a "

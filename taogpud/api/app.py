@@ -1,8 +1,8 @@
-"""The FastAPI application: routers, the one error shape, body limits, the request trace."""
+"""The FastAPI application: routers, the one error shape; its edge (api/edge.py) holds the
+body limits and the request trace."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,15 +11,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from taogpud import __version__, relay
 from taogpud.api import arrays, channel, config, doctor, jobs, system
 from taogpud.api import trace as trace_api
+from taogpud.api.edge import CLIENT_GONE, ApiEdge
 from taogpud.api.peer import peer_in
 from taogpud.daemon.state import DaemonState
-from taogpud.errors import BodyTooLarge, ErrorBody, TaogpudError
-from taogpud.logging import get_logger, request_trace_enabled
+from taogpud.errors import ErrorBody, TaogpudError
+from taogpud.logging import get_logger
 
 log = get_logger("taogpud.api")
 
@@ -33,8 +33,12 @@ def create_app(state: DaemonState) -> FastAPI:
         openapi_url="/v1/openapi.json",
         docs_url=None,
         redoc_url=None,
+        # No OpenTelemetry here (the job and request traces are the record): off, FastAPI
+        # asks no provider at each request whether it is configured.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.daemon = state
+    jobs.add_submit_route(app)  # every job comes this way: the first route matched
     for module in (jobs, system, arrays, config, channel, doctor, trace_api):  # jobs first
         app.include_router(module.router)
     app.add_exception_handler(TaogpudError, _taogpud_error)
@@ -42,8 +46,7 @@ def create_app(state: DaemonState) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected_error)
-    app.add_middleware(BodyLimit, state=state)
-    app.add_middleware(RequestTrace)
+    app.add_middleware(ApiEdge, state=state.limits)  # body limits and the request trace, one layer
     relay.mount(app, state)  # /relay/... (the AI channel, taogpud.relay) and /v1/relay/...
     return app
 
@@ -88,9 +91,6 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-CLIENT_GONE = 499  # as nginx logs it: the client closed the connection before the answer
-
-
 async def _client_gone(request: Request, _: Exception) -> Response:
     """The client hung up mid-body: nothing to answer and nothing wrong here, one info line.
     (Left to the catch-all handler it was an error with a traceback, and uvicorn's second.)"""
@@ -112,95 +112,3 @@ def internal_error(path: str, exc: Exception) -> JSONResponse:
         "this is a bug in taogpud; the log has the traceback",
     )
     return error_response(500, body)
-
-
-class BodyLimit:
-    """Refuse bodies past the limit before reading them: JSON routes small, array uploads large.
-
-    Not FastAPI's max_body_size: when Content-Length is over its limit it replaces any
-    response with a plain-text 413, so the error would lose the {code, message, hint} shape.
-    """
-
-    def __init__(self, app: ASGIApp, state: DaemonState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit = (
-            self.state.limits.max_upload_bytes
-            if scope["path"] == "/v1/arrays"
-            else self.state.limits.max_json_bytes
-        )
-        declared = _content_length(scope)
-        if declared is not None and declared > limit:
-            body = ErrorBody(
-                "body_too_large",
-                f"the request body has {declared} bytes; the limit for {scope['path']} is {limit}",
-                "send less, or upload arrays through POST /v1/arrays",
-            )
-            await error_response(413, body)(scope, receive, send)
-            return
-        await self.app(scope, _counting(receive, limit), send)
-
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
-
-
-def _counting(receive: Receive, limit: int) -> Receive:
-    seen = 0
-
-    async def wrapped() -> Message:
-        nonlocal seen
-        message = await receive()
-        seen += len(message.get("body", b""))
-        if seen > limit:
-            raise BodyTooLarge(  # a chunked body, which declares no length to refuse it by
-                f"the request body passed the limit of {limit} bytes",
-                "send less, or upload arrays through POST /v1/arrays",
-            )
-        return message
-
-    return wrapped
-
-
-class RequestTrace:
-    """One JSON line per API request when logging.requestTrace is on."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not request_trace_enabled():
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-
-        async def send_with_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_status)
-        finally:
-            if status != CLIENT_GONE:  # api.client_gone said it: one line for a hang-up
-                log.info(
-                    "api.request",
-                    method=scope["method"],
-                    path=scope["path"],
-                    status=status,
-                    duration_ms=round((time.perf_counter() - started) * 1e3, 3),
-                    uid=peer_in(scope).uid,
-                )

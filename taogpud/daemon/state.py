@@ -58,7 +58,7 @@ class DaemonStatus:
 
 @dataclass(frozen=True)
 class Limits:
-    """Request body caps (api/app.py): JSON bodies, and uploads (the array store's budget)."""
+    """Request body caps (api/edge.py): JSON bodies, and uploads (the array store's budget)."""
 
     max_json_bytes: int = 1 << 20
     max_upload_bytes: int = 1 << 32

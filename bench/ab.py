@@ -1,0 +1,201 @@
+"""A/B of the tiny-job dispatch: two source trees of taogpud, alternating, in one run.
+
+    python bench/ab.py BASE_TREE NEW_TREE [--rounds 2] [--peers] [--repeats 3] [--out FILE]
+
+Each round measures the base tree, then the new one, each in a process of its own with that
+tree first on PYTHONPATH, so the daemon it starts runs that tree's code (this script drives
+both): tiny-job p50 and jobs/s with 1 client, jobs/s with 8, and the daemon's and workers'
+CPU per job under the 8-client load (user + system time from /proc). With --peers, Ray's
+warm actor and dask run once, after the first round, so the rows have neighbours in time,
+and the targets of bench/targets.py are judged on the new tree's rows. --out writes the
+tables as markdown. On a shared host only numbers within one run compare; this is how each
+change in docs/performance.md was judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent.parent
+if __name__ == "__main__":  # `python bench/ab.py`: the bench package from this tree
+    sys.path.insert(0, str(HERE))
+
+Numbers = dict[str, Any]
+
+
+def one_tree(repeats: int) -> Numbers:
+    """Measure the tree this process imports taogpud from: every repeat's figures."""
+    from bench.daemon_under_test import running
+    from bench.dispatch import CLIENTS, plans
+    from bench.load import in_processes, sequential
+    from bench.peers.taogpud_client import open_caller
+    from bench.procs import cpu_s, descendants
+
+    one, many = plans("taogpud", repeats, quick=False)
+    with running() as daemon:
+        path = str(daemon.socket_path)
+        with open_caller(path) as call:
+            seq = sequential(call, one)
+        pid = daemon.proc.pid
+        workers = descendants(pid)
+        before = cpu_s(pid), sum(map(cpu_s, workers))
+        concurrent = in_processes(open_caller, [(path,)] * CLIENTS, many)
+        after = cpu_s(pid), sum(map(cpu_s, workers))
+    jobs = sum(len(run.latencies_s) for run in concurrent)
+    return {
+        "p50_ms": [run.p50_ms for run in seq],
+        "one_jobs_per_s": [run.jobs_per_s for run in seq],
+        "many_jobs_per_s": [run.jobs_per_s for run in concurrent],
+        "daemon_us_per_job": (after[0] - before[0]) / jobs * 1e6,
+        "workers_us_per_job": (after[1] - before[1]) / jobs * 1e6,
+    }
+
+
+def peers(repeats: int) -> dict[str, Numbers]:
+    """Ray's warm actor and dask, as bench/run.py measures them."""
+    from bench.dispatch import CLIENTS, plans
+    from bench.load import isolated
+    from bench.peers import dask_local, ray_local
+    from bench.targets import RAY_ACTOR
+
+    found: dict[str, Numbers] = {}
+    for module, kind, system in (
+        (ray_local, "ray", RAY_ACTOR),
+        (dask_local, "dask", dask_local.NAME),
+    ):
+        one, many = plans(kind, repeats, quick=False)
+        rows, _ = isolated(module.measure, one, CLIENTS, many)
+        by_clients = {row.clients: row for row in rows if row.system == system}
+        found[system] = {
+            "p50_ms": _spread_values(by_clients[1].p50_ms),
+            "one_jobs_per_s": _spread_values(by_clients[1].jobs_per_s),
+            "many_jobs_per_s": _spread_values(by_clients[CLIENTS].jobs_per_s),
+        }
+    return found
+
+
+def _spread_values(spread: Any) -> list[float]:
+    """A peer's repeats come back as a Spread: its median, low and high stand for them."""
+    return [spread.median, spread.low, spread.high]
+
+
+def _measure_in(tree: Path, what: str, repeats: int) -> Any:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    command = [
+        sys.executable,
+        str(HERE / "bench" / "ab.py"),
+        f"--{what}",
+        "--repeats",
+        str(repeats),
+    ]
+    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} in {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _load() -> str:
+    return " / ".join(f"{x:.1f}" for x in os.getloadavg()[:2])
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+# -- the report ---------------------------------------------------------------------------
+
+
+def rows_of(system: str, numbers: list[Numbers]) -> list[Any]:
+    """DispatchRows over every repeat of every round, as bench/targets.py reads them."""
+    from bench.dispatch import CLIENTS
+    from bench.stats import DispatchRow, Spread
+
+    def pooled(key: str) -> Spread:
+        return Spread.of(value for entry in numbers for value in entry[key])
+
+    return [
+        DispatchRow(system, 1, jobs_per_s=pooled("one_jobs_per_s"), p50_ms=pooled("p50_ms")),
+        DispatchRow(system, CLIENTS, jobs_per_s=pooled("many_jobs_per_s"), p50_ms=None),
+    ]
+
+
+def markdown(rounds: list[Numbers], found_peers: dict[str, Numbers] | None, started: str) -> str:
+    from bench.peers import taogpud_client
+    from bench.report import _targets
+    from bench.targets import evaluate
+
+    lines = [
+        f"A/B run of `bench/ab.py`, started {started}; medians of each measurement's repeats.",
+        "",
+        "| round | tree | load 1 / 5 min | p50 ms | 1 client jobs/s | 8 clients jobs/s | "
+        "daemon µs/job (8 clients) | workers µs/job |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for entry in rounds:
+        lines.append(
+            f"| {entry['round']} | {entry['tree']} | {entry['load']} | "
+            f"{_median(entry['p50_ms']):.3f} | {_median(entry['one_jobs_per_s']):,.0f} | "
+            f"{_median(entry['many_jobs_per_s']):,.0f} | {entry['daemon_us_per_job']:,.0f} | "
+            f"{entry['workers_us_per_job']:,.0f} |"
+        )
+    if not found_peers:
+        return "\n".join(lines) + "\n"
+    lines += ["", "| peer, the same run | p50 ms | 1 client jobs/s | 8 clients jobs/s |"]
+    lines.append("|---|---:|---:|---:|")
+    for system, numbers in found_peers.items():
+        lines.append(
+            f"| {system} | {numbers['p50_ms'][0]:.3f} | {numbers['one_jobs_per_s'][0]:,.0f} | "
+            f"{numbers['many_jobs_per_s'][0]:,.0f} |"
+        )
+    peer_rows = [row for system, n in found_peers.items() for row in rows_of(system, [n])]
+    for tree in ("base", "new"):
+        ours = [entry for entry in rounds if entry["tree"] == tree]
+        rows = rows_of(taogpud_client.NAME, ours) + peer_rows
+        table = _targets(evaluate(rows, [], 8)).split("\n", 1)[1]  # without its heading
+        lines += ["", f"Targets on the **{tree}** tree's repeats (all rounds):", table.strip()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("trees", nargs="*", type=Path)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--peers", action="store_true", help="Ray's warm actor and dask too")
+    parser.add_argument("--out", type=Path, help="write the tables here as markdown")
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--peers-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one_tree(args.repeats)))
+        return
+    if args.peers_only:
+        print(json.dumps(peers(args.repeats)))
+        return
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rounds: list[Numbers] = []
+    found_peers = None
+    for round_ in range(args.rounds):
+        for label, tree in zip(("base", "new"), args.trees, strict=True):
+            load = _load()
+            result = _measure_in(tree.resolve(), "one", args.repeats)
+            rounds.append({"round": round_ + 1, "tree": label, "load": load, **result})
+            print(json.dumps(rounds[-1]), flush=True)
+        if args.peers and round_ == 0:
+            found_peers = _measure_in(HERE, "peers-only", args.repeats)
+            print(json.dumps({"peers": found_peers}), flush=True)
+    report = markdown(rounds, found_peers, started)
+    print(report)
+    if args.out is not None:
+        args.out.write_text(report)
+
+
+if __name__ == "__main__":
+    main()
