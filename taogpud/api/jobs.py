@@ -11,17 +11,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse
 from pydantic import Field, TypeAdapter, ValidationError
 
+from taogpud import wire
 from taogpud.access import check_access, view_of
 from taogpud.api.deps import Daemon
-from taogpud.api.models import JobRequest
+from taogpud.api.models import JobRequestModel
 from taogpud.api.peer import peer_of
 from taogpud.daemon.state import DaemonState
 from taogpud.errors import OutputNotFound, RequestError
 from taogpud.jobs import JobRecord, JobState
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(tags=["jobs"])
 
-MAX_WAIT_S = 60.0  # one long-poll; clients loop for longer waits
+MAX_WAIT_S = wire.MAX_WAIT_S  # one long-poll; clients loop for longer waits
 JSON = "application/json"
 WAIT_S = TypeAdapter(Annotated[float, Field(ge=0, le=MAX_WAIT_S)])
 WAIT_S_PARAMETER = {  # the query parameter as OpenAPI shows it (submit parses it itself)
@@ -33,7 +34,7 @@ WAIT_S_PARAMETER = {  # the query parameter as OpenAPI shows it (submit parses i
 }
 
 
-async def _job_request(request: Request) -> JobRequest:
+async def _job_request(request: Request) -> wire.JobRequest:
     raw = await request.body()
     content_type = request.headers.get("content-type", "")
     if "json" not in content_type:
@@ -42,7 +43,7 @@ async def _job_request(request: Request) -> JobRequest:
             "send the job as JSON with content-type: application/json",
         )
     try:
-        return JobRequest.model_validate_json(raw)
+        return JobRequestModel.model_validate_json(raw).to_wire()
     except ValidationError as exc:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
@@ -88,14 +89,14 @@ def _job_response(job: JobRecord, status_code: int = 200) -> Response:
 
 
 @router.post(
-    "",
+    wire.SUBMIT_JOB.path,
     response_model=JobRecord,
     status_code=201,
     openapi_extra={
         "parameters": [WAIT_S_PARAMETER],
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": JobRequest.model_json_schema()}},
+            "content": {"application/json": {"schema": JobRequestModel.model_json_schema()}},
         },
     },
 )
@@ -115,12 +116,12 @@ async def submit(request: Request) -> Response:
 # Everyone sees every job; another user's without what it holds (access.view_of).
 
 
-@router.get("", response_model=list[JobRecord])
+@router.get(wire.LIST_JOBS.path, response_model=list[JobRecord])
 async def list_jobs(
     request: Request,
     daemon: Daemon,
     status: JobState | None = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=wire.MAX_LIST_LIMIT)] = 100,
 ) -> Response:
     peer = peer_of(request)
     jobs = [view_of(job, peer) for job in daemon.store.recent(status, limit)]
@@ -128,12 +129,12 @@ async def list_jobs(
     return Response(body, media_type=JSON)
 
 
-@router.get("/{job_id}", response_model=JobRecord)
+@router.get(wire.GET_JOB.path, response_model=JobRecord)
 async def get_job(job_id: str, request: Request, daemon: Daemon) -> Response:
     return _job_response(view_of(daemon.scheduler.get(job_id), peer_of(request)))
 
 
-@router.get("/{job_id}/wait", response_model=JobRecord)
+@router.get(wire.WAIT_JOB.path, response_model=JobRecord)
 async def wait_job(
     job_id: str,
     request: Request,
@@ -145,7 +146,7 @@ async def wait_job(
     return _job_response(view_of(job, peer_of(request)))
 
 
-@router.post("/{job_id}/cancel", response_model=JobRecord)
+@router.post(wire.CANCEL_JOB.path, response_model=JobRecord)
 async def cancel_job(job_id: str, request: Request, daemon: Daemon) -> Response:
     job = daemon.scheduler.cancel(job_id, peer_of(request))
     await daemon.store.wait(job_id, 10.0)  # a running job stops at its next check
@@ -162,7 +163,7 @@ class OutputFileResponse(FileResponse):
 
 
 @router.get(
-    "/{job_id}/outputs/{name}",
+    wire.JOB_OUTPUT.path,
     responses={200: {"content": {"application/octet-stream": {}}}},
     response_class=FileResponse,  # OutputFileResponse, as OpenAPI sees it
 )

@@ -6,11 +6,11 @@ from __future__ import annotations
 import sys
 import time
 from typing import Annotated, Any
-from urllib.parse import quote, urlencode
 
 import orjson
 import typer
 
+from taogpud import wire
 from taogpud.cli.output import emit_line
 
 # a job line's fields shown in `logs`, in this order, after its time and event
@@ -34,7 +34,7 @@ def trace_command(
     with connect(ctx) as client:
         client.health()  # an absent daemon is exit 3, said as every command says it
         socket_path = client.socket_path
-    for event in stream_lines(socket_path, f"/v1/trace?{urlencode(query)}"):
+    for event in stream_lines(socket_path, wire.TRACE.url(query)):
         sys.stdout.write(orjson.dumps(event).decode() + "\n")
         sys.stdout.flush()  # a follower piped into grep sees each line as it comes
 
@@ -55,7 +55,7 @@ def logs_command(
     with connect(ctx) as client:
         job_id = resolve_id(client, job_id)
         socket_path = client.socket_path
-    path = f"/v1/jobs/{quote(job_id, safe='')}/events?follow={str(follow).lower()}"
+    path = wire.JOB_EVENTS.url({"follow": str(follow).lower()}, job_id=job_id)
     for event in stream_lines(socket_path, path):
         emit_line(orjson.dumps(event).decode() if json_out else log_line(event))
 

@@ -35,6 +35,7 @@ from taogpud.api import protocol
 from taogpud.api.app import create_app
 from taogpud.api.jobs import end_waits
 from taogpud.api.listen import bind_unix_socket
+from taogpud.api.models import job_request_from
 from taogpud.arrays import ArrayStore, upload_quota_bytes
 from taogpud.daemon.reload import Reloader, watch_files
 from taogpud.daemon.shm_server import ShmServer
@@ -159,7 +160,9 @@ class Daemon:
         "ray": its workers may be on other hosts, which a memfd cannot reach."""
         if state.snapshot.config.scheduling.executor != "local":
             return
-        self.shm = ShmServer(state.scheduler, state.store, state.arrays.budget_bytes)
+        self.shm = ShmServer(
+            state.scheduler, state.store, state.arrays.budget_bytes, job_request_from
+        )
         self.shm.start(socket_path_for(self.socket_path))
 
     async def _watch(self, reloader: Reloader) -> None:
