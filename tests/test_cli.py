@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from taogpud import nvml
-from taogpud.cli import CliError, build_params, parse_param
+from taogpud.cli.app import CliError, build_params, parse_param
 from taogpud.cli.output import error_line
 
 CONTROL_ENV = ("TAOGPUD_SOCKET", "TAOGPUD_SETTINGS", "TAOGPUD_CONFIG", "OPENCLAW_CONFIG")

@@ -1,47 +1,31 @@
-"""taogpuctl: the command line of taogpud (typer + rich over `taogpud.client`).
+"""taogpuctl's typer app: every command, its flags and help (the contract is in taogpud.cli).
 
-Exit codes (DESIGN §11; scripts rely on them):
-
-    0  ok
-    1  the job or check failed: a waited job did not succeed, or the daemon could not do a
-       well-formed request right now (queue full, draining, its own error: HTTP 429 / 5xx)
-    2  usage or config error: bad flags or files, an invalid config, and every request the
-       daemon rejected as wrong (HTTP 4xx: unknown task, bad params, unknown job, too large)
-    3  the daemon cannot be reached (DaemonUnreachable)
-    4  this user may not use the daemon's socket: not in its group (taogpu; NotInGroup)
-    124  a wait's --timeout passed with the job still queued or running (as timeout(1));
-       the job goes on, and `taogpuctl wait ID` picks it up again
-    130  interrupted (Ctrl-C); a waited job keeps running and the line says how to find it
-
-Errors are one line on stderr, `taogpuctl: <message> (hint: ...)`, never a traceback
-(TAOGPUCTL_DEBUG=1 shows the traceback of a bug in taogpuctl itself). Every command takes
-`--json` and then prints exactly one JSON document on stdout, except the streams (`trace`,
-`logs --json`: one JSON document per line, NDJSON) and the views for people (`top`,
-`completion`). Progress and warnings go to stderr, so stdout holds only the answer.
+`taogpud.cli.run` sends here every argv the hot path (cli/hot.py) does not answer itself.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
 
+from taogpud.cli import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from taogpud.cli import conventions as cli_conventions
 from taogpud.cli import files as cli_files
 from taogpud.cli import guide as cli_guide
 from taogpud.cli import logs as cli_logs
 from taogpud.cli import top as cli_top
 from taogpud.cli import words as cli_words
-from taogpud.cli.conventions import AmbiguousId, resolve_id
+from taogpud.cli.conventions import resolve_id
+from taogpud.cli.failures import CliError, explain
 from taogpud.cli.output import (
     Progress,
     check_lines,
@@ -52,7 +36,6 @@ from taogpud.cli.output import (
     emit_mapping,
     emit_table,
     flatten,
-    format_cell,
     job_problem,
     one_line,
     ping_lines,
@@ -63,13 +46,12 @@ from taogpud.cli.output import (
     warn,
     warn_if_fallback,
 )
+from taogpud.cli.status import show_status
 from taogpud.client import (
     NPY_MAGIC,
-    ApiError,
     Client,
     DaemonUnreachable,
     Job,
-    NotInGroup,
     is_finished,
 )
 from taogpud.errors import ConfigError, Problem
@@ -77,12 +59,6 @@ from taogpud.relay.cli import relay_app, relay_check
 
 if TYPE_CHECKING:
     from taogpud.config import ConfigSnapshot
-
-EXIT_OK = 0
-EXIT_FAILED = 1  # the job or check failed
-EXIT_USAGE = 2  # usage or config error
-EXIT_UNREACHABLE = 3  # the daemon cannot be reached
-EXIT_NOT_IN_GROUP = 4  # the socket is its group's (taogpu), and this user is not in it
 
 app = typer.Typer(
     name="taogpuctl",
@@ -98,16 +74,6 @@ app.add_typer(relay_app, name="relay")  # taogpud/relay/cli.py
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
 SettingsFlag = Annotated[Path | None, typer.Option("--settings", help="The settings.json to use.")]
 ConfigFlag = Annotated[Path | None, typer.Option("--config", help="The config.toml to use.")]
-
-
-class CliError(Exception):
-    """A failure this command explains in one line, with its exit code."""
-
-    def __init__(self, message: str, hint: str = "", exit_code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)
@@ -404,38 +370,12 @@ def status_command(
     interval: Annotated[float, typer.Option(min=0.1, help="Seconds between redraws.")] = 2.0,
 ) -> None:
     """Backend, fallback, load against the caps, config generation, one row per worker."""
+    globals_ = ctx.find_object(Globals)
+    socket_path = globals_.socket_path if globals_ else None
     if watch:
-        cli_logs.watch(lambda: status_command(ctx, json_out), interval)
+        cli_logs.watch(lambda: show_status(socket_path, json_out), interval)
         return
-    with connect(ctx) as client:
-        view = client.status()
-    if json_out:
-        emit_json(view)
-        return
-    emit_line(
-        f"state {view['state']}  backend {view['backend']}  "
-        f"fallback {format_cell(view['fallback'])}  config generation {view['config_generation']}"
-    )
-    emit_line(
-        f"running {view['running']}/{view['max_concurrent_tasks']} (max_concurrent_tasks)  "
-        f"queued {view['queued']}/{view.get('queue_limit', '-')}  "
-        f"strategy {view.get('strategy', '-')}  jobs total {view.get('jobs_total', '-')}"
-    )
-    if view.get("arrays"):
-        arrays = view["arrays"]
-        emit_line(
-            f"uploads {_mib(arrays['used_bytes'])}/{_mib(arrays['budget_bytes'])} MiB  "
-            f"yours pending {_mib(arrays['your_pending_bytes'])}/"
-            f"{_mib(arrays['user_quota_bytes'])} MiB (quota; past it your oldest unused go)"
-        )
-    columns = ("device", "index", "pid", "state", "running", "slots", "jobs_done", "restarts")
-    emit_table(columns, [[worker.get(c) for c in columns] for worker in view["workers"]])
-    if view["fallback"]:
-        warn(f"running on CPU fallback workers, not a GPU: {view.get('fallback_reason')}")
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:,.1f}"
+    show_status(socket_path, json_out)
 
 
 @app.command("tasks")
@@ -694,19 +634,14 @@ app.command("top")(cli_top.top_command)
 # --- entry point ---------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> NoReturn:
-    sys.exit(run(argv))
-
-
-def run(argv: Sequence[str] | None = None) -> int:
-    """Run one command; every failure becomes one stderr line and an exit code."""
-    args = sys.argv[1:] if argv is None else argv
-    command = typer.main.get_command(asked_app(args))
-    cli_conventions.install(command, args)
+def run_app(argv: Sequence[str]) -> int:
+    """Run one command through typer; every failure becomes one stderr line and an exit code."""
+    command = typer.main.get_command(asked_app(argv))
+    cli_conventions.install(command, argv)
     try:
-        result = command.main(args=argv, prog_name="taogpuctl", standalone_mode=False)
+        result = command.main(args=list(argv), prog_name="taogpuctl", standalone_mode=False)
     except Exception as exc:
-        message, hint, exit_code = explain(exc)
+        message, hint, exit_code = explain_any(exc)
         report_error(message, hint)
         return exit_code
     return result if isinstance(result, int) else EXIT_OK
@@ -748,23 +683,11 @@ def command_word(argv: Sequence[str]) -> str | None:
     return None
 
 
-def explain(exc: Exception) -> tuple[str, str, int]:
-    """(message, hint, exit code) for any failure; re-raises a bug under TAOGPUCTL_DEBUG."""
-    if isinstance(exc, CliError | AmbiguousId):
-        return exc.message, exc.hint, exc.exit_code
-    if isinstance(exc, DaemonUnreachable):
-        code = EXIT_NOT_IN_GROUP if isinstance(exc, NotInGroup) else EXIT_UNREACHABLE
-        return exc.message, exc.hint, code
-    if isinstance(exc, ApiError):
-        return explain_api_error(exc)
-    if isinstance(exc, ConfigError):
-        return exc.message, exc.hint, EXIT_USAGE
+def explain_any(exc: Exception) -> tuple[str, str, int]:
+    """(message, hint, exit code): typer's usage errors here, all else as cli/failures.py says."""
     if isinstance(exc, typer.TyperException | typer.Abort):
         return explain_usage(exc)
-    if os.environ.get("TAOGPUCTL_DEBUG"):
-        raise exc
-    hint = "a bug in taogpuctl or taogpud; rerun with TAOGPUCTL_DEBUG=1 for the traceback"
-    return f"internal error: {type(exc).__name__}: {exc}", hint, EXIT_FAILED
+    return explain(exc)
 
 
 def explain_usage(exc: typer.TyperException | typer.Abort) -> tuple[str, str, int]:
@@ -776,18 +699,3 @@ def explain_usage(exc: typer.TyperException | typer.Abort) -> tuple[str, str, in
     # A missing sub-command has already printed the help, leaving the message empty.
     message = one_line(exc.format_message()) or f"{command_path} needs a command"
     return message, f"see `{command_path} --help`", EXIT_USAGE
-
-
-def explain_api_error(exc: ApiError) -> tuple[str, str, int]:
-    """The daemon's error; a validation error in the flags' words, without API code or hint."""
-    human = cli_words.humanize(exc.message)
-    if human is not None:
-        return human, "", api_exit_code(exc)
-    return f"{exc.message} [{exc.code}]", exc.hint, api_exit_code(exc)
-
-
-def api_exit_code(exc: ApiError) -> int:
-    """4xx: the request was wrong (usage, 2); 429 / 5xx: it could not be done now (1)."""
-    if 400 <= exc.http_status < 500 and exc.http_status != 429:
-        return EXIT_USAGE
-    return EXIT_FAILED

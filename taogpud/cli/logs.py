@@ -27,7 +27,7 @@ def trace_command(
     ),
 ) -> None:
     """The daemon's trace, one JSON line per event, as journald has it (`trace --grep backend`)."""
-    from taogpud.cli import connect
+    from taogpud.cli.app import connect
     from taogpud.client.stream import stream_lines
 
     query = {"limit": limit, "follow": str(follow).lower(), **({"grep": grep} if grep else {})}
@@ -48,7 +48,7 @@ def logs_command(
     json_out: Annotated[bool, typer.Option("--json", help="The raw JSON lines.")] = False,
 ) -> None:
     """One job's trace lines: queued, running, where it ran, how it ended."""
-    from taogpud.cli import connect
+    from taogpud.cli.app import connect
     from taogpud.cli.conventions import resolve_id
     from taogpud.client.stream import stream_lines
 
