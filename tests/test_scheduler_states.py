@@ -154,6 +154,7 @@ class JobStates(RuleBasedStateMachine):
         request = JobRequest(
             task="sleep",
             params={"ms": 1},
+            inputs={},
             max_retries=max_retries,
             priority=priority,
             timeout_s=3600.0 if timeout else None,

@@ -26,7 +26,6 @@ Routes (all JSON unless said; errors are always {code, message, hint}):
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -84,7 +83,7 @@ class JobRequestModel(BaseModel):
         return wire.JobRequest(**{name: getattr(self, name) for name in _JOB_REQUEST_FIELDS})
 
 
-_JOB_REQUEST_FIELDS = tuple(f.name for f in dataclasses.fields(wire.JobRequest))
+_JOB_REQUEST_FIELDS = wire.JobRequest._fields
 
 
 def job_request_from(fields: dict[str, Any]) -> wire.JobRequest:
@@ -126,7 +125,9 @@ class ReloadModel(BaseModel):
 
     @classmethod
     def of(cls, view: wire.ReloadView) -> ReloadModel:
-        return cls.model_validate(dataclasses.asdict(view))
+        fields = view._asdict()
+        fields["changes"] = [change._asdict() for change in view.changes]
+        return cls.model_validate(fields)
 
 
 class ArrayView(BaseModel):

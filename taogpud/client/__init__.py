@@ -191,7 +191,7 @@ class Client:
             max_retries=max_retries,
         )
         url = wire.SUBMIT_JOB.url(None if wait_s is None else {"wait_s": _seconds(wait_s)})
-        return self._dict(wire.SUBMIT_JOB, url, request, wait_s=wait_s or 0.0)
+        return self._dict(wire.SUBMIT_JOB, url, request._asdict(), wait_s=wait_s or 0.0)
 
     def run(
         self,
