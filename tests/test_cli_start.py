@@ -7,6 +7,7 @@ heavy libraries a status call has no use for, and typer building every command's
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -171,3 +172,21 @@ def test_completion_requests_go_to_typer(monkeypatch: pytest.MonkeyPatch) -> Non
     """The shell asking for completions is typer's to answer, whatever the words."""
     monkeypatch.setenv(hot.COMPLETE_VAR, "complete_bash")
     assert hot.run(["status"]) is None
+
+
+LEAN_PROBE = """
+import json, sys
+from taogpud.cli import run
+code = run(sys.argv[1:])
+found = {name.split(".")[0] for name in sys.modules}
+found &= {"orjson", "dataclasses", "inspect", "datetime", "uuid", "typer"}
+sys.stderr.write(json.dumps({"code": code, "found": sorted(found)}) + "\\n")
+"""
+
+
+def test_status_as_text_needs_no_orjson_nor_dataclasses(daemon: RunningDaemon) -> None:
+    """Into a pipe, `status` decodes with the standard library's json: orjson, and the
+    dataclasses, inspect, datetime and uuid it imports, are no cost of it (--json prints with
+    orjson, as every command does)."""
+    done = python(("-c", LEAN_PROBE), "--socket", str(daemon.socket_path), "status")
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == {"code": 0, "found": []}

@@ -9,9 +9,7 @@ from __future__ import annotations
 import os
 
 from taogpud.cli import EXIT_FAILED, EXIT_NOT_IN_GROUP, EXIT_UNREACHABLE, EXIT_USAGE
-from taogpud.cli import words as cli_words
 from taogpud.client import ApiError, DaemonUnreachable, NotInGroup
-from taogpud.errors import ConfigError
 
 
 class CliError(Exception):
@@ -34,6 +32,8 @@ def explain(exc: Exception) -> tuple[str, str, int]:
         return exc.message, exc.hint, code
     if isinstance(exc, ApiError):
         return explain_api_error(exc)
+    from taogpud.errors import ConfigError  # here: its dataclasses are no status call's cost
+
     if isinstance(exc, ConfigError):
         return exc.message, exc.hint, EXIT_USAGE
     if os.environ.get("TAOGPUCTL_DEBUG"):
@@ -44,6 +44,8 @@ def explain(exc: Exception) -> tuple[str, str, int]:
 
 def explain_api_error(exc: ApiError) -> tuple[str, str, int]:
     """The daemon's error; a validation error in the flags' words, without API code or hint."""
+    from taogpud.cli import words as cli_words  # here: orjson is no successful call's cost
+
     human = cli_words.humanize(exc.message)
     if human is not None:
         return human, "", api_exit_code(exc)

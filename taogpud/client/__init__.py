@@ -13,6 +13,7 @@ thread (or per process). Nothing here imports numpy unless an array object is up
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
 import time
@@ -20,8 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
-
-import orjson
 
 from taogpud import paths, wire
 from taogpud.client.http import MalformedResponse, UnixHTTPConnection
@@ -77,7 +76,17 @@ def is_finished(job: Job) -> bool:
 class Client:
     """One keep-alive connection to the daemon. Not thread-safe: one Client per thread."""
 
-    def __init__(self, socket_path: str | Path | None = None, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        socket_path: str | Path | None = None,
+        timeout_s: float = 60.0,
+        *,
+        stdlib_json: bool = False,
+    ) -> None:
+        """stdlib_json: decode answers with the standard library's json instead of orjson, for
+        a one-shot caller (`taogpuctl status`): orjson decodes a job record ~5× faster, which a
+        client of many jobs wants, but its import (with the dataclasses, inspect and uuid it
+        loads) was the largest part of such a call's own start here (bench/cli_start.py)."""
         if socket_path is None:
             chosen, tried = paths.client_sockets()
         else:
@@ -88,6 +97,7 @@ class Client:
         self._conn = UnixHTTPConnection(self.socket_path, timeout_s)
         self.shared_memory_bytes = 1 << 30  # compute()'s memfd: its size, sealed once made
         self._shared_arrays: Any = None
+        self._loads: Callable[[bytes], Any] = json.loads if stdlib_json else _orjson().loads
 
     # --- daemon and catalog ---------------------------------------------------------------
 
@@ -269,7 +279,7 @@ class Client:
         body = _npy_parts(array_or_npy_bytes)
         route = wire.UPLOAD_ARRAY
         status, data = self._request(route.method, route.path, body, NPY_TYPE)
-        return _expect(_decode_json(status, data), dict, route.path)
+        return _expect(_decode_json(status, data, self._loads), dict, route.path)
 
     def download_output(self, job_id: str, name: str) -> bytes:
         """The bytes of a .npy file: one output the job kept (submit with keep_outputs)."""
@@ -328,9 +338,9 @@ class Client:
         return _expect(self._json(route.method, url, None, 0.0), list, url)
 
     def _json(self, method: str, path: str, payload: Any, wait_s: float) -> Any:
-        body = None if payload is None else orjson.dumps(payload)
+        body = None if payload is None else _orjson().dumps(payload)
         status, data = self._request(method, path, body, JSON_TYPE, wait_s)
-        return _decode_json(status, data)
+        return _decode_json(status, data, self._loads)
 
     def _request(
         self,
@@ -414,12 +424,20 @@ def _expect(value: object, kind: type[T], path: str) -> T:
     return value
 
 
-def _decode_json(status: int, data: bytes) -> Any:
+def _orjson() -> Any:
+    """orjson, imported on first use: a Client(stdlib_json=True) that sends no body never
+    loads it (see Client)."""
+    import orjson
+
+    return orjson
+
+
+def _decode_json(status: int, data: bytes, loads: Callable[[bytes], Any]) -> Any:
     if status >= 400:
         raise _api_error(status, data)
     try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
+        return loads(data)
+    except ValueError:  # orjson's and json's JSONDecodeError both are
         raise ApiError(
             "bad_response",
             f"the daemon answered HTTP {status} with a body that is not JSON: {_snippet(data)}",
@@ -445,8 +463,8 @@ def _api_error(http_status: int, body: bytes) -> ApiError:
 def _error_fields(body: bytes) -> tuple[str, str, str] | None:
     """{code, message, hint} (wire.ErrorBody), or a framework's validation list as one."""
     try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
+        parsed = json.loads(body)  # an error: the standard library's json is quick enough
+    except ValueError:
         return None
     error = wire.ErrorBody.from_json(parsed)
     if error is not None:
