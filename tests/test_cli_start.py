@@ -164,7 +164,7 @@ def test_other_shapes_of_argv_go_to_typer(monkeypatch: pytest.MonkeyPatch) -> No
         ["--socket", "/a", "--socket", "/b", "status"],
     ]  # fmt: skip
     for argv in others:
-        with pytest.raises(hot._NotHot):
+        with pytest.raises(hot.NotHot):
             hot.parse(argv)
 
 

@@ -22,7 +22,7 @@ SOCKET_ENV = "TAOGPUD_SOCKET"
 COMPLETE_VAR = "_TAOGPUCTL_COMPLETE"  # what the completion scripts set when they ask
 
 
-class _NotHot(Exception):
+class NotHot(Exception):
     """argv is not the hot path's shape: typer reads it."""
 
 
@@ -32,7 +32,7 @@ def run(argv: Sequence[str]) -> int | None:
         return None
     try:
         socket_path, json_out = parse(argv)
-    except _NotHot:
+    except NotHot:
         return None
     return answer(socket_path, json_out)
 
@@ -47,9 +47,9 @@ def parse(argv: Sequence[str]) -> tuple[Path | None, bool]:
         socket_value = words[1]
         del words[:2]
     if socket_value is not None and (not socket_value or socket_value.startswith("-")):
-        raise _NotHot  # typer's reading of an odd value is the one that counts
+        raise NotHot  # typer's reading of an odd value is the one that counts
     if words not in (["status"], ["status", "--json"]):
-        raise _NotHot
+        raise NotHot
     chosen = socket_value if socket_value is not None else os.environ.get(SOCKET_ENV) or None
     return (None if chosen is None else Path(chosen)), len(words) == 2
 
