@@ -28,17 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class ErrorBody:
-    """The one JSON error shape of the API and of job failures: {code, message, hint}."""
-
-    code: str
-    message: str
-    hint: str = ""
-
-    def as_dict(self) -> dict[str, str]:
-        return {"code": self.code, "message": self.message, "hint": self.hint}
+# The one error shape is the wire's (clients read it too); the `as` re-exports it from here.
+from taogpud.wire import ErrorBody as ErrorBody  # noqa: PLC0414
 
 
 class TaogpudError(Exception):

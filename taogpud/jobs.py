@@ -1,4 +1,4 @@
-"""Job records and their states (the store that keeps them is store.py).
+"""Job records (the store that keeps them is store.py; their states are taogpud.wire's).
 
 The record is the API's job view too: what a client reads is exactly what the
 daemon knows, including where the job really ran.
@@ -9,24 +9,12 @@ from __future__ import annotations
 import random
 import secrets
 import time
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-
-class JobState(StrEnum):
-    queued = "queued"  # accepted, waiting for a slot
-    running = "running"  # sent to a worker
-    succeeded = "succeeded"  # the task returned
-    failed = "failed"  # the task raised, ran out of memory, or its worker died
-    cancelled = "cancelled"  # cancelled by a client, queued or running
-    timed_out = "timed_out"  # ran past its timeout_s
-    interrupted = "interrupted"  # the daemon stopped before the job could finish
-
-    @property
-    def finished(self) -> bool:
-        return self not in (JobState.queued, JobState.running)
+# The states are the wire's (the client reads them too); the `as` re-exports them from here.
+from taogpud.wire import JobState as JobState  # noqa: PLC0414
 
 
 class JobErrorView(BaseModel):

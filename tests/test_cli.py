@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from taogpud import nvml
-from taogpud.cli import CliError, build_params, parse_param
+from taogpud.cli.app import CliError, build_params, parse_param
 from taogpud.cli.output import error_line
 from taogpud.testing import Ctl, taogpuctl, write_pair
 

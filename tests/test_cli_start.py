@@ -7,14 +7,18 @@ heavy libraries a status call has no use for, and typer building every command's
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import orjson
+import pytest
 from conftest import RunningDaemon
 
-from taogpud import cli
+from taogpud.cli import app as cli
+from taogpud.cli import hot
 
 # pydantic(-settings) came with the config loader (through the relay's commands), rich with the
 # output module, structlog with the doctor: none of them is status's, into a pipe.
@@ -79,3 +83,110 @@ def test_an_unknown_command_still_hears_of_the_one_it_meant(tmp_path: Path) -> N
     )  # fmt: skip
     assert done.returncode == 2
     assert "Did you mean 'status'?" in done.stderr
+
+
+# --- the hot path: `status [--json]` without typer, printing what typer's command prints ----------
+
+TYPER_PATH = """
+import sys
+from taogpud.cli.app import run_app
+sys.exit(run_app(sys.argv[1:]))
+"""
+ENTRY_POINT = ("-m", "taogpud.cli")  # the console script's main: the hot path first
+TYPER_ONLY = ("-c", TYPER_PATH)
+
+
+def python(
+    command: tuple[str, ...], *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *command, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+
+
+def outcome(done: subprocess.CompletedProcess[str]) -> tuple[int, str, str]:
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_status_imports_no_typer(daemon: RunningDaemon) -> None:
+    """`status` is answered without typer (or its vendored click) imported at all."""
+    probe = 'HEAVY = ("typer", "click")\n' + PROBE
+    done = python(("-c", probe), "--socket", str(daemon.socket_path), "status")
+    assert orjson.loads(done.stderr.strip().splitlines()[-1]) == {"code": 0, "heavy": []}
+
+
+def test_the_hot_path_prints_what_the_typer_command_prints(daemon: RunningDaemon) -> None:
+    """Text and --json, over --socket and --socket=: the same stdout, stderr and exit code."""
+    socket_path = str(daemon.socket_path)
+    for args in (
+        ["--socket", socket_path, "status"],
+        [f"--socket={socket_path}", "status", "--json"],
+    ):
+        hot_path = python(ENTRY_POINT, *args)
+        assert outcome(hot_path) == outcome(python(TYPER_ONLY, *args)), args
+        assert hot_path.returncode == 0 and "backend" in hot_path.stdout
+
+
+def test_an_absent_daemon_is_exit_3_with_the_same_line(tmp_path: Path) -> None:
+    """No daemon (by --socket or TAOGPUD_SOCKET): exit 3 and one stderr line, word for word
+    as typer's path says it."""
+    env = {**os.environ, "TAOGPUD_SOCKET": str(tmp_path / "env.sock")}
+    for args, named in (
+        (["--socket", str(tmp_path / "none.sock"), "status"], "none.sock"),
+        (["status", "--json"], "env.sock"),
+    ):
+        hot_path = python(ENTRY_POINT, *args, env=env)
+        assert outcome(hot_path) == outcome(python(TYPER_ONLY, *args, env=env)), args
+        assert hot_path.returncode == 3 and hot_path.stdout == "" and named in hot_path.stderr
+
+
+def test_other_shapes_of_argv_go_to_typer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only `[--socket PATH] status [--json]` is the hot path's; typer reads the rest."""
+    monkeypatch.delenv("TAOGPUD_SOCKET", raising=False)
+    assert hot.parse(["status"]) == (None, False)
+    assert hot.parse(["--socket", "/a.sock", "status", "--json"]) == (Path("/a.sock"), True)
+    assert hot.parse(["--socket=/b.sock", "status"]) == (Path("/b.sock"), False)
+    monkeypatch.setenv("TAOGPUD_SOCKET", "/env.sock")
+    assert hot.parse(["status"]) == (Path("/env.sock"), False)
+    assert hot.parse(["--socket", "/a.sock", "status"]) == (Path("/a.sock"), False)
+    monkeypatch.setenv("TAOGPUD_SOCKET", "")  # empty: unset, as click reads it
+    assert hot.parse(["status"]) == (None, False)
+    others = [
+        [], ["-h"], ["--version"], ["status", "-h"], ["status", "--help"], ["status", "--watch"],
+        ["status", "-w"], ["status", "--json", "--json"], ["status", "--interval", "1"],
+        ["statsu"], ["--socket", "status"], ["--socket", "--json", "status"],
+        ["--socket=", "status"], ["status", "--socket", "/a.sock"],
+        ["--socket", "/a", "--socket", "/b", "status"],
+    ]  # fmt: skip
+    for argv in others:
+        with pytest.raises(hot.NotHot):
+            hot.parse(argv)
+
+
+def test_completion_requests_go_to_typer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shell asking for completions is typer's to answer, whatever the words."""
+    monkeypatch.setenv(hot.COMPLETE_VAR, "complete_bash")
+    assert hot.run(["status"]) is None
+
+
+LEAN_PROBE = """
+import json, sys
+from taogpud.cli import run
+code = run(sys.argv[1:])
+found = {name.split(".")[0] for name in sys.modules}
+found &= {"orjson", "dataclasses", "inspect", "datetime", "uuid", "typer"}
+sys.stderr.write(json.dumps({"code": code, "found": sorted(found)}) + "\\n")
+"""
+
+
+def test_status_as_text_needs_no_orjson_nor_dataclasses(daemon: RunningDaemon) -> None:
+    """Into a pipe, `status` decodes with the standard library's json: orjson, and the
+    dataclasses, inspect, datetime and uuid it imports, are no cost of it (--json prints with
+    orjson, as every command does)."""
+    done = python(("-c", LEAN_PROBE), "--socket", str(daemon.socket_path), "status")
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == {"code": 0, "found": []}

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from taogpud.client import FINISHED_STATES, ApiError, Client, DaemonUnreachable
+from taogpud.client import ApiError, Client, DaemonUnreachable, is_finished
 from taogpud.jobs import JobState
 
 Reply = tuple[int, str, bytes]  # status, content type, body
@@ -222,9 +222,11 @@ def test_an_answer_that_is_not_http_is_a_bad_response(
     assert path in caught.value.message and words in caught.value.message
 
 
-def test_finished_states_match_job_states() -> None:
-    """The client's finished set mirrors JobState.finished exactly."""
-    assert {state.value for state in JobState if state.finished} == FINISHED_STATES
+def test_the_client_finishes_a_job_where_the_daemon_does() -> None:
+    """One list of states for both sides: a job is finished for the client exactly when its
+    state is finished for the daemon (taogpud.wire, no mirror to keep in step)."""
+    for state in JobState:
+        assert is_finished({"status": state.value}) is state.finished, state
 
 
 # --- against a real daemon -----------------------------------------------------------------

@@ -24,7 +24,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from taogpud.api.models import JobRequest
 from taogpud.arrays import ArrayStore
 from taogpud.backends.base import DeviceInfo, WorkerSpec
 from taogpud.errors import Draining, QueueFull
@@ -33,6 +32,7 @@ from taogpud.pool import protocol as msg
 from taogpud.pool.worker import WorkerState
 from taogpud.scheduler import Policy, Scheduler
 from taogpud.store import JobStore
+from taogpud.wire import JobRequest
 
 T = TypeVar("T")
 DEVICES, SLOTS, CAP, QUEUE_LIMIT = 2, 2, 3, 8
@@ -159,6 +159,7 @@ class JobStates(RuleBasedStateMachine):
         request = JobRequest(
             task="sleep",
             params={"ms": 1},
+            inputs={},
             max_retries=max_retries,
             priority=priority,
             timeout_s=3600.0 if timeout else None,

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from taogpud import __version__, relay
+from taogpud import __version__, relay, wire
 from taogpud.api import arrays, channel, config, doctor, jobs, system
 from taogpud.api import trace as trace_api
 from taogpud.api.edge import CLIENT_GONE, ApiEdge
@@ -30,7 +30,7 @@ def create_app(state: DaemonState) -> FastAPI:
     app = FastAPI(
         title="taogpud",
         version=__version__,
-        openapi_url="/v1/openapi.json",
+        openapi_url=wire.OPENAPI.path,
         docs_url=None,
         redoc_url=None,
         # No OpenTelemetry here (the job and request traces are the record): off, FastAPI

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from taogpud import wire
 from taogpud.api.deps import Daemon
 from taogpud.api.models import ArrayView
 from taogpud.api.peer import peer_of
 
-router = APIRouter(prefix="/v1/arrays", tags=["arrays"])
+router = APIRouter(tags=["arrays"])
 
 
 @router.post(
-    "",
+    wire.UPLOAD_ARRAY.path,
     response_model=ArrayView,
     status_code=201,
     openapi_extra={

@@ -6,16 +6,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from taogpud import channel
+from taogpud import channel, wire
 from taogpud.api.deps import Daemon
 from taogpud.channel import ChannelSettings, ModelRole, PingResult
 
-router = APIRouter(prefix="/v1/channel", tags=["channel"])
+router = APIRouter(tags=["channel"])
 
 MAX_PING_S = 3600.0
 
 
-@router.post("/ping", response_model=PingResult)
+@router.post(wire.CHANNEL_PING.path, response_model=PingResult)
 async def ping(
     daemon: Daemon,
     model: Annotated[ModelRole, Query(description="which of settings.json models.* to ask")] = (

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
+from taogpud import wire
 from taogpud.api.deps import Daemon
 from taogpud.api.models import CheckView, DoctorView
 from taogpud.api.peer import peer_of
@@ -17,7 +18,7 @@ router = APIRouter(tags=["doctor"])
 MAX_DOCTOR_S = 600.0
 
 
-@router.get("/v1/doctor", response_model=DoctorView)
+@router.get(wire.DOCTOR.path, response_model=DoctorView)
 async def doctor(
     request: Request,
     daemon: Daemon,

@@ -14,17 +14,18 @@ from fastapi.responses import FileResponse
 from fastapi.routing import APIRoute
 from pydantic import Field, TypeAdapter, ValidationError
 
+from taogpud import wire
 from taogpud.access import check_access, view_of
 from taogpud.api.deps import Daemon
-from taogpud.api.models import JobRequest
+from taogpud.api.models import JobRequestModel
 from taogpud.api.peer import peer_of
 from taogpud.daemon.state import DaemonState
 from taogpud.errors import OutputNotFound, RequestError
 from taogpud.jobs import JobRecord, JobState
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(tags=["jobs"])
 
-MAX_WAIT_S = 60.0  # one long-poll; clients loop for longer waits
+MAX_WAIT_S = wire.MAX_WAIT_S  # one long-poll; clients loop for longer waits
 JSON = "application/json"
 WAIT_S = TypeAdapter(Annotated[float, Field(ge=0, le=MAX_WAIT_S)])
 WAIT_S_PARAMETER = {  # the query parameter as OpenAPI shows it (submit parses it itself)
@@ -36,7 +37,7 @@ WAIT_S_PARAMETER = {  # the query parameter as OpenAPI shows it (submit parses i
 }
 
 
-async def _job_request(request: Request) -> JobRequest:
+async def _job_request(request: Request) -> wire.JobRequest:
     raw = await request.body()
     content_type = request.headers.get("content-type", "")
     if "json" not in content_type:
@@ -45,7 +46,7 @@ async def _job_request(request: Request) -> JobRequest:
             "send the job as JSON with content-type: application/json",
         )
     try:
-        return JobRequest.model_validate_json(raw)
+        return JobRequestModel.model_validate_json(raw).to_wire()
     except ValidationError as exc:
         raise RequestValidationError(
             [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
@@ -133,7 +134,7 @@ def add_submit_route(app: FastAPI) -> None:
     one step, where an included router's routes are matched through its inclusion context
     (about a tenth of the daemon's CPU per job in a profile under 8 clients)."""
     app.router.add_api_route(
-        "/v1/jobs",
+        wire.SUBMIT_JOB.path,
         submit,
         methods=["POST"],
         route_class_override=DirectRoute,
@@ -144,7 +145,7 @@ def add_submit_route(app: FastAPI) -> None:
             "parameters": [WAIT_S_PARAMETER],
             "requestBody": {
                 "required": True,
-                "content": {"application/json": {"schema": JobRequest.model_json_schema()}},
+                "content": {"application/json": {"schema": JobRequestModel.model_json_schema()}},
             },
         },
     )
@@ -153,12 +154,12 @@ def add_submit_route(app: FastAPI) -> None:
 # Everyone sees every job; another user's without what it holds (access.view_of).
 
 
-@router.get("", response_model=list[JobRecord])
+@router.get(wire.LIST_JOBS.path, response_model=list[JobRecord])
 async def list_jobs(
     request: Request,
     daemon: Daemon,
     status: JobState | None = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=wire.MAX_LIST_LIMIT)] = 100,
 ) -> Response:
     peer = peer_of(request)
     jobs = [view_of(job, peer) for job in daemon.store.recent(status, limit)]
@@ -166,12 +167,12 @@ async def list_jobs(
     return Response(body, media_type=JSON)
 
 
-@router.get("/{job_id}", response_model=JobRecord)
+@router.get(wire.GET_JOB.path, response_model=JobRecord)
 async def get_job(job_id: str, request: Request, daemon: Daemon) -> Response:
     return _job_response(view_of(daemon.scheduler.get(job_id), peer_of(request)))
 
 
-@router.get("/{job_id}/wait", response_model=JobRecord)
+@router.get(wire.WAIT_JOB.path, response_model=JobRecord)
 async def wait_job(
     job_id: str,
     request: Request,
@@ -183,7 +184,7 @@ async def wait_job(
     return _job_response(view_of(job, peer_of(request)))
 
 
-@router.post("/{job_id}/cancel", response_model=JobRecord)
+@router.post(wire.CANCEL_JOB.path, response_model=JobRecord)
 async def cancel_job(job_id: str, request: Request, daemon: Daemon) -> Response:
     job = daemon.scheduler.cancel(job_id, peer_of(request))
     await daemon.store.wait(job_id, 10.0)  # a running job stops at its next check
@@ -200,7 +201,7 @@ class OutputFileResponse(FileResponse):
 
 
 @router.get(
-    "/{job_id}/outputs/{name}",
+    wire.JOB_OUTPUT.path,
     responses={200: {"content": {"application/octet-stream": {}}}},
     response_class=FileResponse,  # OutputFileResponse, as OpenAPI sees it
 )

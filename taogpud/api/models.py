@@ -1,4 +1,6 @@
-"""The wire types of the control API (v1). The job view is `taogpud.jobs.JobRecord`.
+"""The API's pydantic views and request models (v1); what the core takes is taogpud.wire's.
+
+The job view is `taogpud.jobs.JobRecord`. The paths are taogpud.wire's routes.
 
 Routes (all JSON unless said; errors are always {code, message, hint}):
 
@@ -8,7 +10,7 @@ Routes (all JSON unless said; errors are always {code, message, hint}):
     GET  /v1/devices                      list[dict]   (DeviceInfo.as_dict(), per worker)
     GET  /v1/tasks                        list[dict]   (Task.catalog_entry())
     POST /v1/arrays        body: .npy     ArrayView    (application/octet-stream; an input for jobs)
-    POST /v1/jobs?wait_s=S body: JobRequest → JobRecord  (201; wait_s: until done, at most S)
+    POST /v1/jobs?wait_s=S body: JobRequestModel → JobRecord  (201; wait_s: until done, at most S)
     GET  /v1/jobs?status=&limit=          list[JobRecord]  newest first
     GET  /v1/jobs/{id}                    JobRecord
     GET  /v1/jobs/{id}/wait?timeout_s=S   JobRecord    (when finished, or its current state after S)
@@ -26,26 +28,106 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-# What the core speaks too (the scheduler, the shm server, reload): defined in taogpud.wire,
-# named here for the API's own modules.
-from taogpud.wire import ChangeView, JobRequest, ReloadView
+from taogpud import wire
+from taogpud.errors import RequestError
 
 __all__ = [
     "ArrayView",
     "ArraysView",
-    "ChangeView",
+    "ChangeModel",
     "CheckView",
     "ConfigStatusView",
     "DoctorView",
     "HealthView",
     "InfoView",
-    "JobRequest",
-    "ReloadView",
+    "JobRequestModel",
+    "ReloadModel",
     "StatusView",
     "WorkerView",
+    "job_request_from",
 ]
+
+
+class JobRequestModel(BaseModel):
+    """What POST /v1/jobs (and the .shm socket's submit) takes, validated; the core gets
+    `to_wire()`, a taogpud.wire.JobRequest. The bounds are the wire's limits."""
+
+    model_config = ConfigDict(title="JobRequest")
+
+    task: str = Field(description="a registered task name, see GET /v1/tasks")
+    params: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, str] = Field(
+        default_factory=dict, description="input name → array id from POST /v1/arrays"
+    )
+    device: int | None = Field(default=None, ge=0, description="pin to this device index")
+    affinity: str | None = Field(
+        default=None,
+        max_length=wire.MAX_AFFINITY_CHARS,
+        description="jobs of one key stay on one device",
+    )
+    priority: int = Field(
+        default=0, ge=wire.PRIORITY_MIN, le=wire.PRIORITY_MAX, description="higher runs first"
+    )
+    timeout_s: float | None = Field(default=None, gt=0, le=wire.MAX_JOB_TIMEOUT_S)
+    keep_outputs: bool = Field(default=False, description="keep the output arrays for download")
+    max_retries: int = Field(
+        default=0,
+        ge=0,
+        le=wire.MAX_RETRIES,
+        description="run again after a worker crash or daemon restart",
+    )
+
+    def to_wire(self) -> wire.JobRequest:
+        return wire.JobRequest(**{name: getattr(self, name) for name in _JOB_REQUEST_FIELDS})
+
+
+_JOB_REQUEST_FIELDS = wire.JobRequest._fields
+
+
+def job_request_from(fields: dict[str, Any]) -> wire.JobRequest:
+    """A job request from a decoded message (the .shm socket's submit); its first problem
+    as a RequestError ("priority: Input should be ..."), as the HTTP route words it."""
+    try:
+        return JobRequestModel.model_validate(fields).to_wire()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise RequestError(
+            f"{where}: {first['msg']}", "see GET /v1/openapi.json, JobRequest"
+        ) from None
+
+
+class ChangeModel(BaseModel):
+    """wire.ChangeView as the API answers it."""
+
+    model_config = ConfigDict(title="ChangeView")
+
+    key: str  # "config.toml: scheduling.max_concurrent_tasks"
+    old: Any
+    new: Any
+
+
+class ReloadModel(BaseModel):
+    """wire.ReloadView as the API answers it."""
+
+    model_config = ConfigDict(title="ReloadView")
+
+    ok: bool
+    at: float | None = None  # unix time the reload finished; None: none since start
+    trigger: str | None = None  # "watch" | "SIGHUP" | "api", or requests joined: "watch+SIGHUP"
+    generation: int | None = None  # the generation in force after it
+    changes: list[ChangeModel] = Field(default_factory=list)
+    restarted_workers: bool = False
+    errors: list[dict[str, str]] = Field(default_factory=list)
+    warnings: list[dict[str, str]] = Field(default_factory=list)
+
+    @classmethod
+    def of(cls, view: wire.ReloadView) -> ReloadModel:
+        fields = view._asdict()
+        fields["changes"] = [change._asdict() for change in view.changes]
+        return cls.model_validate(fields)
 
 
 class ArrayView(BaseModel):
@@ -121,7 +203,7 @@ class InfoView(BaseModel):
 class ConfigStatusView(BaseModel):
     generation: int
     digest: str
-    last_reload: ReloadView
+    last_reload: ReloadModel
 
 
 class CheckView(BaseModel):

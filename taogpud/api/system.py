@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from taogpud import __version__, tasks
+from taogpud import __version__, tasks, wire
 from taogpud.api.deps import Daemon
 from taogpud.api.models import ArraysView, HealthView, InfoView, StatusView, WorkerView
 from taogpud.api.peer import peer_of
@@ -18,12 +18,12 @@ from taogpud.metrics import render_metrics
 router = APIRouter(tags=["daemon"])
 
 
-@router.get("/v1/health", response_model=HealthView)
+@router.get(wire.HEALTH.path, response_model=HealthView)
 async def health(daemon: Daemon) -> HealthView:
     return HealthView(ok=daemon.status.phase is Phase.ready, state=daemon.status.phase.value)
 
 
-@router.get("/v1/info", response_model=InfoView)
+@router.get(wire.INFO.path, response_model=InfoView)
 async def info(daemon: Daemon) -> InfoView:
     snapshot = daemon.status.snapshot
     return InfoView(
@@ -40,24 +40,24 @@ async def info(daemon: Daemon) -> InfoView:
     )
 
 
-@router.get("/v1/status", response_model=StatusView)
+@router.get(wire.STATUS.path, response_model=StatusView)
 async def status(request: Request, daemon: Daemon) -> StatusView:
     view = status_of(daemon)
     view.arrays = ArraysView(**daemon.arrays.view(peer_of(request)))
     return view
 
 
-@router.get("/v1/devices")
+@router.get(wire.DEVICES.path)
 async def devices(daemon: Daemon) -> list[dict[str, Any]]:
     return devices_of(daemon)
 
 
-@router.get("/v1/tasks")
+@router.get(wire.TASKS.path)
 async def task_catalog() -> list[dict[str, Any]]:
     return [task.catalog_entry() for task in tasks.all_tasks()]
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(wire.METRICS.path, response_class=Response)
 async def metrics(daemon: Daemon) -> Response:
     body, content_type = render_metrics(daemon)
     return Response(body, media_type=content_type)

@@ -22,6 +22,7 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
+from taogpud import wire
 from taogpud.access import check_access, may_see
 from taogpud.api.deps import Daemon
 from taogpud.api.peer import peer_of
@@ -38,7 +39,7 @@ Keep = Callable[[TraceLine], bool]
 Limit = Annotated[int, Query(ge=1, le=RING_LINES)]
 
 
-@router.get("/v1/trace", response_class=StreamingResponse)
+@router.get(wire.TRACE.path, response_class=StreamingResponse)
 async def read_trace(
     request: Request,
     daemon: Daemon,
@@ -56,7 +57,7 @@ async def read_trace(
     return StreamingResponse(_lines(daemon, keep, limit, follow, None), media_type=NDJSON)
 
 
-@router.get("/v1/jobs/{job_id}/events", response_class=StreamingResponse)
+@router.get(wire.JOB_EVENTS.path, response_class=StreamingResponse)
 async def job_events(
     job_id: str, request: Request, daemon: Daemon, limit: Limit = 1000
 ) -> StreamingResponse:

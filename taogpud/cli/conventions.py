@@ -21,12 +21,13 @@ import typer
 from typer.core import TyperOption
 
 from taogpud import __version__
+from taogpud.cli.failures import CliError
+from taogpud.cli.hot import COMPLETE_VAR as COMPLETE_VAR  # noqa: PLC0414 (named here too)
 from taogpud.client import ApiError, Client
 
 EXIT_STILL_RUNNING = 124  # the wait's --timeout passed before the job finished
 FULL_ID_LENGTH = 17  # jobs.new_job_id(): 11 hex of milliseconds + 6 random hex
 AMBIGUOUS_SHOWN = 10
-COMPLETE_VAR = "_TAOGPUCTL_COMPLETE"  # what the completion scripts set when they ask
 _HEX = re.compile(r"^[0-9a-f]+$")
 
 SUBMIT_EXAMPLES = """\
@@ -110,17 +111,16 @@ def _typer_completion() -> Any:
 # --- job ids -----------------------------------------------------------------------------
 
 
-class AmbiguousId(Exception):
-    """A prefix that more than one job id starts with."""
+class AmbiguousId(CliError):
+    """A prefix that more than one job id starts with: a usage error, as an unknown id is."""
 
     def __init__(self, prefix: str, candidates: list[str]) -> None:
         shown = ", ".join(candidates[:AMBIGUOUS_SHOWN])
         more = len(candidates) - AMBIGUOUS_SHOWN
         tail = f" and {more} more" if more > 0 else ""
-        super().__init__(f"job id prefix {prefix} is ambiguous: {shown}{tail}")
-        self.message = str(self)
-        self.hint = "give more of the id"
-        self.exit_code = 2  # a usage error, as an unknown id is
+        super().__init__(
+            f"job id prefix {prefix} is ambiguous: {shown}{tail}", "give more of the id"
+        )
 
 
 def resolve_id(client: Client, given: str) -> str:

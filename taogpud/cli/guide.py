@@ -56,7 +56,7 @@ def run_command(
 
     Example: taogpuctl run --config "$OPENCLAW_CONFIG" --task vector_add --size 1000000
     """
-    from taogpud.cli import build_params, connect, finish_waited
+    from taogpud.cli.app import build_params, connect, finish_waited
     from taogpud.cli.output import Progress
 
     params = build_params(size, seed, param or [])

@@ -6,11 +6,11 @@ from __future__ import annotations
 import sys
 import time
 from typing import Annotated, Any
-from urllib.parse import quote, urlencode
 
 import orjson
 import typer
 
+from taogpud import wire
 from taogpud.cli.output import emit_line
 
 # a job line's fields shown in `logs`, in this order, after its time and event
@@ -27,14 +27,14 @@ def trace_command(
     ),
 ) -> None:
     """The daemon's trace, one JSON line per event, as journald has it (`trace --grep backend`)."""
-    from taogpud.cli import connect
+    from taogpud.cli.app import connect
     from taogpud.client.stream import stream_lines
 
     query = {"limit": limit, "follow": str(follow).lower(), **({"grep": grep} if grep else {})}
     with connect(ctx) as client:
         client.health()  # an absent daemon is exit 3, said as every command says it
         socket_path = client.socket_path
-    for event in stream_lines(socket_path, f"/v1/trace?{urlencode(query)}"):
+    for event in stream_lines(socket_path, wire.TRACE.url(query)):
         sys.stdout.write(orjson.dumps(event).decode() + "\n")
         sys.stdout.flush()  # a follower piped into grep sees each line as it comes
 
@@ -48,14 +48,14 @@ def logs_command(
     json_out: Annotated[bool, typer.Option("--json", help="The raw JSON lines.")] = False,
 ) -> None:
     """One job's trace lines: queued, running, where it ran, how it ended."""
-    from taogpud.cli import connect
+    from taogpud.cli.app import connect
     from taogpud.cli.conventions import resolve_id
     from taogpud.client.stream import stream_lines
 
     with connect(ctx) as client:
         job_id = resolve_id(client, job_id)
         socket_path = client.socket_path
-    path = f"/v1/jobs/{quote(job_id, safe='')}/events?follow={str(follow).lower()}"
+    path = wire.JOB_EVENTS.url({"follow": str(follow).lower()}, job_id=job_id)
     for event in stream_lines(socket_path, path):
         emit_line(orjson.dumps(event).decode() if json_out else log_line(event))
 

@@ -4,7 +4,8 @@ stdout holds only the answer (a JSON document with --json, else text: rich table
 terminal, plain aligned columns otherwise); warnings, progress and errors go to stderr.
 
 rich is imported the first time a terminal needs it (`stdout` and `stderr` are made on first
-use): into a pipe every line is plain, and a start that skips rich is ~25 ms quicker.
+use): into a pipe every line is plain, and a start that skips rich is ~25 ms quicker. orjson
+and datetime are imported where used, so that `taogpuctl status` into a pipe needs neither.
 """
 
 from __future__ import annotations
@@ -14,11 +15,8 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
-
-import orjson
 
 from taogpud.client import Job, is_finished
 
@@ -56,6 +54,8 @@ def plain(stream: TextIO) -> bool:
 
 
 def emit_json(document: Any) -> None:
+    import orjson
+
     sys.stdout.write(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
@@ -89,8 +89,16 @@ def emit_mapping(mapping: dict[str, Any], indent: str = "") -> None:
     for key, value in mapping.items():
         if value in (None, {}, []):
             continue
-        shown = value if isinstance(value, str) else orjson.dumps(value).decode()
-        emit_line(f"{indent}{key}: {shown}")
+        emit_line(f"{indent}{key}: {compact_json(value)}")
+
+
+def compact_json(value: Any) -> str:
+    """A string as it is, anything else as compact JSON."""
+    if isinstance(value, str):
+        return value
+    import orjson
+
+    return orjson.dumps(value).decode()
 
 
 def format_cell(value: Any) -> str:
@@ -179,6 +187,8 @@ def readable_job(job: Job) -> Job:
 
 def local_time(epoch_s: float) -> str:
     """`2026-12-01 20:24:34.888 UTC`: the host's zone, named, to the millisecond."""
+    from datetime import datetime
+
     moment = datetime.fromtimestamp(epoch_s).astimezone()
     return f"{moment.isoformat(sep=' ', timespec='milliseconds')[:23]} {moment.tzname()}"
 
@@ -260,7 +270,7 @@ def default_text(default: Any) -> str:
     """`=1000000`, `=float32`, `=[1,2]`; no default at all reads `(optional)`, not `=None`."""
     if default is None:
         return " (optional)"
-    return f"={default if isinstance(default, str) else orjson.dumps(default).decode()}"
+    return f"={compact_json(default)}"
 
 
 def problem_line(problem: dict[str, str]) -> str:

@@ -51,7 +51,7 @@ def top_command(
     """A live view: devices (NVML), workers and slots, the job in each slot, the queue."""
     from rich.live import Live
 
-    from taogpud.cli import connect
+    from taogpud.cli.app import connect
     from taogpud.cli.output import stdout
 
     with connect(ctx) as client:

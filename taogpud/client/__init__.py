@@ -13,6 +13,7 @@ thread (or per process). Nothing here imports numpy unless an array object is up
 from __future__ import annotations
 
 import grp
+import json
 import os
 import pwd
 import threading
@@ -21,23 +22,19 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
-from urllib.parse import quote, urlencode
 
-import orjson
-
-from taogpud import paths
+from taogpud import paths, wire
 from taogpud.client.http import MalformedResponse, UnixHTTPConnection
+from taogpud.wire import FINISHED_STATES, JobRequest, Route
 
 # Why not httpx: measured on this kind of host, httpx spends ~416 µs of CPU per request against
 # ~120 µs for http.client over the same socket (one keep-alive connection, 1,000 requests),
 # and client/http.py's httptools connection less again; the control socket's hot
 # path (submit → result of a tiny job) must stay well under 1 ms per job.
 
-WAIT_CHUNK_S = 1.0  # the longest single long-poll: progress is reported at least this often
+WAIT_CHUNK_S = min(1.0, wire.MAX_WAIT_S)  # one long-poll: progress is shown at least this often
 PING_WAIT_S = 600.0  # an uncapped channel ping: the daemon bounds it by its own config
 FIRST_UPDATE_S = 0.1  # with on_update, how long the submit itself waits: progress starts early
-# Mirrors taogpud.jobs.JobState.finished without importing pydantic (tests keep the two equal).
-FINISHED_STATES = frozenset({"succeeded", "failed", "cancelled", "timed_out", "interrupted"})
 JSON_TYPE = "application/json"
 NPY_TYPE = "application/octet-stream"
 NPY_MAGIC = b"\x93NUMPY"
@@ -80,7 +77,17 @@ def is_finished(job: Job) -> bool:
 class Client:
     """One keep-alive connection to the daemon. Not thread-safe: one Client per thread."""
 
-    def __init__(self, socket_path: str | Path | None = None, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        socket_path: str | Path | None = None,
+        timeout_s: float = 60.0,
+        *,
+        stdlib_json: bool = False,
+    ) -> None:
+        """stdlib_json: decode answers with the standard library's json instead of orjson, for
+        a one-shot caller (`taogpuctl status`): orjson decodes a job record ~5× faster, which a
+        client of many jobs wants, but its import (with the dataclasses, inspect and uuid it
+        loads) was the largest part of such a call's own start here (bench/cli_start.py)."""
         if socket_path is None:
             chosen, tried = paths.client_sockets()
         else:
@@ -92,34 +99,35 @@ class Client:
         self.shared_memory_bytes = 1 << 30  # compute()'s memfd: its size, sealed once made
         self._shared_arrays: Any = None
         self._shared_lock = threading.Lock()
+        self._loads: Callable[[bytes], Any] = json.loads if stdlib_json else _orjson().loads
 
     # --- daemon and catalog ---------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        return self._dict("GET", "/v1/health")
+        return self._dict(wire.HEALTH)
 
     def info(self) -> dict[str, Any]:
-        return self._dict("GET", "/v1/info")
+        return self._dict(wire.INFO)
 
     def status(self) -> dict[str, Any]:
-        return self._dict("GET", "/v1/status")
+        return self._dict(wire.STATUS)
 
     def devices(self) -> list[dict[str, Any]]:
-        return self._list("GET", "/v1/devices")
+        return self._list(wire.DEVICES)
 
     def tasks(self) -> list[dict[str, Any]]:
-        return self._list("GET", "/v1/tasks")
+        return self._list(wire.TASKS)
 
     def config(self) -> dict[str, Any]:
         """The daemon's effective config, redacted."""
-        return self._dict("GET", "/v1/config")
+        return self._dict(wire.CONFIG)
 
     def reload_config(self) -> dict[str, Any]:
         """Ask the daemon to re-read both files now; answers how the reload went."""
-        return self._dict("POST", "/v1/config/reload")
+        return self._dict(wire.RELOAD_CONFIG)
 
     def config_status(self) -> dict[str, Any]:
-        return self._dict("GET", "/v1/config/status")
+        return self._dict(wire.CONFIG_STATUS)
 
     # --- the API channel and the doctor ---------------------------------------------------
 
@@ -135,7 +143,7 @@ class Client:
         if timeout_s is not None:
             query["timeout_s"] = _seconds(timeout_s)
         wait_s = PING_WAIT_S if timeout_s is None else timeout_s
-        return self._dict("POST", f"/v1/channel/ping?{urlencode(query)}", wait_s=wait_s)
+        return self._dict(wire.CHANNEL_PING, wire.CHANNEL_PING.url(query), wait_s=wait_s)
 
     def doctor(
         self, *, ping: bool = True, probe: bool = True, timeout_s: float = 30.0
@@ -146,23 +154,25 @@ class Client:
             "probe": str(probe).lower(),
             "timeout_s": _seconds(timeout_s),
         }
-        return self._dict("GET", f"/v1/doctor?{urlencode(query)}", wait_s=timeout_s)
+        return self._dict(wire.DOCTOR, wire.DOCTOR.url(query), wait_s=timeout_s)
 
     # --- the relay (taogpud.relay) --------------------------------------------------------
 
     def relay_token(self) -> dict[str, Any]:
         """A new relay token for the caller ({uid, token, listen}); the old one stops working."""
-        return self._dict("POST", "/v1/relay/token")
+        return self._dict(wire.RELAY_TOKEN)
 
     def relay_revoke(self, uid: int | None = None) -> dict[str, Any]:
-        return self._dict("DELETE", "/v1/relay/token" + ("" if uid is None else f"?uid={uid}"))
+        url = wire.RELAY_REVOKE.url(None if uid is None else {"uid": uid})
+        return self._dict(wire.RELAY_REVOKE, url)
 
     def relay_status(self) -> dict[str, Any]:
-        return self._dict("GET", "/v1/relay/status")
+        return self._dict(wire.RELAY_STATUS)
 
     def relay_models(self) -> tuple[int, bytes]:
         """GET /v1/models through the relay on this socket: (HTTP status, body)."""
-        return self._request("GET", "/relay/v1/models", wait_s=PING_WAIT_S)
+        route = wire.RELAY_MODELS
+        return self._request(route.method, route.path, wait_s=PING_WAIT_S)
 
     # --- jobs -----------------------------------------------------------------------------
 
@@ -181,19 +191,19 @@ class Client:
         wait_s: float | None = None,
     ) -> Job:
         """Queue a job; with `wait_s`, the daemon answers when it finished or after wait_s."""
-        request = {
-            "task": task,
-            "params": params or {},
-            "inputs": inputs or {},
-            "device": device,
-            "affinity": affinity,
-            "priority": priority,
-            "timeout_s": timeout_s,
-            "keep_outputs": keep_outputs,
-            "max_retries": max_retries,
-        }
-        path = "/v1/jobs" if wait_s is None else f"/v1/jobs?wait_s={_seconds(wait_s)}"
-        return self._dict("POST", path, request, wait_s=wait_s or 0.0)
+        request = JobRequest(
+            task=task,
+            params=params or {},
+            inputs=inputs or {},
+            device=device,
+            affinity=affinity,
+            priority=priority,
+            timeout_s=timeout_s,
+            keep_outputs=keep_outputs,
+            max_retries=max_retries,
+        )
+        url = wire.SUBMIT_JOB.url(None if wait_s is None else {"wait_s": _seconds(wait_s)})
+        return self._dict(wire.SUBMIT_JOB, url, request._asdict(), wait_s=wait_s or 0.0)
 
     def run(
         self,
@@ -238,17 +248,17 @@ class Client:
         return self.wait(job["id"], timeout_s=_left_s(deadline), on_update=on_update)
 
     def get(self, job_id: str) -> Job:
-        return self._dict("GET", f"/v1/jobs/{_segment(job_id)}")
+        return self._dict(wire.GET_JOB, wire.GET_JOB.url(job_id=job_id))
 
     def list_jobs(self, status: str | None = None, limit: int = 100) -> list[Job]:
         """Newest first."""
         query: dict[str, str | int] = {"limit": limit}
         if status is not None:
             query["status"] = status
-        return self._list("GET", f"/v1/jobs?{urlencode(query)}")
+        return self._list(wire.LIST_JOBS, wire.LIST_JOBS.url(query))
 
     def cancel(self, job_id: str) -> Job:
-        return self._dict("POST", f"/v1/jobs/{_segment(job_id)}/cancel")
+        return self._dict(wire.CANCEL_JOB, wire.CANCEL_JOB.url(job_id=job_id))
 
     def wait(
         self, job_id: str, timeout_s: float | None = None, on_update: OnUpdate | None = None
@@ -257,8 +267,8 @@ class Client:
         deadline = _deadline(timeout_s)
         while True:
             chunk_s = _chunk_s(deadline)
-            path = f"/v1/jobs/{_segment(job_id)}/wait?timeout_s={_seconds(chunk_s)}"
-            job = self._dict("GET", path, wait_s=chunk_s)
+            url = wire.WAIT_JOB.url({"timeout_s": _seconds(chunk_s)}, job_id=job_id)
+            job = self._dict(wire.WAIT_JOB, url, wait_s=chunk_s)
             if on_update is not None:
                 on_update(job)
             if is_finished(job) or _left_s(deadline) <= 0:
@@ -269,14 +279,14 @@ class Client:
     def upload_array(self, array_or_npy_bytes: Any) -> dict[str, Any]:
         """Store an array (a numpy array, or the bytes of a .npy file) as a job input."""
         body = _npy_parts(array_or_npy_bytes)
-        status, data = self._request("POST", "/v1/arrays", body, NPY_TYPE)
-        decoded = _decode_json(status, data)
-        return _expect(decoded, dict, "/v1/arrays")
+        route = wire.UPLOAD_ARRAY
+        status, data = self._request(route.method, route.path, body, NPY_TYPE)
+        return _expect(_decode_json(status, data, self._loads), dict, route.path)
 
     def download_output(self, job_id: str, name: str) -> bytes:
         """The bytes of a .npy file: one output the job kept (submit with keep_outputs)."""
-        path = f"/v1/jobs/{_segment(job_id)}/outputs/{_segment(name)}"
-        status, data = self._request("GET", path)
+        route = wire.JOB_OUTPUT
+        status, data = self._request(route.method, route.url(job_id=job_id, name=name))
         if status >= 400:
             raise _api_error(status, data)
         return data
@@ -325,17 +335,20 @@ class Client:
         self.close()
 
     def _dict(
-        self, method: str, path: str, payload: Any = None, *, wait_s: float = 0.0
+        self, route: Route, url: str | None = None, payload: Any = None, *, wait_s: float = 0.0
     ) -> dict[str, Any]:
-        return _expect(self._json(method, path, payload, wait_s), dict, path)
+        """`route` at `url` (its path filled in; default: the path as it is), a JSON object."""
+        url = route.path if url is None else url
+        return _expect(self._json(route.method, url, payload, wait_s), dict, url)
 
-    def _list(self, method: str, path: str) -> list[dict[str, Any]]:
-        return _expect(self._json(method, path, None, 0.0), list, path)
+    def _list(self, route: Route, url: str | None = None) -> list[dict[str, Any]]:
+        url = route.path if url is None else url
+        return _expect(self._json(route.method, url, None, 0.0), list, url)
 
     def _json(self, method: str, path: str, payload: Any, wait_s: float) -> Any:
-        body = None if payload is None else orjson.dumps(payload)
+        body = None if payload is None else _orjson().dumps(payload)
         status, data = self._request(method, path, body, JSON_TYPE, wait_s)
-        return _decode_json(status, data)
+        return _decode_json(status, data, self._loads)
 
     def _request(
         self,
@@ -395,11 +408,6 @@ def _seconds(value_s: float) -> str:
     return f"{value_s:.3f}"
 
 
-def _segment(value: str) -> str:
-    """One path segment, quoted so that an id or name cannot reach another route."""
-    return quote(value, safe="")
-
-
 def _npy_parts(array_or_npy_bytes: Any) -> list[bytes | memoryview]:
     """A .npy image as [header, the array's own memory]: sent as it is, never copied whole
     (np.save into a buffer made two copies and was most of a large upload's client time)."""
@@ -424,12 +432,20 @@ def _expect(value: object, kind: type[T], path: str) -> T:
     return value
 
 
-def _decode_json(status: int, data: bytes) -> Any:
+def _orjson() -> Any:
+    """orjson, imported on first use: a Client(stdlib_json=True) that sends no body never
+    loads it (see Client)."""
+    import orjson
+
+    return orjson
+
+
+def _decode_json(status: int, data: bytes, loads: Callable[[bytes], Any]) -> Any:
     if status >= 400:
         raise _api_error(status, data)
     try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
+        return loads(data)
+    except ValueError:  # orjson's and json's JSONDecodeError both are
         raise ApiError(
             "bad_response",
             f"the daemon answered HTTP {status} with a body that is not JSON: {_snippet(data)}",
@@ -453,15 +469,14 @@ def _api_error(http_status: int, body: bytes) -> ApiError:
 
 
 def _error_fields(body: bytes) -> tuple[str, str, str] | None:
-    """{code, message, hint}, also when a framework wrapped it as {"detail": {...}}."""
+    """{code, message, hint} (wire.ErrorBody), or a framework's validation list as one."""
     try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
+        parsed = json.loads(body)  # an error: the standard library's json is quick enough
+    except ValueError:
         return None
-    if isinstance(parsed, dict) and isinstance(parsed.get("detail"), dict):
-        parsed = parsed["detail"]
-    if isinstance(parsed, dict) and isinstance(parsed.get("code"), str):
-        return parsed["code"], str(parsed.get("message") or ""), str(parsed.get("hint") or "")
+    error = wire.ErrorBody.from_json(parsed)
+    if error is not None:
+        return error.code, error.message, error.hint
     if isinstance(parsed, dict) and isinstance(parsed.get("detail"), list):
         return "invalid_request", _describe_validation(parsed["detail"]), ""
     return None

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from taogpud.client import ApiError
+from taogpud.wire import ErrorBody
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -51,11 +52,7 @@ def _error(status: int, body: bytes) -> ApiError:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         parsed = None
-    if not isinstance(parsed, dict):
+    error = ErrorBody.from_json(parsed)
+    if error is None:
         return ApiError("http_error", f"HTTP {status}: {body[:200]!r}", "", status)
-    return ApiError(
-        str(parsed.get("code", "http_error")),
-        str(parsed.get("message", "")),
-        str(parsed.get("hint", "")),
-        status,
-    )
+    return ApiError(error.code, error.message, error.hint, status)

@@ -35,6 +35,7 @@ from taogpud.api import protocol
 from taogpud.api.app import create_app
 from taogpud.api.jobs import end_waits
 from taogpud.api.listen import bind_unix_socket
+from taogpud.api.models import job_request_from
 from taogpud.arrays import ArrayStore, upload_quota_bytes
 from taogpud.config.ray import serves_client_memory
 from taogpud.daemon.reload import Reloader, watch_files
@@ -159,7 +160,9 @@ class Daemon:
         only on a local instance (config.ray.serves_client_memory, docs/ray.md)."""
         if not serves_client_memory(state.status.snapshot.config):
             return
-        self.shm = ShmServer(state.scheduler, state.store, state.arrays.budget_bytes)
+        self.shm = ShmServer(
+            state.scheduler, state.store, state.arrays.budget_bytes, job_request_from
+        )
         self.shm.start(socket_path_for(self.socket_path))
 
     async def _watch(self, reloader: Reloader) -> None:

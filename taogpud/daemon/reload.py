@@ -119,24 +119,33 @@ class Reloader:
             return self._rejected(trigger, exc.problems)
         except BackendUnavailable as exc:
             return self._rejected(trigger, [_backend_problem(exc)])
-        view = ReloadView(
-            ok=True, at=time.time(), trigger=trigger, warnings=[w.as_dict() for w in new.warnings]
-        )
+        warnings = tuple(w.as_dict() for w in new.warnings)
         if not changes:
             log.info("config.unchanged", trigger=trigger, generation=self.status.generation)
-            return view.model_copy(update={"generation": self.status.generation})
-        view.warnings += [p.as_dict() for p in restart_only(changes)]  # executor: at next start
+            return ReloadView(
+                ok=True,
+                at=time.time(),
+                trigger=trigger,
+                generation=self.status.generation,
+                warnings=warnings,
+            )
+        warnings += tuple(p.as_dict() for p in restart_only(changes))  # executor: next start
         self._swap(new, changes, trigger, restart=plan is not None)
+        errors: tuple[dict[str, str], ...] = ()
         if plan is not None:
             problems = await self.pool.roll(plan.specs, WARM_TIMEOUT_S)
             self.status.backend, self.status.fallback_reason = plan.backend, plan.fallback_reason
-            view.errors = [_worker_problem(p).as_dict() for p in problems]
-            view.ok = not problems
-        view.generation = self.status.generation
-        view.changes = [ChangeView(key=k, old=o, new=n) for k, o, n in changes]
-        view.restarted_workers = plan is not None
-        view.at = time.time()
-        return view
+            errors = tuple(_worker_problem(p).as_dict() for p in problems)
+        return ReloadView(
+            ok=not errors,
+            at=time.time(),
+            trigger=trigger,
+            generation=self.status.generation,
+            changes=tuple(ChangeView(key=k, old=o, new=n) for k, o, n in changes),
+            restarted_workers=plan is not None,
+            errors=errors,
+            warnings=warnings,
+        )
 
     def _swap(
         self, new: config.ConfigSnapshot, changes: list[Any], trigger: str, restart: bool
@@ -177,7 +186,7 @@ class Reloader:
             at=time.time(),
             trigger=trigger,
             generation=self.status.generation,
-            errors=errors,
+            errors=tuple(errors),
         )
 
     async def _settled(self) -> None:

@@ -22,8 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from taogpud import shm_wire as wire
 from taogpud.api.listen import bind_unix_socket
 from taogpud.api.peer import read_peer
@@ -34,6 +32,10 @@ from taogpud.pool.regions import MemoryHandle, RegionRef
 from taogpud.scheduler import JobRegions, Scheduler
 from taogpud.store import JobStore
 from taogpud.wire import JobRequest
+
+# A submit's fields → the request the scheduler takes, or a RequestError: the API's validation
+# (api/models.py job_request_from), handed in by the daemon so that this module needs no API.
+ParseRequest = Callable[[dict[str, Any]], JobRequest]
 
 log = get_logger("taogpud.shm")
 
@@ -172,9 +174,11 @@ class ShmServer:
         scheduler: Scheduler,
         store: JobStore,
         quota_bytes: int,
+        parse_request: ParseRequest,
         memories_per_uid: int = DEFAULT_MEMORIES_PER_UID,
     ) -> None:
         self.scheduler, self.store = scheduler, store
+        self.parse_request = parse_request
         self.quota_bytes, self.memories_per_uid = quota_bytes, memories_per_uid
         self.held: dict[int, tuple[int, int]] = {}  # uid → (bytes, memories) held now
         self.connections: set[_Connection] = set()
@@ -342,7 +346,7 @@ class _Connection:
             if source is not None:
                 held.append(source)
             regions = self._regions(message, source or self._attached(), held)
-            request = _job_request(message)
+            request = self.server.parse_request(_request_fields(message))
             job = self.server.scheduler.submit(request, self.peer, regions)
             self.server.scheduler.commit(job.id)  # stored before the client hears of it
         except BaseException:
@@ -447,15 +451,8 @@ def _drop_all(memories: list[Memory]) -> None:
         memory.drop()
 
 
-def _job_request(message: dict[str, Any]) -> JobRequest:
-    fields = {
+def _request_fields(message: dict[str, Any]) -> dict[str, Any]:
+    """What a submit message may say of its job (its arrays are in inputs and output)."""
+    return {
         k: message[k] for k in ("task", "params", "device", "priority", "timeout_s") if k in message
     }
-    try:
-        return JobRequest.model_validate(fields)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise RequestError(
-            f"{where}: {first['msg']}", "see GET /v1/openapi.json, JobRequest"
-        ) from None

@@ -156,6 +156,8 @@ async def _probe_all(
             continue
         request = JobRequest(
             task="probe",
+            params={},
+            inputs={},
             device=worker.spec.index,
             priority=PROBE_PRIORITY,
             timeout_s=options.timeout_s,

@@ -23,7 +23,7 @@ import aiohttp
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from taogpud import trace
+from taogpud import trace, wire
 from taogpud.api.peer import peer_in
 from taogpud.channel import ChannelSettings, Scrubber, public_url
 from taogpud.config import ConfigSnapshot, RelaySection
@@ -37,7 +37,8 @@ from taogpud.relay.usage import MAX_JSON_BYTES, StreamUsage, Tokens, UseKey, Use
 
 ERROR_HEADER = b"x-taogpud-error"  # on the relay's own error answers: its code
 log = get_logger("taogpud.relay")
-PREFIX = "/relay"  # on the Unix socket: /relay/v1/chat/completions → {base}/v1/chat/completions
+# On the Unix socket: /relay/v1/chat/completions → {base}/v1/chat/completions.
+PREFIX = wire.RELAY_PREFIX
 MAX_ERROR_BYTES = 1 << 20  # an upstream error body is read whole, to scrub the key from it
 DROPPED_RESPONSE_HEADERS = frozenset(
     {b"connection", b"keep-alive", b"transfer-encoding", b"set-cookie", b"content-length"}

@@ -11,11 +11,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
+from taogpud import wire
 from taogpud.api.peer import peer_of
 from taogpud.errors import NotPermitted, RequestError
 from taogpud.relay.forward import PREFIX, Relay, _channel_host
 
-router = APIRouter(prefix="/v1/relay", tags=["relay"])
+router = APIRouter(tags=["relay"])
 
 
 def _relay(request: Request) -> Relay:
@@ -33,14 +34,14 @@ def _caller_uid(request: Request) -> int:
     return uid
 
 
-@router.post("/token")
+@router.post(wire.RELAY_TOKEN.path)
 async def issue_token(request: Request) -> dict[str, Any]:
     uid = _caller_uid(request)
     relay = _relay(request)
     return {"uid": uid, "token": relay.tokens.issue(uid), "listen": relay.tcp_address}
 
 
-@router.delete("/token")
+@router.delete(wire.RELAY_REVOKE.path)
 async def revoke_token(
     request: Request, uid: Annotated[int | None, Query(ge=0, description="root only")] = None
 ) -> dict[str, Any]:
@@ -54,7 +55,7 @@ async def revoke_token(
     return {"uid": target, "revoked": _relay(request).tokens.revoke(target)}
 
 
-@router.get("/status")
+@router.get(wire.RELAY_STATUS.path)
 async def relay_status(request: Request) -> dict[str, Any]:
     relay = _relay(request)
     snapshot = relay.snapshot()

@@ -1,0 +1,223 @@
+"""taogpud.wire, what daemon and client both speak (issue 18.2): one module, no server framework.
+
+The client reads the wire without pydantic, FastAPI or Starlette; every route the client calls
+is one the wire names, and every route the wire names is one the daemon serves (its OpenAPI
+document, from the app's own routes); the API's bounds are the wire's limits.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import re
+import socket
+import socketserver
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from conftest import RunningDaemon
+
+from taogpud import wire
+from taogpud.client import ApiError, Client
+
+SERVER_FRAMEWORKS = ("pydantic", "pydantic_core", "fastapi", "starlette")
+CLIENT_MODULES = ("taogpud.client", "taogpud.client.http", "taogpud.client.stream")
+
+CLOSURE_PROBE = """
+import importlib, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+def imported_by(*modules: str) -> set[str]:
+    """Every module a fresh interpreter holds after importing `modules`."""
+    done = subprocess.run(
+        [sys.executable, "-c", CLOSURE_PROBE, *modules],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return set(done.stdout.split())
+
+
+def test_the_client_reads_the_wire_without_any_server_framework() -> None:
+    """The client imports taogpud.wire (no mirrored states or routes) and, through it,
+    neither pydantic nor FastAPI nor Starlette."""
+    closure = imported_by(*CLIENT_MODULES)
+    assert "taogpud.wire" in closure
+    assert {name.split(".")[0] for name in closure} & set(SERVER_FRAMEWORKS) == set()
+    assert not {name for name in closure if name.startswith("taogpud.api")}
+
+
+def test_the_wire_is_standard_library_only() -> None:
+    """Importing taogpud.wire brings in no third-party package and no other taogpud module."""
+    closure = imported_by("taogpud.wire")
+    ours = {name for name in closure if name.startswith("taogpud")}
+    assert ours == {"taogpud", "taogpud.wire"}
+    assert {name.split(".")[0] for name in closure} & set(SERVER_FRAMEWORKS) == set()
+
+
+# --- routes: what the client calls, what the daemon serves -------------------------------------
+
+
+class _Recorder(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    requests: list[tuple[str, str]]
+
+
+class _RecordingHandler(http.server.BaseHTTPRequestHandler):
+    """Records each request line and answers what the client expects of that route."""
+
+    protocol_version = "HTTP/1.1"
+    server: _Recorder
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        self.server.requests.append((self.command, self.path))
+        path = self.path.partition("?")[0]
+        listing = path in (wire.DEVICES.path, wire.TASKS.path) or (
+            self.command == "GET" and path == wire.LIST_JOBS.path
+        )
+        body = b"[]" if listing else b'{"id": "0123abc", "status": "succeeded", "outputs": []}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_DELETE = _answer
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: the base class would print every request to stderr."""
+
+
+@pytest.fixture
+def recorder() -> Iterator[_Recorder]:
+    with tempfile.TemporaryDirectory(prefix="tgw") as directory:
+        server = _Recorder(str(Path(directory) / "r.sock"), _RecordingHandler)
+        server.requests = []
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield server
+        server.shutdown()
+        server.server_close()
+
+
+def call_every_method(client: Client) -> None:
+    """Each public call of the client once (compute goes through upload, submit, download)."""
+    job_id, odd = "0123abc", "a/../b?c"  # an id that would reach another route unquoted
+    for call in (client.health, client.info, client.status, client.devices, client.tasks):
+        call()
+    client.config(), client.reload_config(), client.config_status()
+    client.channel_ping("coding", timeout_s=1.0), client.doctor(ping=False, timeout_s=1.0)
+    client.relay_token(), client.relay_revoke(), client.relay_revoke(7), client.relay_status()
+    client.relay_models()
+    client.submit("noop"), client.submit("noop", wait_s=0.5), client.run("noop")
+    client.get(odd), client.list_jobs("queued", 5), client.cancel(job_id)
+    client.wait(job_id, timeout_s=1.0), client.upload_array(b"\x93NUMPY")
+    client.download_output(odd, odd)
+
+
+def route_of(method: str, target: str) -> wire.Route | None:
+    """The wire route a request line matches ({name} is one quoted path segment)."""
+    path = target.partition("?")[0]
+    for route in (*wire.ROUTES, wire.RELAY_MODELS):
+        pattern = re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(route.path))
+        if route.method == method and re.fullmatch(pattern, path):
+            return route
+    return None
+
+
+def test_every_request_the_client_sends_is_a_wire_route(recorder: _Recorder) -> None:
+    """Recorded on a real HTTP server: each call's method and path is one the wire names,
+    ids and names quoted into one segment."""
+    with Client(str(recorder.server_address), timeout_s=10) as client:
+        call_every_method(client)
+    unmatched = [line for line in recorder.requests if route_of(*line) is None]
+    assert len(recorder.requests) == 24 and unmatched == []  # one per call above
+    assert ("GET", "/v1/jobs/a%2F..%2Fb%3Fc") in recorder.requests
+    used = {route_of(*line) for line in recorder.requests}
+    assert used >= set(wire.ROUTES) - {wire.METRICS, wire.OPENAPI, wire.TRACE, wire.JOB_EVENTS}
+
+
+def openapi_routes(daemon: RunningDaemon) -> set[wire.Route]:
+    """(method, path) of every operation the daemon's OpenAPI document lists."""
+    conn = http.client.HTTPConnection("localhost")
+    conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.sock.connect(str(daemon.socket_path))
+    conn.request(wire.OPENAPI.method, wire.OPENAPI.path)
+    document = orjson.loads(conn.getresponse().read())
+    conn.close()
+    return {
+        wire.Route(method.upper(), path)
+        for path, operations in document["paths"].items()
+        for method in operations
+    }
+
+
+def test_the_daemon_serves_exactly_the_wire_routes(daemon: RunningDaemon) -> None:
+    """The app's routes (its OpenAPI document) are the wire's, no more and no fewer; the
+    relay answers under its prefix, in front of the app."""
+    assert openapi_routes(daemon) == set(wire.ROUTES) - {wire.OPENAPI}
+    with Client(daemon.socket_path) as client:
+        assert client.health()["ok"] is True  # the document itself came from wire.OPENAPI
+        status, body = client.relay_models()
+    assert status != 404 or b'"not_found"' not in body  # the relay's answer, not the app's
+
+
+# --- limits: the API's bounds are the wire's ---------------------------------------------------
+
+
+def submit_error(client: Client, **fields: Any) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        client.submit("noop", **fields)
+    return caught.value
+
+
+def test_the_api_bounds_a_job_by_the_wire_limits(daemon: RunningDaemon) -> None:
+    """A priority, retry count or affinity one past the wire's limit is refused with a 422
+    that names the limit; one at the limit is taken."""
+    with Client(daemon.socket_path) as client:
+        high = submit_error(client, priority=wire.PRIORITY_MAX + 1)
+        low = submit_error(client, priority=wire.PRIORITY_MIN - 1)
+        retries = submit_error(client, max_retries=wire.MAX_RETRIES + 1)
+        affinity = submit_error(client, affinity="k" * (wire.MAX_AFFINITY_CHARS + 1))
+        taken = client.submit("noop", priority=wire.PRIORITY_MAX, max_retries=wire.MAX_RETRIES)
+    assert {high.http_status, low.http_status, retries.http_status} == {422}
+    assert f"less than or equal to {wire.PRIORITY_MAX}" in high.message
+    assert f"greater than or equal to {wire.PRIORITY_MIN}" in low.message
+    assert f"less than or equal to {wire.MAX_RETRIES}" in retries.message
+    assert f"at most {wire.MAX_AFFINITY_CHARS} characters" in affinity.message
+    assert taken["priority"] == wire.PRIORITY_MAX and taken["max_retries"] == wire.MAX_RETRIES
+
+
+# --- the shapes themselves ----------------------------------------------------------------------
+
+
+def test_a_route_quotes_each_segment_and_appends_its_query() -> None:
+    """An id with a slash cannot reach another route; the query is form-encoded."""
+    url = wire.JOB_OUTPUT.url({"a": "1 2"}, job_id="x/../y", name="out")
+    assert url == "/v1/jobs/x%2F..%2Fy/outputs/out?a=1+2"
+    assert wire.STATUS.url() == "/v1/status"
+
+
+def test_an_error_body_is_read_back_also_when_a_framework_wrapped_it() -> None:
+    """{code, message, hint} as it is or under "detail"; anything else is no error body."""
+    body = wire.ErrorBody("queue_full", "the queue is full", "retry later")
+    assert wire.ErrorBody.from_json(body.as_dict()) == body
+    assert wire.ErrorBody.from_json({"detail": body.as_dict()}) == body
+    assert wire.ErrorBody.from_json({"code": "x"}) == wire.ErrorBody("x", "", "")
+    for other in ({"detail": [{"loc": ["body"]}]}, [], "text", {"code": 3}):
+        assert wire.ErrorBody.from_json(other) is None
+
+
+def test_the_finished_states_are_the_final_ones() -> None:
+    assert {"succeeded", "failed", "cancelled", "timed_out", "interrupted"} == wire.FINISHED_STATES
+    assert not wire.JobState.queued.finished and not wire.JobState.running.finished
