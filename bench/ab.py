@@ -1,6 +1,6 @@
 """A/B of the tiny-job dispatch: two source trees of taogpud, alternating, in one run.
 
-    python bench/ab.py BASE_TREE NEW_TREE [--rounds 2] [--peers] [--repeats 3] [--out FILE]
+    python -m bench.ab BASE_TREE NEW_TREE [--rounds 2] [--peers] [--repeats 3] [--out FILE]
 
 Each round measures the base tree, then the new one, each in a process of its own with that
 tree first on PYTHONPATH, so the daemon it starts runs that tree's code (this script drives
@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+# `python -m bench.ab` from the root; each measuring child runs this file with its own tree
+# on PYTHONPATH, so the bench package it imports is that tree's.
 HERE = Path(__file__).resolve().parent.parent
-if __name__ == "__main__":  # `python bench/ab.py`: the bench package from this tree
-    sys.path.insert(0, str(HERE))
 
 Numbers = dict[str, Any]
 

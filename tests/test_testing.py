@@ -139,6 +139,7 @@ AS_MODULES = [
     ("bench.relay", "--help"),
     ("bench.ray_executor", "--help"),
     ("bench.ray_shm", "--help"),
+    ("bench.ab", "--help"),
     ("bench.shm_path", "--help"),
     ("scripts.soak", "--help"),
     ("scripts.gpu_check", "--test-files"),
