@@ -394,6 +394,33 @@ def start_daemon(
 # --- homes ------------------------------------------------------------------------------------
 
 
+class ClientProcess:
+    """A Python client in a process of its own, to be killed mid-job (`kill`): the script runs
+    with `c`, a Client bound to the socket, and says it is ready by printing `ready`."""
+
+    def __init__(self, socket_path: Path, script: str) -> None:
+        prelude = (
+            "import sys, numpy as np\nfrom taogpud.client import Client\nc = Client(sys.argv[1])\n"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", prelude + script, str(socket_path)],
+            stdout=subprocess.PIPE,
+            env=same_code_env(os.environ),
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if line != b"ready\n":
+            self.kill()
+            raise HarnessError(f"the client process never said ready (it printed {line!r})")
+
+    def kill(self) -> None:
+        """kill -9, as a client that dies mid-job."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
 def new_home(prefix: str = "tgd-") -> Path:
     """A new short folder under /tmp for daemons (sun_path holds 108 bytes)."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))

@@ -215,12 +215,14 @@ def as_nobody(daemon: RunningDaemon, code: str) -> subprocess.CompletedProcess[s
     """Run `code` as uid 65534 against the daemon's socket; what it prints comes back.
 
     The child imports as root and then drops to nobody: the interpreter may live where
-    nobody cannot read, and SO_PEERCRED records the uid at connect time."""
+    nobody cannot read (orjson too, which the client imports only when it is first made:
+    imported after the drop here, it killed the child with SIGSEGV), and SO_PEERCRED records the uid at
+    connect time."""
     for folder in (daemon.home.parent, daemon.home):
         folder.chmod(0o755)
     daemon.socket_path.chmod(0o666)
     script = (
-        "import os\nfrom taogpud.client import ApiError, Client\n"
+        "import os, orjson\nfrom taogpud.client import ApiError, Client\n"
         f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
         f"client = Client({str(daemon.socket_path)!r})\n{code}"
     )

@@ -16,8 +16,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -34,7 +32,7 @@ from taogpud.config import diff, load, needs_restart
 from taogpud.config.ray import restart_only, serves_client_memory
 from taogpud.errors import ConfigError
 from taogpud.pool import shm
-from taogpud.testing import Pair, write_pair
+from taogpud.testing import ClientProcess, Pair, write_pair
 
 pytestmark = [
     pytest.mark.slow,  # a local Ray instance: tens of seconds to start
@@ -316,22 +314,15 @@ def test_a_client_killed_mid_job_on_an_actor_leaves_nothing_behind(
 ) -> None:
     """kill -9 of a client whose job runs on an actor: the job runs on and succeeds, holding
     the memory; then the daemon closes it and the actor's mapping goes."""
-    script = (
-        "import sys; from taogpud.client import Client\n"
-        "c = Client(sys.argv[1]); a = c.empty(4096, 'float32')\n"
-        "print('attached', flush=True)\n"
-        "c.compute('sleep', {'ms': 1500})\n"
-    )
-    child = subprocess.Popen(
-        [sys.executable, "-c", script, str(ray_daemon.socket_path)], stdout=subprocess.PIPE
+    child = ClientProcess(
+        ray_daemon.socket_path,
+        "a = c.empty(4096, 'float32')\nprint('ready', flush=True)\n"
+        "c.compute('sleep', {'ms': 1500})\n",
     )
     with ray_daemon.client() as client:
-        assert child.stdout is not None and child.stdout.readline() == b"attached\n"
         job_id = _newest_job_id(client, "sleep")
         actor = ray_daemon.wait_running(job_id)["worker_pid"]
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        child.stdout.close()
+        child.kill()
         assert arena_fds(ray_daemon.proc.pid) == 1  # the job still holds the memory
         done = client.wait(job_id, timeout_s=10)
         assert done["status"] == "succeeded", done["error"]
@@ -479,7 +470,7 @@ def test_client_memory_is_served_with_local_workers_or_a_local_ray_only(tmp_path
     served = {}
     for name, table in tables.items():
         (tmp_path / name).mkdir()
-        pair = write_pair(tmp_path / name, table)
+        pair = write_ray_pair(tmp_path / name, table)
         served[name] = serves_client_memory(load(*pair, environ={"HOME": str(tmp_path)}).config)
     assert served == {"local": True, "ray-local": True, "cluster": False}
 

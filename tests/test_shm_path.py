@@ -12,8 +12,6 @@ import os
 import signal
 import socket
 import stat
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,6 +24,7 @@ import pytest
 
 from taogpud import shm_wire as wire
 from taogpud.client import ApiError, Client
+from taogpud.testing import ClientProcess
 from tests.conftest import RunningDaemon
 
 SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
@@ -346,20 +345,13 @@ def test_a_client_that_dies_mid_job_leaves_nothing_behind(daemon: RunningDaemon)
     with daemon.client() as client:
         client.health()
         baseline = [held(p) for p in pids]
-        script = (
-            "import sys, numpy as np; from taogpud.client import Client\n"
-            "c = Client(sys.argv[1]); a = c.empty(4096, 'float32')\n"
-            "print('attached', flush=True)\n"
-            "c.compute('sleep', {'ms': 1500})\n"
+        child = ClientProcess(
+            daemon.socket_path,
+            "a = c.empty(4096, 'float32')\nprint('ready', flush=True)\n"
+            "c.compute('sleep', {'ms': 1500})\n",
         )
-        child = subprocess.Popen(
-            [sys.executable, "-c", script, str(daemon.socket_path)], stdout=subprocess.PIPE
-        )
-        assert child.stdout is not None and child.stdout.readline() == b"attached\n"
         running = next(j for j in _poll_jobs(client, "running"))
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        child.stdout.close()
+        child.kill()
         assert held(daemon.proc.pid)[0] > baseline[0][0]  # the job still holds the memory
         assert client.wait(running["id"], timeout_s=10)["status"] == "succeeded"
         settle(pids, baseline)
@@ -372,23 +364,17 @@ def test_a_client_that_dies_with_several_jobs_in_flight_leaves_nothing_behind(
     with daemon.client() as client:
         client.health()
         baseline = [held(p) for p in pids]
-        script = (
-            "import sys, numpy as np; from taogpud.client import Client\n"
-            "c = Client(sys.argv[1]); a = c.empty(4096, 'float32')\n"
+        child = ClientProcess(
+            daemon.socket_path,
+            "a = c.empty(4096, 'float32')\n"
             "jobs = [c.begin_compute('sleep', {'ms': 1000}) for _ in range(3)]\n"
             "jobs.append(c.begin_compute('vector_add', frozen=True, a=a, b=a))\n"
             "jobs.append(c.begin_compute('vector_add', a=a, b=np.ones(4096, np.float32)))\n"
-            "print('sent', flush=True)\n"
-            "import time; time.sleep(60)\n"
+            "print('ready', flush=True)\n"
+            "import time; time.sleep(60)\n",
         )
-        child = subprocess.Popen(
-            [sys.executable, "-c", script, str(daemon.socket_path)], stdout=subprocess.PIPE
-        )
-        assert child.stdout is not None and child.stdout.readline() == b"sent\n"
         running = next(j for j in _poll_jobs(client, "running"))
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        child.stdout.close()
+        child.kill()
         assert held(daemon.proc.pid)[0] > baseline[0][0]  # the jobs still hold the memory
         assert client.wait(running["id"], timeout_s=10)["status"] == "succeeded"
         deadline = time.monotonic() + 15
