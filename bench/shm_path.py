@@ -13,7 +13,8 @@ One run, float32 arrays of each size, each path a "lane" sampled in turn, round 
   client memory, run in this process on the same code;
 - end to end: wall time of `client.compute("vector_add", a=a, b=b)` → an ndarray in the
   client, with a and b plain ndarrays (one copy each in) and made by `client.empty` (none);
-- Ray: `ray.put(a)`, `ray.put(b)`, an actor's add, `ray.get` of the result: end to end.
+- Ray: `ray.put(a)`, `ray.put(b)`, an actor's add and float64 checksum of c (vector_add's
+  own work), `ray.get` of the result: end to end.
 
 First call (a new client: its memory's pages allocated on the way; Ray's first put of that
 size) and warm calls (median).
@@ -153,7 +154,10 @@ def ray_actor(max_size_mib: int) -> Iterator[Any]:
 
         class Adder:
             def add(self, a: Any, b: Any) -> Any:
-                return a + b
+                # vector_add's own work, so both sides do the same: the add, and the
+                # checksum of c in float64 that its summary carries (tasks/builtin.py).
+                c = a + b
+                return c, float(c.sum(dtype="float64"))
 
         yield ray.remote(Adder).remote()
     finally:
@@ -168,8 +172,8 @@ def ray_lane(actor: Any, n: int) -> Sample:
     a, b = np.ones(n, np.float32), np.full(n, 2, np.float32)
 
     def sample() -> float:
-        seconds, c = timed(lambda: ray.get(actor.add.remote(ray.put(a), ray.put(b))))
-        assert c[0] == 3
+        seconds, (c, checksum) = timed(lambda: ray.get(actor.add.remote(ray.put(a), ray.put(b))))
+        assert c[0] == 3 and checksum == 3 * n
         del c
         return seconds
 
