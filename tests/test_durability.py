@@ -216,8 +216,8 @@ def as_nobody(daemon: RunningDaemon, code: str) -> subprocess.CompletedProcess[s
 
     The child imports as root and then drops to nobody: the interpreter may live where
     nobody cannot read (orjson too, which the client imports only when it is first made:
-    imported after the drop here, it killed the child with SIGSEGV), and SO_PEERCRED records the uid at
-    connect time."""
+    imported after the drop here, it killed the child with SIGSEGV), and SO_PEERCRED
+    records the uid at connect time."""
     for folder in (daemon.home.parent, daemon.home):
         folder.chmod(0o755)
     daemon.socket_path.chmod(0o666)
