@@ -26,6 +26,7 @@ from taogpud.cli import top as cli_top
 from taogpud.cli import words as cli_words
 from taogpud.cli.conventions import resolve_id
 from taogpud.cli.failures import CliError, explain
+from taogpud.cli.options import ParamOption, SeedOption, SizeOption
 from taogpud.cli.output import (
     Progress,
     check_lines,
@@ -192,12 +193,9 @@ def submit_command(
     ctx: typer.Context,
     task: Annotated[str, typer.Argument(help="A task name (see `taogpuctl tasks`).")],
     *,
-    size: Annotated[int | None, typer.Option(help="Shortcut for --param size=N.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Shortcut for --param seed=N.")] = None,
-    param: Annotated[
-        list[str] | None,
-        typer.Option("--param", "-p", help="KEY=VALUE; VALUE as JSON if it parses."),
-    ] = None,
+    size: SizeOption = None,
+    seed: SeedOption = None,
+    param: ParamOption = None,
     input_: Annotated[
         list[str] | None, typer.Option("--input", "-i", help="NAME=FILE.npy, uploaded first.")
     ] = None,

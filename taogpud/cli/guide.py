@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from taogpud.cli.options import ParamOption, SeedOption, SizeOption
 from taogpud.cli.output import emit_json, emit_line, warn
 
 # evidence key → the nvidia-smi query that reads the same fact on the host
@@ -42,12 +43,9 @@ def run_command(
     settings: Annotated[
         Path | None, typer.Option("--settings", help="The guide's settings.json.")
     ] = None,
-    size: Annotated[int | None, typer.Option(help="Shortcut for --param size=N.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Shortcut for --param seed=N.")] = None,
-    param: Annotated[
-        list[str] | None,
-        typer.Option("--param", "-p", help="KEY=VALUE; VALUE as JSON if it parses."),
-    ] = None,
+    size: SizeOption = None,
+    seed: SeedOption = None,
+    param: ParamOption = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")] = (
         False
     ),
