@@ -186,12 +186,15 @@ class JobStore:
             self._when_finished.pop(job_id, None)
 
     async def wait(self, job_id: str, timeout_s: float) -> None:
-        event = self._done.get(job_id)
-        if event is None or event.is_set():
-            return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
-                await event.wait()
+                await self.finished(job_id)
+
+    async def finished(self, job_id: str) -> None:
+        """Until the job finished, however long: the caller bounds the wait (api/jobs.py)."""
+        event = self._done.get(job_id)
+        if event is not None and not event.is_set():
+            await event.wait()
 
     # -- restart --------------------------------------------------------------------------
 

@@ -87,7 +87,7 @@ async def _wait(daemon: DaemonState, job_id: str, wait_s: float) -> None:
         async with asyncio.timeout(wait_s) as deadline:
             daemon.waits.add(deadline)
             try:
-                await daemon.store.wait(job_id, wait_s)
+                await daemon.store.finished(job_id)  # bounded by this deadline alone
             finally:
                 daemon.waits.discard(deadline)
 
