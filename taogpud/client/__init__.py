@@ -107,7 +107,9 @@ class Client:
         self.socket_path = str(chosen)
         self.tried = [str(path) for path in tried]  # named when the chosen one fails
         self.timeout_s = timeout_s
-        self.transport = transport or UnixHTTPConnection(self.socket_path, timeout_s)
+        if transport is None:
+            transport = UnixHTTPConnection(self.socket_path, timeout_s)
+        self.transport: Transport = transport
         self.shared_memory_bytes = 1 << 30  # compute()'s memfd: its size, sealed once made
         self._shared_arrays: Any = None
         self._shared_lock = threading.Lock()
