@@ -1,6 +1,6 @@
 """Who may touch what: a job's or an array's owner, root, or a member of the admin group.
 
-Identities come from SO_PEERCRED on the Unix socket (api/peer.py), never from
+Identities come from SO_PEERCRED on the Unix socket (unix_socket.py), never from
 anything a client says about itself.
 
 What another user sees of a job (`view_of`): that it exists, its task, state, device and

@@ -16,10 +16,10 @@ from starlette.types import Message, Receive, Scope, Send
 
 from taogpud import trace
 from taogpud.api.edge import CLIENT_GONE, ApiEdge
-from taogpud.api.peer import PEER_KEY
 from taogpud.errors import BodyTooLarge
 from taogpud.jobs import Peer
 from taogpud.logging import set_request_trace
+from taogpud.unix_socket import PEER_KEY
 
 JSON_LIMIT, UPLOAD_LIMIT = 100, 10_000
 

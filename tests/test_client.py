@@ -1,7 +1,9 @@
 """The Python client: its transport over a Unix socket, its errors, and the daemon's API.
 
-Transport cases the daemon cannot produce on demand (a non-JSON error body, a kept-alive
-connection closed under the client) run against a small real HTTP/1.1 server on a Unix socket.
+Transport cases the daemon cannot produce on demand (a kept-alive connection closed under the
+client, a body past the large-body threshold) run against a small real HTTP/1.1 server on a
+Unix socket; how the client reads answers the daemon does not give (a body that is not JSON)
+through a MockTransport, with no socket at all (tests/test_client_transport.py: the seam).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 import pytest
 
 from taogpud.client import ApiError, Client, DaemonUnreachable, is_finished
+from taogpud.client.transport import MockTransport, Response
 from taogpud.jobs import JobState
 
 Reply = tuple[int, str, bytes]  # status, content type, body
@@ -118,11 +121,15 @@ def test_default_socket_comes_from_environment(
     assert Client().socket_path == str(socket_dir / "env.sock")
 
 
-def test_error_body_becomes_api_error(stub_server: Callable[[Reply], _StubServer]) -> None:
+def answering(status: int, body: bytes) -> Client:
+    """A client whose every request is answered `status` with `body`, in this process."""
+    return Client(transport=MockTransport(lambda request: Response(status, body)))
+
+
+def test_error_body_becomes_api_error() -> None:
     """A {code, message, hint} body becomes ApiError with those fields and the HTTP status."""
     body = b'{"code": "job_not_found", "message": "no job x", "hint": "taogpuctl list"}'
-    server = stub_server((404, "application/json", body))
-    with Client(server.server_address) as client, pytest.raises(ApiError) as caught:
+    with answering(404, body) as client, pytest.raises(ApiError) as caught:
         client.get("x")
     error = caught.value
     assert (error.code, error.message, error.hint, error.http_status) == (
@@ -133,24 +140,18 @@ def test_error_body_becomes_api_error(stub_server: Callable[[Reply], _StubServer
     )
 
 
-def test_non_json_error_body_still_a_clear_api_error(
-    stub_server: Callable[[Reply], _StubServer],
-) -> None:
+def test_non_json_error_body_still_a_clear_api_error() -> None:
     """A plain-text 502 becomes ApiError code http_502 whose message quotes the body."""
-    server = stub_server((502, "text/plain", b"upstream exploded"))
-    with Client(server.server_address) as client, pytest.raises(ApiError) as caught:
+    with answering(502, b"upstream exploded") as client, pytest.raises(ApiError) as caught:
         client.info()
     assert caught.value.code == "http_502"
     assert caught.value.http_status == 502
     assert "upstream exploded" in caught.value.message
 
 
-def test_non_json_success_body_is_a_bad_response(
-    stub_server: Callable[[Reply], _StubServer],
-) -> None:
+def test_non_json_success_body_is_a_bad_response() -> None:
     """A 200 that is not JSON is ApiError bad_response, not a decoding traceback."""
-    server = stub_server((200, "text/html", b"<html>hello</html>"))
-    with Client(server.server_address) as client, pytest.raises(ApiError) as caught:
+    with answering(200, b"<html>hello</html>") as client, pytest.raises(ApiError) as caught:
         client.status()
     assert caught.value.code == "bad_response"
 

@@ -11,13 +11,8 @@ import http.client
 import http.server
 import re
 import socket
-import socketserver
 import subprocess
 import sys
-import tempfile
-import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -26,9 +21,15 @@ from conftest import RunningDaemon
 
 from taogpud import wire
 from taogpud.client import ApiError, Client
+from taogpud.client.transport import MockTransport, Request, Response
 
 SERVER_FRAMEWORKS = ("pydantic", "pydantic_core", "fastapi", "starlette")
-CLIENT_MODULES = ("taogpud.client", "taogpud.client.http", "taogpud.client.stream")
+CLIENT_MODULES = (
+    "taogpud.client",
+    "taogpud.client.http",
+    "taogpud.client.transport",
+    "taogpud.client.stream",
+)
 
 CLOSURE_PROBE = """
 import importlib, sys
@@ -67,47 +68,19 @@ def test_the_wire_is_standard_library_only() -> None:
 # --- routes: what the client calls, what the daemon serves -------------------------------------
 
 
-class _Recorder(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-    requests: list[tuple[str, str]]
+def recording_client(requests: list[tuple[str, str]]) -> Client:
+    """A client whose requests are kept as (method, path as sent), each answered what the
+    client expects of its route, in this process (a MockTransport)."""
 
-
-class _RecordingHandler(http.server.BaseHTTPRequestHandler):
-    """Records each request line and answers what the client expects of that route."""
-
-    protocol_version = "HTTP/1.1"
-    server: _Recorder
-
-    def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        self.rfile.read(length)
-        self.server.requests.append((self.command, self.path))
-        path = self.path.partition("?")[0]
-        listing = path in (wire.DEVICES.path, wire.TASKS.path) or (
-            self.command == "GET" and path == wire.LIST_JOBS.path
+    def handler(request: Request) -> Response:
+        requests.append((request.method, request.path))
+        listing = request.route in (wire.DEVICES.path, wire.TASKS.path) or (
+            request.method == "GET" and request.route == wire.LIST_JOBS.path
         )
-        body = b"[]" if listing else b'{"id": "0123abc", "status": "succeeded", "outputs": []}'
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        job = {"id": "0123abc", "status": "succeeded", "outputs": []}
+        return Response(200, json=[] if listing else job)
 
-    do_GET = do_POST = do_DELETE = _answer
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Quiet: the base class would print every request to stderr."""
-
-
-@pytest.fixture
-def recorder() -> Iterator[_Recorder]:
-    with tempfile.TemporaryDirectory(prefix="tgw") as directory:
-        server = _Recorder(str(Path(directory) / "r.sock"), _RecordingHandler)
-        server.requests = []
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        yield server
-        server.shutdown()
-        server.server_close()
+    return Client(transport=MockTransport(handler))
 
 
 def call_every_method(client: Client) -> None:
@@ -135,15 +108,16 @@ def route_of(method: str, target: str) -> wire.Route | None:
     return None
 
 
-def test_every_request_the_client_sends_is_a_wire_route(recorder: _Recorder) -> None:
-    """Recorded on a real HTTP server: each call's method and path is one the wire names,
-    ids and names quoted into one segment."""
-    with Client(str(recorder.server_address), timeout_s=10) as client:
+def test_every_request_the_client_sends_is_a_wire_route() -> None:
+    """Recorded at the client's transport: each call's method and path (as it goes on the
+    request line) is one the wire names, ids and names quoted into one segment."""
+    requests: list[tuple[str, str]] = []
+    with recording_client(requests) as client:
         call_every_method(client)
-    unmatched = [line for line in recorder.requests if route_of(*line) is None]
-    assert len(recorder.requests) == 24 and unmatched == []  # one per call above
-    assert ("GET", "/v1/jobs/a%2F..%2Fb%3Fc") in recorder.requests
-    used = {route_of(*line) for line in recorder.requests}
+    unmatched = [line for line in requests if route_of(*line) is None]
+    assert len(requests) == 24 and unmatched == []  # one per call above
+    assert ("GET", "/v1/jobs/a%2F..%2Fb%3Fc") in requests
+    used = {route_of(*line) for line in requests}
     assert used >= set(wire.ROUTES) - {wire.METRICS, wire.OPENAPI, wire.TRACE, wire.JOB_EVENTS}
 
 

@@ -16,10 +16,10 @@ from taogpud import __version__, relay, wire
 from taogpud.api import arrays, channel, config, doctor, jobs, system
 from taogpud.api import trace as trace_api
 from taogpud.api.edge import CLIENT_GONE, ApiEdge
-from taogpud.api.peer import peer_in
 from taogpud.daemon.state import DaemonState
 from taogpud.errors import ErrorBody, TaogpudError
 from taogpud.logging import get_logger
+from taogpud.unix_socket import peer_in
 
 log = get_logger("taogpud.api")
 

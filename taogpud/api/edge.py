@@ -22,9 +22,9 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from taogpud import trace, wire
-from taogpud.api.peer import peer_in
 from taogpud.errors import BodyTooLarge, ErrorBody
 from taogpud.logging import request_trace_enabled
+from taogpud.unix_socket import peer_in
 
 CLIENT_GONE = 499  # as nginx logs it: the client closed the connection before the answer
 UPLOAD_PATH = wire.UPLOAD_ARRAY.path

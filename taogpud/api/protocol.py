@@ -34,11 +34,11 @@ from typing import Any, cast
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from taogpud.api.peer import PEER_KEY, read_peer
 from taogpud.config import ServerSection
 from taogpud.errors import ErrorBody
 from taogpud.jobs import Peer
 from taogpud.logging import get_logger
+from taogpud.unix_socket import PEER_KEY, read_peer
 
 log = get_logger("taogpud.api")
 

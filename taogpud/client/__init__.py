@@ -8,6 +8,10 @@ Used by `taogpuctl`, the tests and the benchmarks. Two exceptions, one line each
 
 A `Client` holds one keep-alive connection and is not thread-safe by design: use one Client per
 thread (or per process). Nothing here imports numpy unless an array object is uploaded.
+
+Its requests go through a transport (client/transport.py): by default its own HTTP/1.1
+connection to the daemon's socket (client/http.py); `Client(transport=MockTransport(handler))`
+answers them in this process, for tests of code that uses the client.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from taogpud import paths, wire
-from taogpud.client.http import MalformedResponse, UnixHTTPConnection
+from taogpud.client.http import UnixHTTPConnection
+from taogpud.client.transport import MalformedResponse, Transport
 from taogpud.wire import FINISHED_STATES, JobRequest, Route
 
 # Why not httpx: measured on this kind of host, httpx spends ~416 µs of CPU per request against
@@ -82,20 +87,29 @@ class Client:
         socket_path: str | Path | None = None,
         timeout_s: float = 60.0,
         *,
+        transport: Transport | None = None,
         stdlib_json: bool = False,
     ) -> None:
-        """stdlib_json: decode answers with the standard library's json instead of orjson, for
+        """transport: where requests go (client/transport.py); None: a connection of its own to
+        the daemon's socket. With another transport no socket is opened, `socket_path` (if
+        given) only names it in errors, and `compute` sends its arrays over HTTP.
+
+        stdlib_json: decode answers with the standard library's json instead of orjson, for
         a one-shot caller (`taogpuctl status`): orjson decodes a job record ~5× faster, which a
         client of many jobs wants, but its import (with the dataclasses, inspect and uuid it
         loads) was the largest part of such a call's own start here (bench/cli_start.py)."""
-        if socket_path is None:
-            chosen, tried = paths.client_sockets()
-        else:
+        if socket_path is not None:
             chosen, tried = Path(socket_path), [Path(socket_path)]
+        elif transport is not None:
+            chosen, tried = Path(f"<{type(transport).__name__}>"), []
+        else:
+            chosen, tried = paths.client_sockets()
         self.socket_path = str(chosen)
         self.tried = [str(path) for path in tried]  # named when the chosen one fails
         self.timeout_s = timeout_s
-        self._conn = UnixHTTPConnection(self.socket_path, timeout_s)
+        if transport is None:
+            transport = UnixHTTPConnection(self.socket_path, timeout_s)
+        self.transport: Transport = transport
         self.shared_memory_bytes = 1 << 30  # compute()'s memfd: its size, sealed once made
         self._shared_arrays: Any = None
         self._shared_lock = threading.Lock()
@@ -318,7 +332,7 @@ class Client:
     # --- connection -----------------------------------------------------------------------
 
     def close(self) -> None:
-        self._conn.close()
+        self.transport.close()
         if self._shared_arrays is not None:
             self._shared_arrays.close()
             self._shared_arrays = None
@@ -358,34 +372,15 @@ class Client:
         content_type: str = JSON_TYPE,
         wait_s: float = 0.0,
     ) -> tuple[int, bytes]:
-        """One exchange; a kept-alive connection the daemon closed is reopened once.
-
-        The retry covers the idle-close race only: on a fresh connection a refused or missing
-        socket is final. A request the daemon read and then dropped without answering means the
-        daemon itself went away, and the reconnect then fails as DaemonUnreachable.
-        """
-        kept_alive = self._conn.sock is not None
-        for attempt in (1, 2):
-            try:
-                return self._exchange(method, path, body, content_type, wait_s)
-            except ConnectionError as exc:
-                self._conn.close()
-                if not kept_alive or attempt == 2:
-                    raise _unreachable(self.socket_path, exc, self.timeout_s, self.tried) from exc
-        raise AssertionError("unreachable: the loop returns or raises")
-
-    def _exchange(
-        self, method: str, path: str, body: Body, content_type: str, wait_s: float
-    ) -> tuple[int, bytes]:
+        """One exchange through the transport, its failures as DaemonUnreachable or ApiError
+        (a kept-alive connection the daemon closed is the transport's to reopen, once)."""
         read_timeout_s = self.timeout_s + wait_s  # a long-poll answers only after wait_s
         try:
-            return self._conn.request(method, path, body, content_type, read_timeout_s)
-        except ConnectionError:
-            raise  # _request decides: reopen a kept-alive connection once, else unreachable
+            return self.transport.request(method, path, body, content_type, read_timeout_s)
         except MalformedResponse as exc:
             raise _malformed_response(self.socket_path, exc) from exc
-        except OSError as exc:
-            self._conn.close()
+        except OSError as exc:  # ConnectionError included
+            self.transport.close()
             raise _unreachable(self.socket_path, exc, read_timeout_s, self.tried) from exc
 
 

@@ -1,4 +1,5 @@
-"""HTTP/1.1 over the daemon's Unix socket, for the Python client (taogpud.client).
+"""HTTP/1.1 over the daemon's Unix socket: the Python client's default transport
+(client/transport.py).
 
 A request goes out in one send (two for an array upload: the head, then the array's own
 memory); the response is parsed by httptools, the C parser uvicorn runs on the daemon side.
@@ -16,14 +17,11 @@ from typing import NoReturn
 
 import httptools
 
-Part = bytes | bytearray | memoryview
+from taogpud.client.transport import MalformedResponse, Part, RequestBody
+
 RECV_BYTES = 256 * 1024
 ONE_SEND_BYTES = 64 * 1024  # a smaller body is joined to the head: one send, one segment
 LARGE_BODY_BYTES = 1 << 20  # a body this big is read into its own buffer, not via the parser
-
-
-class MalformedResponse(Exception):
-    """The socket answered something that is not an HTTP/1.1 response."""
 
 
 class _Response:
@@ -60,7 +58,8 @@ class _Response:
 
 
 class UnixHTTPConnection:
-    """One keep-alive HTTP/1.1 connection to a Unix socket. Not thread-safe."""
+    """One keep-alive HTTP/1.1 connection to a Unix socket (a client/transport.py Transport).
+    Not thread-safe."""
 
     def __init__(self, socket_path: str, timeout_s: float) -> None:
         self.socket_path = socket_path
@@ -75,15 +74,26 @@ class UnixHTTPConnection:
             self.sock = None
 
     def request(
-        self,
-        method: str,
-        path: str,
-        body: Part | Sequence[Part] | None,
-        content_type: str,
-        timeout_s: float,
+        self, method: str, path: str, body: RequestBody, content_type: str, timeout_s: float
     ) -> tuple[int, bytes]:
-        """(status, body). Raises ConnectionError when the daemon hung up, OSError (a
-        TimeoutError included) when the socket failed, MalformedResponse on garbage."""
+        """(status, body); a kept-alive connection the daemon closed is reopened once.
+
+        Raises ConnectionError when the socket refused or the daemon hung up, OSError (a
+        TimeoutError included) when the socket failed, MalformedResponse on garbage. The retry
+        covers the idle-close race only: on a fresh connection a refused or missing socket is
+        final, and a request the daemon read and then dropped without answering means the
+        daemon itself went away (the reconnect then fails)."""
+        if self.sock is None:
+            return self._exchange(method, path, body, content_type, timeout_s)
+        try:
+            return self._exchange(method, path, body, content_type, timeout_s)
+        except ConnectionError:
+            self.close()
+        return self._exchange(method, path, body, content_type, timeout_s)
+
+    def _exchange(
+        self, method: str, path: str, body: RequestBody, content_type: str, timeout_s: float
+    ) -> tuple[int, bytes]:
         sock = self._connected(timeout_s)
         parts = _parts(body)
         head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n"
@@ -162,7 +172,7 @@ class UnixHTTPConnection:
         raise MalformedResponse("the connection closed in the middle of a response")
 
 
-def _parts(body: Part | Sequence[Part] | None) -> Sequence[Part]:
+def _parts(body: RequestBody) -> Sequence[Part]:
     if body is None:
         return ()
     if isinstance(body, bytes | bytearray | memoryview):

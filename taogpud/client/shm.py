@@ -9,8 +9,9 @@ its size, maps it, and hands the descriptor to the daemon once per connection ov
 `<socket>.shm` (shm_wire.py); an array is then named by its offset, shape and dtype, and
 the worker maps the same pages, so an array made with `empty()` costs no copy at all and
 any other array one memcpy in. Outputs come back as ndarrays over the same memory. Where
-descriptors cannot pass (no `.shm` socket: another host, an older daemon) `compute` falls
-back to the HTTP upload and download.
+descriptors cannot pass (no `.shm` socket: another host, an older daemon; a client whose
+transport is not its Unix socket, such as a MockTransport) `compute` falls back to the HTTP
+upload and download, through the client's transport.
 
 A region a queued or running job uses is the client's to leave alone, as with registered
 I/O buffers: `compute` waits for its job, so that is only a concern for other threads, or
@@ -37,6 +38,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from taogpud import shm_wire as wire
+from taogpud.client.http import UnixHTTPConnection
 
 if TYPE_CHECKING:
     from taogpud.client import Client, Job
@@ -188,7 +190,10 @@ class SharedArrays:
         self._connect()
 
     def _connect(self) -> None:
-        path = wire.socket_path_for(self.client.socket_path)
+        transport = self.client.transport
+        if not isinstance(transport, UnixHTTPConnection):
+            return  # no socket beside it to pass descriptors over: the HTTP body it is
+        path = wire.socket_path_for(transport.socket_path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(str(path))

@@ -34,7 +34,6 @@ from taogpud import logging as tlog
 from taogpud.api import protocol
 from taogpud.api.app import create_app
 from taogpud.api.jobs import end_waits
-from taogpud.api.listen import bind_unix_socket
 from taogpud.api.models import job_request_from
 from taogpud.arrays import ArrayStore, upload_quota_bytes
 from taogpud.config.ray import serves_client_memory
@@ -54,6 +53,7 @@ from taogpud.relay.listen import RelayListener
 from taogpud.scheduler import Policy, Scheduler
 from taogpud.shm_wire import socket_path_for
 from taogpud.store import JobStore
+from taogpud.unix_socket import bind_unix_socket
 
 WARM_TIMEOUT_S = 300.0  # CUDA kernel compilation on a cold cache can take minutes
 WORKER_STOP_TIMEOUT_S = 10.0

@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from taogpud import shm_wire as wire
-from taogpud.api.listen import bind_unix_socket
-from taogpud.api.peer import read_peer
 from taogpud.errors import RequestError, TaogpudError
 from taogpud.jobs import Peer
 from taogpud.logging import get_logger
 from taogpud.pool.regions import MemoryHandle, RegionRef
 from taogpud.scheduler import JobRegions, Scheduler
 from taogpud.store import JobStore
+from taogpud.unix_socket import bind_unix_socket, read_peer
 from taogpud.wire import JobRequest
 
 # A submit's fields → the request the scheduler takes, or a RequestError: the API's validation

@@ -24,7 +24,6 @@ import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from taogpud import trace, wire
-from taogpud.api.peer import peer_in
 from taogpud.channel import ChannelSettings, Scrubber, public_url
 from taogpud.config import ConfigSnapshot, RelaySection
 from taogpud.errors import ErrorBody
@@ -34,6 +33,7 @@ from taogpud.relay.limits import Limiter
 from taogpud.relay.tokens import TokenStore
 from taogpud.relay.tools import tool_of
 from taogpud.relay.usage import MAX_JSON_BYTES, StreamUsage, Tokens, UseKey, UseTable, usage_of_json
+from taogpud.unix_socket import peer_in
 
 ERROR_HEADER = b"x-taogpud-error"  # on the relay's own error answers: its code
 log = get_logger("taogpud.relay")

@@ -12,9 +12,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from taogpud import wire
-from taogpud.api.peer import peer_of
 from taogpud.errors import NotPermitted, RequestError
 from taogpud.relay.forward import PREFIX, Relay, _channel_host
+from taogpud.unix_socket import peer_in
 
 router = APIRouter(tags=["relay"])
 
@@ -25,7 +25,7 @@ def _relay(request: Request) -> Relay:
 
 
 def _caller_uid(request: Request) -> int:
-    uid = peer_of(request).uid
+    uid = peer_in(request.scope).uid
     if uid is None:
         raise RequestError(
             "the relay's tokens are handed out on the daemon's Unix socket only",
@@ -60,7 +60,7 @@ async def relay_status(request: Request) -> dict[str, Any]:
     relay = _relay(request)
     snapshot = relay.snapshot()
     settings = snapshot.config.relay
-    uid = peer_of(request).uid
+    uid = peer_in(request.scope).uid
     return {
         "enabled": settings.enabled,
         "listen": relay.tcp_address,

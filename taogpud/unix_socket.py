@@ -1,4 +1,14 @@
-"""The listening Unix socket: 0660, group taogpu where that group exists, never stolen."""
+"""The daemon's Unix sockets, on the standard library alone: bound safely, and who is calling.
+
+- `bind_unix_socket`: 0660, group taogpu where that group exists, renamed into place once
+  listening (nobody sees the path with the wrong mode), never stolen from a live daemon.
+- `read_peer`: SO_PEERCRED of one connection. The API's HTTP protocol class reads it once per
+  connection and adds it to the app state uvicorn copies into every request's
+  `scope["state"]` (ASGI gives an application no socket); `peer_in(scope)` reads it back.
+
+A leaf: the daemon, the `.shm` socket, the relay and the API all use it, and it imports
+nothing of theirs.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +16,17 @@ import contextlib
 import grp
 import os
 import socket
+import struct
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from taogpud.jobs import Peer
 
 SOCKET_GROUP = "taogpu"
 BACKLOG = 1024
 MAX_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
+PEER_KEY = "taogpud_peer"  # scope["state"][PEER_KEY]
 
 
 def bind_unix_socket(path: Path) -> socket.socket:
@@ -50,3 +66,17 @@ def _remove_stale(path: Path) -> None:
     raise OSError(
         f"another taogpud is already serving on {path}; stop it first or use another --socket"
     )
+
+
+def read_peer(sock: socket.socket | None) -> Peer:
+    if sock is None or sock.family != socket.AF_UNIX:
+        return Peer()
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return Peer(pid=pid, uid=uid, gid=gid)
+
+
+def peer_in(scope: Mapping[str, Any]) -> Peer:
+    """The caller recorded in an ASGI scope's state; an unknown Peer() if none was."""
+    peer = scope.get("state", {}).get(PEER_KEY)
+    return peer if isinstance(peer, Peer) else Peer()
