@@ -1,7 +1,7 @@
 """The HTTP protocol the daemon serves with: uvicorn's httptools protocol, passed with
 uvicorn's public `http=` option, plus who is calling and the bounds every client is held to.
 
-- Who is calling: SO_PEERCRED, read once in `connection_made` (api/peer.py) and added to
+- Who is calling: SO_PEERCRED, read once in `connection_made` (unix_socket.py) and added to
   the app state that uvicorn copies into every request's scope (`scope["state"]`, the ASGI
   lifespan-state extension); handlers read it with `peer_of(request)`.
 - Connections, per uid and in all (config `[server]`): one over a cap is answered 503 and
