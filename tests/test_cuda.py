@@ -506,10 +506,10 @@ def test_a_sticky_error_fails_the_job_with_its_code_then_the_worker_exits() -> N
     their_slot.close()
     try:
         assert ours.poll(60), "the worker never reported warm"
-        assert isinstance(ours.recv(), msg.Warm)
-        our_slot.send(msg.RunJob("j1", "noop", {}, {}, None))
+        assert isinstance(msg.receive(ours), msg.Warm)
+        msg.send(our_slot, msg.RunJob("j1", "noop", {}, {}, None))
         assert our_slot.poll(30), "the job never finished"
-        finished = our_slot.recv()
+        finished = msg.receive(our_slot)
         process.join(30)
     finally:
         if process.is_alive():

@@ -34,7 +34,7 @@ def worker_main(spec: WorkerSpec, control: Connection, slots: list[Connection]) 
         info = warm(backend)
     except Exception as exc:  # any failure to warm is reported, not raised: the daemon decides
         log.error("worker.warm_failed", error=f"{type(exc).__name__}: {exc}")
-        control.send(msg.WarmFailed(f"{type(exc).__name__}: {exc}"))
+        msg.send(control, msg.WarmFailed(f"{type(exc).__name__}: {exc}"))
         return
     pinning.install(backend.host_pinning())  # cuda: client memory it maps becomes pinned
     Runner(backend, info, control, slots).serve()
@@ -97,7 +97,7 @@ class Runner:
 
     def send(self, conn: Connection, message: msg.FromWorker) -> None:
         with self._send_lock:
-            conn.send(message)
+            msg.send(conn, message)
 
     def _serve_slot(self, slot: int, conn: Connection) -> None:
         while isinstance(order := _receive(conn), msg.RunJob):
@@ -118,7 +118,7 @@ class Runner:
 
 def _receive(conn: Connection) -> msg.ToWorker:
     try:
-        order: msg.ToWorker = conn.recv()
+        order: msg.ToWorker = msg.receive(conn)
     except (EOFError, OSError):
         os._exit(0)  # the daemon is gone: nobody can receive a result
     return order

@@ -107,12 +107,12 @@ class WorkerHandle:
         if isinstance(order, msg.RunJob):
             if not self._free:
                 raise RuntimeError(f"worker {self.label} was sent a job with no slot free")
-            self._slots[self._free.pop()].send(order)
+            msg.send(self._slots[self._free.pop()], order)
             return
         if isinstance(order, msg.Stop):
             for conn in self._slots:
-                conn.send(order)
-        self._conn.send(order)
+                msg.send(conn, order)
+        msg.send(self._conn, order)
 
     async def ping(self, timeout_s: float) -> bool:
         """Whether the worker answers a Ping within timeout_s (its pipe loop is alive).
@@ -161,7 +161,7 @@ class WorkerHandle:
         """One message (the loop calls again while more is there); slot -1 is the control
         pipe. A slot's only message is its job's result: the slot is free again."""
         try:
-            message = conn.recv()
+            message = msg.receive(conn)
         except (EOFError, OSError):
             self._lost()
             return
@@ -206,7 +206,7 @@ class WorkerHandle:
         for slot, conn in enumerate(self._slots):
             try:
                 while conn.poll():
-                    self._take(conn.recv(), slot)
+                    self._take(msg.receive(conn), slot)
             except (EOFError, OSError):
                 continue
 
