@@ -6,7 +6,8 @@ restart — clean or `kill -9` — finds every accepted job: queued ones run, on
 were running are marked interrupted (or run again when they allow retries).
 Recent jobs are also kept in memory for reads; finished ones are bounded by count
 and age. WAL with synchronous=NORMAL survives a crash of the daemon at the cost
-of a few microseconds per write; only a power cut can lose the last commits.
+of a few microseconds per write; only a power cut can lose the last commits. The WAL is
+copied into the database by a thread of its own (taogpud.wal), never inside a commit.
 
 A store that cannot be read (not a database, or it fails its integrity check) is moved
 aside (never deleted) and a fresh one started, with a log line saying where the old one
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from taogpud import wal
 from taogpud.errors import StateDiskFull
 from taogpud.jobs import JobRecord, JobState
 from taogpud.logging import get_logger
@@ -83,8 +85,12 @@ class JobStore:
         self.write_failure: str | None = None  # why the last commit failed; None once one works
         self.damaged_at_start = False
         self._db: sqlite3.Connection | None = None
+        self._wal: wal.Checkpointer | None = None  # checkpoints off the loop (taogpud.wal)
         if path is not None:
             self._db, self.damaged_at_start = _open(path)
+            self._wal = wal.open_checkpointer(path)
+            if self._wal is not None:
+                self._db.execute("PRAGMA wal_autocheckpoint=0")  # never inside a commit
 
     # -- writes ---------------------------------------------------------------------------
 
@@ -266,8 +272,11 @@ class JobStore:
             self.flush()
         except StateDiskFull as exc:
             log.error("store.unwritten_at_stop", records=len(self._dirty), error=exc.message)
+        if self._wal is not None:
+            self._wal.close()
+            self._wal = None
         if self._db is not None:
-            self._db.close()
+            self._db.close()  # the last connection: SQLite copies the rest and removes the WAL
             self._db = None
 
     # -- internals ------------------------------------------------------------------------
@@ -314,6 +323,8 @@ class JobStore:
             if not _write_failure(exc):
                 raise
             raise self._write_failed(exc) from exc
+        if self._wal is not None:
+            self._wal.committed()
         self._dirty.clear()
         self._unwritten.clear()
         if self.write_failure is not None:
@@ -403,9 +414,9 @@ def _connect(path: Path) -> sqlite3.Connection:
     try:
         if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
             raise sqlite3.DatabaseError("the integrity check failed")
-        # One writer, this daemon: an exclusive lock spares two fcntl calls per commit (other
-        # readers, such as the sqlite3 shell, wait until the daemon stops).
-        db.execute("PRAGMA locking_mode=EXCLUSIVE")
+        # Not locking_mode=EXCLUSIVE (two fcntl calls a commit fewer): the checkpoints run on a
+        # connection of their own (taogpud.wal), and the sqlite3 shell may read the store
+        # while the daemon runs. One daemon per state directory is daemon/state_lock.py's.
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.executescript(SCHEMA)

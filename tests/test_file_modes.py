@@ -36,7 +36,7 @@ def umask_of(pid: int) -> int:
 def test_state_is_private_under_umask_022(
     umask_022: None, daemon_factory: Callable[..., Any]
 ) -> None:
-    """State dir 0700; jobs.sqlite3 and its -wal 0600; a kept output's folders 0700 and file
+    """State dir 0700; jobs.sqlite3, its -wal and -shm 0600; a kept output's folders 0700 and file
     0600; the daemon and its workers run with umask 077, so whatever they make is private."""
     daemon = daemon_factory()
     with daemon.client() as client:
@@ -45,7 +45,7 @@ def test_state_is_private_under_umask_022(
     assert job["status"] == "succeeded"
     state = daemon.state_dir
     assert mode(state) == 0o700
-    for name in ("jobs.sqlite3", "jobs.sqlite3-wal"):
+    for name in ("jobs.sqlite3", "jobs.sqlite3-wal", "jobs.sqlite3-shm"):
         assert mode(state / name) == 0o600, name
     output = state / "outputs" / job["id"] / "c.npy"
     assert (mode(output.parent.parent), mode(output.parent), mode(output)) == (0o700, 0o700, 0o600)
