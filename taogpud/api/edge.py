@@ -6,7 +6,7 @@
   body that declares its length is held to it by the HTTP parser, so only a chunked body,
   which declares none, is counted as it comes.
 - The request trace: one `api.request` line per request when logging.requestTrace is on,
-  written after the answer with the job lines of the same turn (trace.deferred).
+  written after the answer, in one write with its job's own lines (trace.deferred).
 
 One layer, not two (RequestTrace and BodyLimit were each a middleware): every layer is a
 coroutine and a call per request, and under 8 clients the daemon's event loop is the

@@ -1,0 +1,73 @@
+"""Deferred trace lines (taogpud.trace): made in different turns of the loop, a tiny job's
+lines leave together in one write, after FLUSH_AFTER_S; the daemon's stop writes what is
+pending."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+
+from taogpud import trace
+from taogpud.logging import configure
+
+
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Each write of trace lines, as the sink would get it (the configured JSON renderer)."""
+    configure("info")
+    seen: list[bytes] = []
+    monkeypatch.setattr(trace, "write_lines", seen.append)
+    return seen
+
+
+def test_lines_of_several_turns_leave_in_one_write(writes: list[bytes]) -> None:
+    async def a_tiny_job() -> int:
+        trace.deferred("info", "job.queued", job_id="j1")
+        await asyncio.sleep(0)  # the submit's turn ends; the worker runs
+        trace.deferred("info", "job.succeeded", job_id="j1")
+        await asyncio.sleep(0)  # the answer's turn
+        trace.deferred("info", "api.request", path="/v1/jobs")
+        await asyncio.sleep(0)
+        before = len(writes)  # nothing yet: the lines wait for FLUSH_AFTER_S
+        await asyncio.sleep(trace.FLUSH_AFTER_S * 5)
+        return before
+
+    assert asyncio.run(a_tiny_job()) == 0
+    assert len(writes) == 1
+    events = [orjson.loads(line)["event"] for line in writes[0].splitlines()]
+    assert events == ["job.queued", "job.succeeded", "api.request"]
+
+
+def test_flush_writes_what_is_pending_at_once(writes: list[bytes]) -> None:
+    async def stopping() -> list[bytes]:
+        trace.deferred("info", "job.running", job_id="j2")
+        trace.flush()  # as the daemon's stop does, before its own last lines
+        written = list(writes)
+        await asyncio.sleep(trace.FLUSH_AFTER_S * 5)  # the timer then finds nothing
+        return written
+
+    written = asyncio.run(stopping())
+    assert [orjson.loads(line)["event"] for line in written[0].splitlines()] == ["job.running"]
+    assert len(writes) == 1
+
+
+def test_lines_left_by_a_loop_that_ended_are_written_by_the_next(writes: list[bytes]) -> None:
+    """A loop that ends before its timer fires (a test's asyncio.run) leaves its lines
+    pending: the next loop's first deferred line schedules their write."""
+
+    async def ends_at_once() -> None:
+        trace.deferred("info", "job.queued", job_id="j3")
+
+    async def the_next() -> None:
+        trace.deferred("info", "job.running", job_id="j3")
+        await asyncio.sleep(trace.FLUSH_AFTER_S * 5)
+
+    asyncio.run(ends_at_once())
+    assert writes == []
+    asyncio.run(the_next())
+    assert [orjson.loads(line)["event"] for line in writes[0].splitlines()] == [
+        "job.queued",
+        "job.running",
+    ]
