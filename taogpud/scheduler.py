@@ -280,6 +280,8 @@ class Scheduler:
         """Start every queued job that can run now, in priority order."""
         if not self.accepting:
             return  # stopping: queued jobs stay queued in the store for the next start
+        if not self._queue:
+            return  # every job's finish calls this; most often nothing waits
         index, devices, rules = 0, self._devices(), self.policy.rules
         while index < len(self._queue) and placement.has_capacity(
             devices, self.running_total, rules
