@@ -17,6 +17,7 @@ from taogpud.logging import configure
 def writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Each write of trace lines, as the sink would get it (the configured JSON renderer)."""
     configure("info")
+    trace.flush()  # lines another test's loop left pending go out first, elsewhere
     seen: list[bytes] = []
     monkeypatch.setattr(trace, "write_lines", seen.append)
     return seen
