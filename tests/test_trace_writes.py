@@ -5,12 +5,16 @@ pending."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any, cast
 
 import orjson
 import pytest
 
 from taogpud import trace
+from taogpud.api.trace import _lines
 from taogpud.logging import configure
+from taogpud.trace_ring import TraceLine
 
 
 @pytest.fixture
@@ -72,3 +76,18 @@ def test_lines_left_by_a_loop_that_ended_are_written_by_the_next(writes: list[by
         "job.queued",
         "job.running",
     ]
+
+
+def test_a_trace_read_has_the_lines_still_waiting_for_their_write() -> None:
+    """GET /v1/trace and /v1/jobs/{id}/events read the in-memory ring, which rendering
+    feeds: a read that comes before the deferred write still gets every line an earlier
+    answer could have shown."""
+    configure("info")
+
+    async def read_right_after_an_answer() -> list[bytes]:
+        trace.deferred("info", "job.succeeded", job_id="j-ring")
+        mine: Callable[[TraceLine], bool] = lambda item: b'"j-ring"' in item.line  # noqa: E731
+        return [line async for line in _lines(cast(Any, None), mine, 10, False, None)]
+
+    lines = asyncio.run(read_right_after_an_answer())
+    assert [orjson.loads(line)["event"] for line in lines] == ["job.succeeded"]

@@ -22,7 +22,7 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from taogpud import wire
+from taogpud import trace, wire
 from taogpud.access import check_access, may_see
 from taogpud.api.deps import Daemon
 from taogpud.api.peer import peer_of
@@ -90,6 +90,7 @@ async def _lines(
     ends: Callable[[TraceLine], bool] | None,
 ) -> AsyncIterator[bytes]:
     """The last `limit` kept lines; then, following, new ones until `ends` or a drain."""
+    trace.flush()  # the deferred lines first: whatever an earlier answer showed is read here
     seq = RING.last_seq()
     backlog = [item for item in RING.after(0) if item.seq <= seq and keep(item)][-limit:]
     for item in backlog:
