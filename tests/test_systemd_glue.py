@@ -382,10 +382,13 @@ def test_redaction_runs_before_rendering_in_the_configured_chain() -> None:
 def test_deferred_lines_follow_the_loops_callback_in_order_with_their_own_time(
     journald: NotifySocket, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """trace.deferred holds a line until the callback that made it is done (so a job's answer
-    leaves first), then sends it the configured way: job events to the journal, redacted, the
-    rest to stdout; the timestamp is when it was deferred, not when it was written."""
+    """trace.deferred holds a line past the callback that made it (so a job's answer leaves
+    first) for FLUSH_AFTER_S, then sends it the configured way: job events to the journal,
+    redacted, the rest to stdout; the timestamp is when it was deferred, not when it was
+    written."""
     tlog.configure()
+    trace.flush()  # lines another test's loop left pending go out before the capture
+    capsys.readouterr()
     tlog._state.journal = journal.JournalWriter(str(journald.path))
     held: dict[str, Any] = {}
 
@@ -396,7 +399,7 @@ def test_deferred_lines_follow_the_loops_callback_in_order_with_their_own_time(
         time.sleep(0.2)  # still this callback: nothing may have been written
         held["journal"], held["stdout"] = journald.drain(), capsys.readouterr().out
         held["deferred_at"] = deferred_at
-        await asyncio.sleep(0)  # the loop's next round writes them
+        await asyncio.sleep(trace.FLUSH_AFTER_S * 5)  # the deferred lines' timer writes them
 
     asyncio.run(one_callback_then_the_next())
     assert held["journal"] == [] and held["stdout"] == ""
