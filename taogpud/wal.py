@@ -32,9 +32,9 @@ CHECKPOINT_EVERY_COMMITS = 400  # about what SQLite's own 1,000 pages held here
 class Checkpointer:
     """Copies the WAL of the database at `path` into it, off the caller's thread."""
 
-    def __init__(self, path: Path, every_s: float | None = None) -> None:
-        self.every_s = CHECKPOINT_EVERY_S if every_s is None else every_s
-        self.checkpoints = 0  # completed, for tests and status
+    def __init__(self, path: Path) -> None:
+        self.every_s = CHECKPOINT_EVERY_S  # read when made: tests set the module's value first
+        self.checkpoints = 0  # completed (tests read it)
         self._db = sqlite3.connect(path, check_same_thread=False)  # this thread's alone
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._commits = 0  # counted by the store's thread; read here (an int: no lock needed)

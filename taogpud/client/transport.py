@@ -57,6 +57,14 @@ class Request:
         self.body = body
         self.content_type = content_type  # "" when there is no body
 
+    @classmethod
+    def sent(cls, method: str, path: str, body: RequestBody, content_type: str) -> Request:
+        """The request a transport was asked to send, its body joined."""
+        if body is None:
+            return cls(method, path)
+        joined = bytes(body) if isinstance(body, bytes | bytearray | memoryview) else b"".join(body)
+        return cls(method, path, joined, content_type)
+
     @property
     def route(self) -> str:
         """The path without its query: "/v1/jobs"."""
@@ -102,15 +110,8 @@ class MockTransport:
     def request(
         self, method: str, path: str, body: RequestBody, content_type: str, timeout_s: float
     ) -> tuple[int, bytes]:
-        sent = b"" if body is None else _joined(body)
-        response = self.handler(Request(method, path, sent, "" if body is None else content_type))
+        response = self.handler(Request.sent(method, path, body, content_type))
         return response.status, response.body
 
     def close(self) -> None:
         """Nothing to let go of."""
-
-
-def _joined(body: Part | Sequence[Part]) -> bytes:
-    if isinstance(body, bytes | bytearray | memoryview):
-        return bytes(body)
-    return b"".join(body)
