@@ -152,13 +152,13 @@ class Scheduler:
             self._regions[job.id] = regions
         worker = self._place_at_once(job, devices)
         if worker is not None:  # its order leaves first: the worker runs while the rest is noted
-            self._send(job, worker, self._refs(job))  # all found by _check_inputs, just above
+            sent_at = self._send(job, worker, self._refs(job))  # found by _check_inputs above
         self.store.add(job)
         self.jobs_total += 1
         self.arrays.pin(list(job.inputs.values()))
         trace.job_event(job)
         if worker is not None:
-            self._mark_started(job, worker)
+            self._mark_started(job, worker, sent_at)
         else:
             self._move(job, JobState.queued)
             self.dispatch()
@@ -327,20 +327,21 @@ class Scheduler:
         inputs = self._input_refs(job)
         if inputs is None:
             return
-        self._send(job, worker, inputs)
-        self._mark_started(job, worker)
+        self._mark_started(job, worker, self._send(job, worker, inputs))
 
-    def _send(self, job: JobRecord, worker: Worker, inputs: dict[str, Any]) -> None:
+    def _send(self, job: JobRecord, worker: Worker, inputs: dict[str, Any]) -> float:
         """The order to the worker. Its result is read in a later callback of the loop, after
         _mark_started: sending first lets the worker run while the daemon notes the start
         (15–20 µs of a tiny job's round trip in an A/B of bench/run.py's dispatch)."""
         output_dir = str(self.outputs_dir / job.id) if job.keep_outputs else None
         regions = self._regions.get(job.id)
         output_region = regions.output if regions is not None else None
+        sent_at = time.time()  # its start: the worker may run before the daemon notes it
         worker.send(msg.RunJob(job.id, job.task, job.params, inputs, output_dir, output_region))
+        return sent_at
 
-    def _mark_started(self, job: JobRecord, worker: Worker) -> None:
-        self._mark_running(job, worker)
+    def _mark_started(self, job: JobRecord, worker: Worker, started_at: float) -> None:
+        self._mark_running(job, worker, started_at)
         self.store.save(job)
         if job.timeout_s:
             handle = asyncio.get_running_loop().call_later(job.timeout_s, self.time_out, job.id)
@@ -365,13 +366,12 @@ class Scheduler:
             return dict(regions.inputs)
         return {name: self.arrays.get(array_id) for name, array_id in job.inputs.items()}
 
-    def _mark_running(self, job: JobRecord, worker: Worker) -> None:
+    def _mark_running(self, job: JobRecord, worker: Worker, started_at: float) -> None:
         info = worker.info
         assert info is not None  # only warm workers have free slots
-        now = time.time()
         self._move(job, JobState.running)
-        job.started_at = now
-        job.queue_ms = (now - job.created_at) * 1e3
+        job.started_at = started_at
+        job.queue_ms = (started_at - job.created_at) * 1e3
         job.backend, job.device, job.device_index = info.backend, info.device, info.index
         job.device_uuid, job.compute_capability = info.uuid, info.compute_capability
         job.fallback_reason = worker.spec.fallback_reason
