@@ -4,7 +4,11 @@ A benchmark's daemon never restarts: once it stops, its home and the arrays it k
 /dev/shm for a restart are removed.
 
 The CPU pair of the tests: 2 CPU devices, one warm worker process each with 2 slots,
-`max_concurrent_tasks = 8`, logging as shipped (info, one trace line per request).
+`max_concurrent_tasks = 8`, logging as shipped (info, one trace line per request), placed
+`least_loaded`: the shape of Ray's peer (bench/peers/ray_local.py), whose lone client calls
+one warm actor and whose client i calls actor i mod 2. Under `round_robin` a lone client's
+jobs alternate between the two workers, each of which then runs cold; bench/dispatch.py
+keeps a row of that placement, so what it costs stays in the report.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from taogpud import testing
 from taogpud.client import Client
 from taogpud.testing import RunningDaemon, deep_merge
 
-BENCH_CONFIG: dict[str, Any] = {"scheduling": {"max_concurrent_tasks": 8}}
+BENCH_CONFIG: dict[str, Any] = {
+    "scheduling": {"max_concurrent_tasks": 8, "strategy": "least_loaded"}
+}
+ROUND_ROBIN: dict[str, Any] = {"scheduling": {"strategy": "round_robin"}}  # the guide's choice
 HOME_PREFIX = "tgd-bench-"
 READY_POLL_S = 0.005
 
@@ -51,4 +58,4 @@ def timed_start() -> Iterator[tuple[float, RunningDaemon]]:
         testing.remove_home(home)
 
 
-__all__ = ["Client", "RunningDaemon", "running", "timed_start"]
+__all__ = ["ROUND_ROBIN", "Client", "RunningDaemon", "running", "timed_start"]

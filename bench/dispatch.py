@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.daemon_under_test import running
+from bench.daemon_under_test import ROUND_ROBIN, running
 from bench.load import Plan, isolated
 from bench.peers import (
     dask_local,
@@ -39,6 +39,8 @@ COUNTS = {
 # The A/B row: the same daemon with request traces off and job traces below the level.
 QUIET_LOGS = {"logging": {"requestTrace": False, "level": "warning"}}
 QUIET_NAME = "taogpud, Python client, request/job traces off (A/B)"
+# The guide's placement: a lone client's jobs alternate between the two workers.
+ROUND_ROBIN_NAME = "taogpud, Python client, round_robin (A/B)"
 
 
 @dataclass
@@ -81,8 +83,12 @@ def _taogpud(result: DispatchResult, repeats: int, quick: bool) -> None:
             taogpuctl.NAME,
             lambda: taogpuctl.measure(socket_path, cli_one, CLIENTS, cli_many),
         )
-    with running(settings=QUIET_LOGS) as daemon:
-        rows, _ = taogpud_client.measure(daemon, one, CLIENTS, many, QUIET_NAME)
+    for name, settings, config in (
+        (QUIET_NAME, QUIET_LOGS, None),
+        (ROUND_ROBIN_NAME, None, ROUND_ROBIN),
+    ):
+        with running(settings, config) as daemon:
+            rows, _ = taogpud_client.measure(daemon, one, CLIENTS, many, name)
         result.rows += rows
         print(*(_line(row) for row in rows), sep="\n", flush=True)
 
