@@ -131,21 +131,23 @@ def test_a_chunked_body_is_counted_and_stopped_past_the_limit() -> None:
 
 
 def test_the_request_line_is_written_after_the_answer_with_its_fields() -> None:
-    """One api.request line per request, deferred past the answer (written with its job's
-    lines): method, path, status, duration_ms and the caller's uid."""
+    """One api.request line per request, written after the answer, once the edge holds no
+    request (with its job's lines): method, path, status, duration_ms and the caller's uid."""
     seen = Seen()
     edge = ApiEdge(app_reading(seen), Limits())
-    held: dict[str, Any] = {}
     trace.flush()  # nothing left over from another test
+    at_answer: list[list[str]] = []
+
+    async def send(message: Message) -> None:
+        at_answer.append([event for _, event, _ in trace._pending])
 
     async def one_request() -> None:
-        held["sent"] = await serve(edge, scope_for("/v1/jobs", []), pieces(b"{}"))
-        held["pending"] = [event for _, event, _ in trace._pending]
-        await asyncio.sleep(trace.FLUSH_AFTER_S * 5)  # the deferred lines' timer writes it
+        await edge(scope_for("/v1/jobs", []), pieces(b"{}"), send)
 
     with structlog.testing.capture_logs() as logs:
         asyncio.run(one_request())
-    assert held["pending"] == ["api.request"]  # answered, not yet written
+    assert at_answer == [[], []]  # nothing written or pending while it was answered
+    assert trace._pending == []  # written as the edge went idle, no timer needed
     [line] = [entry for entry in logs if entry["event"] == "api.request"]
     assert (line["method"], line["path"], line["status"], line["uid"]) == (
         "POST",
@@ -154,6 +156,41 @@ def test_the_request_line_is_written_after_the_answer_with_its_fields() -> None:
         1234,
     )
     assert line["duration_ms"] >= 0
+
+
+def test_lines_wait_while_another_request_is_in_hand() -> None:
+    """A request answered while another is still held leaves its line to the timer, or to
+    the moment the last one is answered: the daemon is busy, and lines go in batches."""
+    gate = asyncio.Event()
+    edge_seen = Seen()
+
+    async def slow_or_quick(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        if scope["path"] == "/v1/slow":
+            await gate.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+        edge_seen.calls += 1
+
+    edge = ApiEdge(slow_or_quick, Limits())
+    trace.flush()
+    held: dict[str, Any] = {}
+
+    async def two_requests() -> None:
+        slow = asyncio.create_task(serve(edge, scope_for("/v1/slow", []), pieces(b"{}")))
+        await asyncio.sleep(0)  # the slow one is in hand
+        await serve(edge, scope_for("/v1/quick", []), pieces(b"{}"))
+        held["after_quick"] = [fields["path"] for _, _, fields in trace._pending]
+        gate.set()
+        await slow
+        held["after_slow"] = list(trace._pending)
+
+    with structlog.testing.capture_logs() as logs:
+        asyncio.run(two_requests())
+    assert held["after_quick"] == ["/v1/quick"]  # still pending: the slow one was in hand
+    assert held["after_slow"] == []  # both written once the last was answered
+    paths = [entry["path"] for entry in logs if entry["event"] == "api.request"]
+    assert paths == ["/v1/quick", "/v1/slow"] and edge_seen.calls == 2
 
 
 def test_a_hang_up_and_a_trace_turned_off_write_no_request_line() -> None:
