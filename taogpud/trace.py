@@ -9,10 +9,11 @@ rendering and the write wait, or less: when the API has answered the last reques
 (api/edge.py), the daemon is idle until the next one and they go then. A tiny job's lines
 (queued, running, succeeded and its request's) then leave in one write after its answer,
 while its client reads the answer, instead of in two batches, one of them while the job's
-worker ran: a worker woken on the daemon's own CPU waited for it. In an A/B here (sequential tiny jobs, four pairs) that took
-the p50 from 0.69–0.95 to 0.67–0.79 ms and the daemon's CPU per job from 660–923 to 623–733
-µs. The daemon's stop writes what is pending (flush()), and so does a read of the trace
-through the API (api/trace.py), so that it has whatever an earlier answer showed.
+worker ran: a worker woken on the daemon's own CPU waited for it. In an A/B here
+(sequential tiny jobs, four pairs) that took the p50 from 0.69–0.95 to 0.67–0.79 ms and the
+daemon's CPU per job from 660–923 to 623–733 µs. The daemon's stop writes what is pending
+(flush()), and so does a read of the trace through the API (api/trace.py), so that it has
+whatever an earlier answer showed.
 """
 
 from __future__ import annotations
