@@ -4,6 +4,7 @@ daemon's event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -70,3 +71,48 @@ def test_the_thread_copies_the_wal_and_the_store_reads_whole_beside_the_daemon(
         assert again._db.execute("SELECT count(*) FROM jobs").fetchone()[0] == JOBS
     finally:
         again.close()
+
+
+def test_a_lone_record_is_committed_by_its_one_statement(tmp_path: Path) -> None:
+    """The store's connection is in autocommit: a flush of one record is its own transaction,
+    seen by another connection at once (a statement left inside an open transaction, as
+    under the sqlite3 module's implicit BEGIN without its COMMIT, would not be)."""
+    path = tmp_path / "jobs.sqlite3"
+    store = JobStore(path)
+    try:
+        commit_jobs(store, 1)
+        assert store._db is not None and not store._db.in_transaction
+        shell = sqlite3.connect(path)
+        try:
+            assert shell.execute("SELECT id FROM jobs").fetchall() == [(f"{0:017x}",)]
+        finally:
+            shell.close()
+    finally:
+        store.close()
+
+
+def test_a_batch_is_all_or_nothing_and_a_refused_one_stays_pending(tmp_path: Path) -> None:
+    """Several records go in one transaction: a row SQLite refuses writes none of them, leaves
+    no transaction open, and keeps them all pending for the next flush."""
+    asyncio.run(_refused_batch(JobStore(tmp_path / "jobs.sqlite3")))
+
+
+async def _refused_batch(store: JobStore) -> None:
+    """On a loop, as in the daemon: the records wait for the flush instead of being written
+    as they are added."""
+    try:
+        good = JobRecord(id="a" * 17, task="noop", params={}, peer=Peer(uid=0))
+        bad = JobRecord(id="b" * 17, task="noop", params={}, peer=Peer(uid=0))
+        bad.created_at = None  # type: ignore[assignment]  # the jobs table's NOT NULL refuses it
+        store.add(good)
+        store.add(bad)
+        with pytest.raises(sqlite3.IntegrityError):
+            store.flush()
+        assert store._db is not None and not store._db.in_transaction
+        assert store._db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+        assert not store.committed(good.id)
+        bad.created_at = 1.0
+        assert set(store.flush()) == {good.id, bad.id}
+        assert store._db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 2
+    finally:
+        store.close()
