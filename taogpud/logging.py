@@ -115,8 +115,8 @@ class _State:
     journal: journal.JournalWriter | None = None  # set under journald: job events go there
     trace_file: int | None = None  # settings.json logging.file, opened for appending
     sink: StdoutSink | None = None  # set by configure()
-    sink_for: Any = None  # the sys.stdout it was made for: one put in its place (a test's
-    # capture) is written as it is
+    sink_for: Any = None  # the sys.stdout it was made for (stderr, once keep_stdout_for_lines
+    # put it there): one put in its place (a test's capture) is written as it is
 
 
 _state = _State()
@@ -146,6 +146,23 @@ def write_lines(data: bytes) -> None:
         sys.stdout.buffer.flush()
     except OSError:
         pass
+
+
+def keep_stdout_for_lines() -> None:
+    """From now on stdout carries the JSON lines alone: whatever else in this process prints
+    to sys.stdout (a library's print) goes to stderr, which the journal keeps too. The sink
+    goes on writing the descriptor it was made for, and children inherit it as it is.
+
+    Ray's driver prints what its raylet reports ("(raylet) A worker died ...") to sys.stdout,
+    from a thread of its own, while the loop writes its lines to the same descriptor: the
+    trace was mixed with text, and a line that goes out inside one is lost to every reader
+    (tests/test_ray_executor.py); a task's print in a worker did the same
+    (tests/test_stdout_lines.py). Call it once logging is configured (configure() made the
+    sink for the real stdout, and reads the journal's stream from it)."""
+    if _state.sink is None or sys.stdout is not _state.sink_for:
+        return  # unconfigured, or stdout already stood in for (a test's capture)
+    sys.stdout = sys.stderr
+    _state.sink_for = sys.stdout
 
 
 def write_failures() -> int:

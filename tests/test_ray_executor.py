@@ -32,7 +32,7 @@ from taogpud.config import diff, load, needs_restart
 from taogpud.config.ray import restart_only, serves_client_memory
 from taogpud.errors import ConfigError
 from taogpud.pool import shm
-from taogpud.testing import ClientProcess, Pair, write_pair
+from taogpud.testing import ClientProcess, Pair, wait_until, write_pair
 
 pytestmark = [
     pytest.mark.slow,  # a local Ray instance: tens of seconds to start
@@ -209,6 +209,29 @@ def test_killed_actor_is_replaced_and_no_job_is_lost(ray_daemon: RunningDaemon) 
     assert worker["state"] == "warm" and worker["restarts"] == 1 and worker["pid"] != pid
     lost = ray_daemon.wait_for_event(lambda e: e.get("event") == "worker.lost")
     assert lost["device"] == "cpu:0" and lost["jobs_lost"] == 2
+
+
+@needs_ray
+def test_stdout_holds_only_the_trace_when_ray_has_something_to_say(
+    ray_daemon: RunningDaemon,
+) -> None:
+    """Ray's driver prints what its raylet reports ("(raylet) A worker died ...") to sys.stdout,
+    from a thread of its own, while the daemon writes its JSON lines to the same descriptor:
+    the trace was mixed with text, and a line written into the middle of one is lost to every
+    reader (the likeliest way a worker.lost line went missing, once, in a full run). stdout is
+    the JSON lines' alone: Ray's word goes to stderr, which the journal keeps as well."""
+    with ray_daemon.client() as client:
+        job = client.submit("sleep", {"ms": 3000}, device=1)
+        os.kill(ray_daemon.wait_running(job["id"])["worker_pid"], signal.SIGKILL)
+        assert client.wait(job["id"], 60)["error"]["code"] == "worker_crashed"
+        wait_until(lambda: "(raylet)" in ray_daemon.stderr(), "Ray's word on stderr", 30)
+        wait_until(lambda: _warm(client, 1), "the actor for cpu:1 warm again", 60)
+    text = [line for line in ray_daemon.stdout_text().splitlines() if line[:1] != "{"]
+    assert text == []
+
+
+def _warm(client: Client, index: int) -> bool:
+    return any(w["index"] == index and w["state"] == "warm" for w in client.status()["workers"])
 
 
 @needs_ray

@@ -418,6 +418,7 @@ def _run(daemon: Daemon, notifier: systemd.Notifier) -> int:
 def _configure_logging(snapshot: config.ConfigSnapshot) -> str | None:
     """Logging as settings.json says; why its trace file cannot be written, else None."""
     tlog.configure(snapshot.settings.logging.level, snapshot.settings.logging.request_trace)
+    tlog.keep_stdout_for_lines()  # a library's print goes to stderr, never among the lines
     if unusable := tlog.set_trace_file(snapshot.settings.logging.file):
         return f"settings.json logging.file cannot be written: {unusable}"
     return None

@@ -28,6 +28,7 @@ def worker_main(spec: WorkerSpec, control: Connection, slots: list[Connection]) 
     from taogpud.tasks.warmup import backend_for, warm
 
     tlog.configure()
+    tlog.keep_stdout_for_lines()  # a task's print goes to stderr, never among the JSON lines
     log = tlog.get_logger("taogpud.worker").bind(pid=os.getpid(), device_index=spec.index)
     backend = backend_for(spec)
     try:
