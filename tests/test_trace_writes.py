@@ -58,9 +58,13 @@ def test_flush_writes_what_is_pending_at_once(writes: list[bytes]) -> None:
     assert len(writes) == 1
 
 
-def test_lines_left_by_a_loop_that_ended_are_written_by_the_next(writes: list[bytes]) -> None:
+def test_lines_left_by_a_loop_that_ended_are_written_by_the_next(
+    writes: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A loop that ends before its timer fires (a test's asyncio.run) leaves its lines
-    pending: the next loop's first deferred line schedules their write."""
+    pending: the next loop's first deferred line schedules their write. (The first loop's
+    timer is a minute long: asyncio.run's own shutdown runs the loop, and on a busy host it
+    outlived the 1 ms timer, which then wrote the lines.)"""
 
     async def ends_at_once() -> None:
         trace.deferred("info", "job.queued", job_id="j3")
@@ -69,8 +73,11 @@ def test_lines_left_by_a_loop_that_ended_are_written_by_the_next(writes: list[by
         trace.deferred("info", "job.running", job_id="j3")
         await asyncio.sleep(trace.FLUSH_AFTER_S * 5)
 
+    flush_after_s = trace.FLUSH_AFTER_S
+    monkeypatch.setattr(trace, "FLUSH_AFTER_S", 60.0)
     asyncio.run(ends_at_once())
     assert writes == []
+    monkeypatch.setattr(trace, "FLUSH_AFTER_S", flush_after_s)
     asyncio.run(the_next())
     assert [orjson.loads(line)["event"] for line in writes[0].splitlines()] == [
         "job.queued",
