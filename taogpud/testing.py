@@ -206,7 +206,13 @@ def taogpuctl(
 
 def parse_trace(text: str) -> list[dict[str, Any]]:
     """The JSON lines of a daemon's stdout, parsed (anything else is skipped)."""
-    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in whole_lines(text).splitlines() if line.startswith("{")]
+
+
+def whole_lines(text: str) -> str:
+    """`text` up to its last newline. A file the daemon is writing can be read in the middle
+    of a write, so its last line may not be whole yet; it will be at the next read."""
+    return text[: text.rfind("\n") + 1]
 
 
 def most_running(events: Iterable[Mapping[str, Any]]) -> int:
@@ -269,9 +275,14 @@ class RunningDaemon:
 
     def events(self, event: str | None = None) -> list[dict[str, Any]]:
         """Every JSON line the daemon (and its workers) wrote to stdout, parsed."""
-        self._trace_barrier()
-        records = parse_trace(self.log_path.read_text())
+        records = parse_trace(self.stdout_text())
         return [r for r in records if event is None or r.get("event") == event]
+
+    def stdout_text(self) -> str:
+        """The daemon's stdout as written so far, raw and in whole lines, every line deferred
+        before now in it."""
+        self._trace_barrier()
+        return whole_lines(self.log_path.read_text())
 
     def _trace_barrier(self) -> None:
         """Job and request lines are written just after the daemon's current loop callback

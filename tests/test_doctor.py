@@ -56,7 +56,7 @@ def assert_no_key(daemon: RunningDaemon, *results: subprocess.CompletedProcess[s
     """The key is in no CLI output and in none of the daemon's stdout or stderr."""
     for result in results:
         assert KEY not in result.stdout and KEY not in result.stderr
-    assert KEY not in daemon.log_path.read_text()
+    assert KEY not in daemon.stdout_text()
     assert KEY not in daemon.stderr()
 
 
@@ -238,7 +238,7 @@ def test_doctor_key_only_in_the_shell_is_the_guides_pitfall(
     assert "does not inherit" in checks["shell_env"]["detail"]
     assert checks["api_channel"]["status"] == "fail"
     assert checks["api_channel"]["detail"].startswith("no_key:")
-    assert KEY not in daemon.log_path.read_text()
+    assert KEY not in daemon.stdout_text()
 
 
 def test_doctor_without_a_daemon_still_reports(tmp_path: Path) -> None:

@@ -175,3 +175,14 @@ def test_children_run_the_code_the_harness_imported(monkeypatch: pytest.MonkeyPa
         cwd="/", env=testing.ctl_env(), capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert Path(done.stdout.strip()) == Path(testing.__file__).with_name("__init__.py")
+
+
+def test_a_line_still_being_written_is_not_read_yet(tmp_path: Path) -> None:
+    """The daemon writes its stdout while a test reads it, so a read can end inside a line (a
+    CI run read `{"method":"GET",...,"event":"api.request` and failed on its JSON). Only whole
+    lines are read: the rest is there at the next read."""
+    written = '{"event":"job.succeeded"}\n{"method":"GET","event":"api.req'
+    assert testing.parse_trace(written) == [{"event": "job.succeeded"}]
+    assert testing.whole_lines(written) == '{"event":"job.succeeded"}\n'
+    assert testing.whole_lines(written + 'uest"}\n') == written + 'uest"}\n'
+    assert testing.whole_lines("") == ""
