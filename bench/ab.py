@@ -1,15 +1,17 @@
 """A/B of the tiny-job dispatch: two source trees of taogpud, alternating, in one run.
 
-    python -m bench.ab BASE_TREE NEW_TREE [--rounds 2] [--peers] [--repeats 3] [--out FILE]
+    python -m bench.ab BASE NEW [--rounds 2] [--peers] [--data] [--repeats 3] [--out FILE]
 
 Each round measures the base tree, then the new one, each in a process of its own with that
 tree first on PYTHONPATH, so the daemon it starts runs that tree's code (this script drives
 both): tiny-job p50 and jobs/s with 1 client, jobs/s with 8, and the daemon's and workers'
 CPU per job under the 8-client load (user + system time from /proc). With --peers, Ray's
 warm actor and dask run once, after the first round, so the rows have neighbours in time,
-and the targets of bench/targets.py are judged on the new tree's rows. --out writes the
-tables as markdown. On a shared host only numbers within one run compare; this is how each
-change in docs/performance.md was judged.
+and the targets of bench/targets.py are judged on the new tree's rows. With --data, each
+tree's daemon also moves a 512 MiB array up and down (upload_array, download_output, the
+better of two), after its CPU counts, so one run holds both trees' data path beside their
+dispatch. --out writes the tables as markdown. On a shared host only numbers within one
+run compare; this is how each change in docs/performance.md was judged.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent.parent
 
 Numbers = dict[str, Any]
+DATA_MIB, DATA_REPEATS = 512, 2
 
 
-def one_tree(repeats: int) -> Numbers:
+def one_tree(repeats: int, data: bool = False) -> Numbers:
     """Measure the tree this process imports taogpud from: every repeat's figures."""
     from bench.daemon_under_test import running
     from bench.dispatch import CLIENTS, plans
@@ -48,6 +51,7 @@ def one_tree(repeats: int) -> Numbers:
         before = cpu_s(pid), sum(map(cpu_s, workers))
         concurrent = in_processes(open_caller, [(path,)] * CLIENTS, many)
         after = cpu_s(pid), sum(map(cpu_s, workers))
+        moved = data_path(path) if data else {}
     jobs = sum(len(run.latencies_s) for run in concurrent)
     return {
         "p50_ms": [run.p50_ms for run in seq],
@@ -55,6 +59,19 @@ def one_tree(repeats: int) -> Numbers:
         "many_jobs_per_s": [run.jobs_per_s for run in concurrent],
         "daemon_us_per_job": (after[0] - before[0]) / jobs * 1e6,
         "workers_us_per_job": (after[1] - before[1]) / jobs * 1e6,
+        **moved,
+    }
+
+
+def data_path(socket_path: str) -> Numbers:
+    """DATA_MIB MiB through this tree's daemon, in GiB/s, the better of DATA_REPEATS: its own
+    bench/datapath.py measures, whose names have not changed since before issue 18."""
+    from bench import datapath
+
+    (result,) = datapath.measure(socket_path, [DATA_MIB], DATA_REPEATS)
+    return {
+        "upload_gib_s": result.gib_per_s[datapath.UPLOAD_ARRAY].high,
+        "download_gib_s": result.gib_per_s[datapath.DOWNLOAD].high,
     }
 
 
@@ -86,7 +103,7 @@ def _spread_values(spread: Any) -> list[float]:
     return [spread.median, spread.low, spread.high]
 
 
-def _measure_in(tree: Path, what: str, repeats: int) -> Any:
+def _measure_in(tree: Path, what: str, repeats: int, data: bool = False) -> Any:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     command = [
         sys.executable,
@@ -94,6 +111,7 @@ def _measure_in(tree: Path, what: str, repeats: int) -> Any:
         f"--{what}",
         "--repeats",
         str(repeats),
+        *(["--data"] if data else []),
     ]
     done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -145,6 +163,7 @@ def markdown(rounds: list[Numbers], found_peers: dict[str, Numbers] | None, star
             f"{_median(entry['many_jobs_per_s']):,.0f} | {entry['daemon_us_per_job']:,.0f} | "
             f"{entry['workers_us_per_job']:,.0f} |"
         )
+    lines += _data_table(rounds)
     if not found_peers:
         return "\n".join(lines) + "\n"
     lines += ["", "| peer, the same run | p50 ms | 1 client jobs/s | 8 clients jobs/s |"]
@@ -163,18 +182,37 @@ def markdown(rounds: list[Numbers], found_peers: dict[str, Numbers] | None, star
     return "\n".join(lines) + "\n"
 
 
+def _data_table(rounds: list[Numbers]) -> list[str]:
+    """The data path's rows, when the run measured it (--data)."""
+    if not rounds or not all("upload_gib_s" in entry for entry in rounds):
+        return []
+    lines = [
+        "",
+        f"| round | tree | {DATA_MIB} MiB upload_array, GiB/s | "
+        f"{DATA_MIB} MiB download_output, GiB/s |",
+        "|---|---|---:|---:|",
+    ]
+    for entry in rounds:
+        lines.append(
+            f"| {entry['round']} | {entry['tree']} | {entry['upload_gib_s']:.2f} | "
+            f"{entry['download_gib_s']:.2f} |"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("trees", nargs="*", type=Path)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--peers", action="store_true", help="Ray's warm actor and dask too")
+    parser.add_argument("--data", action="store_true", help=f"{DATA_MIB} MiB up and down too")
     parser.add_argument("--out", type=Path, help="write the tables here as markdown")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--peers-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_tree(args.repeats)))
+        print(json.dumps(one_tree(args.repeats, args.data)))
         return
     if args.peers_only:
         print(json.dumps(peers(args.repeats)))
@@ -185,7 +223,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for label, tree in zip(("base", "new"), args.trees, strict=True):
             load = _load()
-            result = _measure_in(tree.resolve(), "one", args.repeats)
+            result = _measure_in(tree.resolve(), "one", args.repeats, args.data)
             rounds.append({"round": round_ + 1, "tree": label, "load": load, **result})
             print(json.dumps(rounds[-1]), flush=True)
         if args.peers and round_ == 0:
