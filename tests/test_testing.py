@@ -177,7 +177,7 @@ def test_children_run_the_code_the_harness_imported(monkeypatch: pytest.MonkeyPa
     assert Path(done.stdout.strip()) == Path(testing.__file__).with_name("__init__.py")
 
 
-def test_a_line_still_being_written_is_not_read_yet(tmp_path: Path) -> None:
+def test_a_line_still_being_written_is_not_read_yet() -> None:
     """The daemon writes its stdout while a test reads it, so a read can end inside a line (a
     CI run read `{"method":"GET",...,"event":"api.request` and failed on its JSON). Only whole
     lines are read: the rest is there at the next read."""
