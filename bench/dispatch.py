@@ -7,9 +7,9 @@ taogpud runs as a real daemon reached through its socket, as in the tests.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.daemon_under_test import ROUND_ROBIN, running
 from bench.load import Plan, isolated
@@ -22,7 +22,9 @@ from bench.peers import (
     taogpuctl,
     taogpud_client,
 )
-from bench.stats import DispatchRow
+from bench.stats import DispatchRow, pool_rounds
+
+T = TypeVar("T")
 
 CLIENTS = 8
 QUICK_DIVISOR = 5
@@ -46,8 +48,12 @@ ROUND_ROBIN_NAME = "taogpud, Python client, round_robin (A/B)"
 @dataclass
 class DispatchResult:
     rows: list[DispatchRow] = field(default_factory=list)
-    breakdown: dict[str, float] = field(default_factory=dict)  # from the daemon's traces
+    breakdown: dict[str, float] = field(default_factory=dict)  # the first round's daemon's traces
     peer_footprints: dict[str, dict[str, float]] = field(default_factory=dict)  # start, RSS
+
+
+# One system's part of a round: its rows (1 client and 8), each over one repeat.
+Measure = Callable[[DispatchResult, bool], list[DispatchRow]]
 
 
 def plans(kind: str, repeats: int, quick: bool) -> tuple[Plan, Plan]:
@@ -60,25 +66,39 @@ def plans(kind: str, repeats: int, quick: bool) -> tuple[Plan, Plan]:
 
 
 def measure(repeats: int, quick: bool) -> DispatchResult:
+    """`repeats` rounds: in each, every system runs once, in turn, the order reversed every
+    other round; each row is then pooled over the rounds, a round's number one repeat.
+
+    The targets are ratios of two systems (taogpud's p50 against Ray's warm actor's, ...),
+    and this host is shared: measured all repeats at a time, the systems ran minutes apart,
+    and a host that grew busier in between slowed one side of a ratio only. In rounds, each
+    system meets the same stretches of the run (and each round starts every system anew)."""
     result = DispatchResult()
-    _peer(result, "bare asyncio echo", echo.measure, plans("echo", repeats, quick))
-    _taogpud(result, repeats, quick)
-    _peer(result, process_pool.NAME, process_pool.measure, plans("pool", repeats, quick))
-    _peer(result, "process per job", process_per_job.measure, plans("per_job", repeats, quick))
-    _peer(result, dask_local.NAME, dask_local.measure, plans("dask", repeats, quick))
-    _peer(result, "Ray local", ray_local.measure, plans("ray", repeats, quick))
+    rounds = []
+    for number in range(repeats):
+        print(f"-- round {number + 1} of {repeats}", flush=True)
+        rounds.append(
+            [row for system in round_order(SYSTEMS, number) for row in system(result, quick)]
+        )
+    result.rows = pool_rounds(rounds)
     return result
 
 
-def _taogpud(result: DispatchResult, repeats: int, quick: bool) -> None:
-    one, many = plans("taogpud", repeats, quick)
+def round_order(systems: Sequence[T], number: int) -> list[T]:
+    """The systems in round `number`'s order: as listed, then reversed, and so on, so that
+    over two rounds each system stands as far from the start as any other."""
+    return list(systems) if number % 2 == 0 else list(reversed(systems))
+
+
+def _taogpud(result: DispatchResult, quick: bool) -> list[DispatchRow]:
+    one, many = plans("taogpud", 1, quick)
     with running() as daemon:
-        rows, result.breakdown = taogpud_client.measure(daemon, one, CLIENTS, many)
-        result.rows += rows
-        print(*(_line(row) for row in rows), sep="\n", flush=True)
-        cli_one, cli_many = plans("taogpuctl", repeats, quick)
+        rows, breakdown = taogpud_client.measure(daemon, one, CLIENTS, many)
+        result.breakdown = result.breakdown or breakdown
+        _print(rows)
+        cli_one, cli_many = plans("taogpuctl", 1, quick)
         socket_path = str(daemon.socket_path)
-        _peer(
+        rows += _peer(
             result,
             taogpuctl.NAME,
             lambda: taogpuctl.measure(socket_path, cli_one, CLIENTS, cli_many),
@@ -88,9 +108,15 @@ def _taogpud(result: DispatchResult, repeats: int, quick: bool) -> None:
         (ROUND_ROBIN_NAME, None, ROUND_ROBIN),
     ):
         with running(settings, config) as daemon:
-            rows, _ = taogpud_client.measure(daemon, one, CLIENTS, many, name)
-        result.rows += rows
-        print(*(_line(row) for row in rows), sep="\n", flush=True)
+            variant, _ = taogpud_client.measure(daemon, one, CLIENTS, many, name)
+        _print(variant)
+        rows += variant
+    return rows
+
+
+def _isolated_peer(name: str, measure: Callable[..., Any], kind: str) -> Measure:
+    """A peer measured in a fresh spawned process, one repeat of its plans."""
+    return lambda result, quick: _peer(result, name, measure, plans(kind, 1, quick))
 
 
 def _peer(
@@ -98,7 +124,7 @@ def _peer(
     name: str,
     measure: Callable[..., Any],
     plan_pair: tuple[Plan, Plan] | None = None,
-) -> None:
+) -> list[DispatchRow]:
     """Measure one peer (isolated when it has plans); a failure becomes a row saying why."""
     try:
         if plan_pair is None:
@@ -108,13 +134,27 @@ def _peer(
     except Exception as exc:  # a missing extra, a cluster that would not start: say so, go on
         detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
         traceback.print_exc()
-        result.rows.append(DispatchRow(name, 1, error=detail))
-        return
+        return [DispatchRow(name, 1, error=detail)]
     rows, footprint = found if isinstance(found, tuple) else (found, None)
     if footprint is not None:
-        result.peer_footprints[name] = footprint
-    result.rows += rows
+        result.peer_footprints.setdefault(name, footprint)  # its first start
+    _print(rows)
+    return list(rows)
+
+
+def _print(rows: list[DispatchRow]) -> None:
     print(*(_line(row) for row in rows), sep="\n", flush=True)
+
+
+# A round, in its first order: the floor, taogpud, then the peers.
+SYSTEMS: list[Measure] = [
+    _isolated_peer("bare asyncio echo", echo.measure, "echo"),
+    _taogpud,
+    _isolated_peer(process_pool.NAME, process_pool.measure, "pool"),
+    _isolated_peer("process per job", process_per_job.measure, "per_job"),
+    _isolated_peer(dask_local.NAME, dask_local.measure, "dask"),
+    _isolated_peer("Ray local", ray_local.measure, "ray"),
+]
 
 
 def _line(row: DispatchRow) -> str:

@@ -66,7 +66,9 @@ def _header(facts: RunFacts) -> str:
         "",
         f"Measured {facts.when} on **{facts.host}**, by one run of `{facts.command}` "
         f"({facts.duration_s / 60:.1f} min): every number below comes from that run on that "
-        f"host. Each is the median of {facts.repeats} repeats, with the min–max in brackets.",
+        f"host. Each is the median of {facts.repeats} repeats, with the min–max in brackets. "
+        "In the dispatch table a repeat is a round: every system runs once a round, in turn, "
+        "the order reversed each round, so each meets the same stretches of a shared host.",
         "",
         f"Load average before the run: {facts.load_before}; after: {facts.load_after}. "
         "A busy host lowers every row, not only taogpud's; the ratios hold better than the "
@@ -181,7 +183,7 @@ def _footprint(footprint: Footprint | None, peers: dict[str, dict[str, float]]) 
             f"| {found['idle_rss_mib']:.0f} |"
         )
     if peers:
-        lines += ["", "Peers: one start each (in their dispatch run), so no min–max."]
+        lines += ["", "Peers: their first dispatch round's start, so no min–max."]
     return "\n".join(lines)
 
 

@@ -42,7 +42,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="fewer jobs, shorter profiles")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats per measurement (≥ 2)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="repeats per measurement (≥ 2); dispatch: rounds"
+    )
     args = parser.parse_args()
     # SIGTERM ends the run through its finally blocks: daemons, clusters and /dev/shm cleaned up.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

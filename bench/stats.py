@@ -88,3 +88,46 @@ class DispatchRow:
             Spread.of(run.p99_ms for run in runs),
             note,
         )
+
+
+def pool_rounds(rounds: list[list[DispatchRow]]) -> list[DispatchRow]:
+    """One row per system and client count from rows measured in rounds, in the order first
+    seen: each round's median is one repeat of the pooled row (its median, min and max).
+
+    A round in which a system could not be measured is named in the row's note and the
+    others still count; a system never measured keeps its first error row."""
+    by_key: dict[tuple[str, int], list[DispatchRow]] = {}
+    for measured in rounds:
+        for row in measured:
+            by_key.setdefault((row.system, row.clients), []).append(row)
+    return [_pooled(rows, len(rounds)) for rows in by_key.values()]
+
+
+def _pooled(rows: list[DispatchRow], rounds: int) -> DispatchRow:
+    measured = [row for row in rows if _measured(row)]
+    if not measured:
+        return rows[0]
+    first, note = measured[0], measured[0].note
+    if len(measured) < rounds:
+        errors = [row.error for row in rows if not _measured(row) and row.error]
+        missing = f"{rounds - len(measured)} of {rounds} rounds not measured"
+        missing += f": {errors[0]}" if errors else ""
+        note = f"{note}; {missing}" if note else missing
+    return DispatchRow(
+        first.system,
+        first.clients,
+        first.jobs,
+        _medians(row.jobs_per_s for row in measured),
+        _medians(row.p50_ms for row in measured),
+        _medians(row.p99_ms for row in measured),
+        note,
+    )
+
+
+def _measured(row: DispatchRow) -> bool:
+    return not row.error and row.jobs_per_s is not None and row.p50_ms is not None
+
+
+def _medians(spreads: Iterable[Spread | None]) -> Spread | None:
+    medians = [spread.median for spread in spreads if spread is not None]
+    return Spread.of(medians) if medians else None
