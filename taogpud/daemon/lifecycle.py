@@ -29,7 +29,7 @@ from pathlib import Path
 
 import uvicorn
 
-from taogpud import __version__, config, systemd, trace
+from taogpud import __version__, config, heap, systemd, trace
 from taogpud import logging as tlog
 from taogpud.api import protocol
 from taogpud.api.app import create_app
@@ -108,8 +108,11 @@ class Daemon:
             loop.create_task(coroutine)
             for coroutine in (_heartbeat(self.notifier, state), _housekeeping(state))
         ]
+        frozen = heap.freeze_start_up()  # every worker is warm and the app built
         state.status.phase = Phase.ready
-        log.info("daemon.ready", socket=str(self.socket_path), **_summary(state))
+        log.info(
+            "daemon.ready", socket=str(self.socket_path), frozen_objects=frozen, **_summary(state)
+        )
         self.notifier.ready(state.status_line())
         await self._stop_requested.wait()
         self._stop_watching.set()

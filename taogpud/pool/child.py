@@ -13,6 +13,7 @@ import signal
 import threading
 from multiprocessing.connection import Connection
 
+from taogpud import heap
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
 from taogpud.backends.cpu import blas_thread_env
 from taogpud.pool import pinning
@@ -76,7 +77,8 @@ class Runner:
         ]
         for thread in threads:
             thread.start()
-        self.send(self.control, msg.Warm(self.info, os.getpid()))
+        frozen = heap.freeze_start_up()  # warm: the backend and every task ran once
+        self.send(self.control, msg.Warm(self.info, os.getpid(), frozen))
         while not isinstance(order := _receive(self.control), msg.Stop):
             self._handle(order)
         for thread in threads:  # each reads Stop on its own pipe after the jobs sent before it

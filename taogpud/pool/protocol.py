@@ -69,6 +69,7 @@ class Stop:
 class Warm:
     info: DeviceInfo
     pid: int
+    frozen_objects: int = 0  # start-up's objects the worker froze out of GC scans (heap.py)
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,13 @@ class WorkerPool:
         if isinstance(message, msg.JobFinished):
             self._told.on_job_finished(worker, message)
         elif isinstance(message, msg.Warm):
-            log.info("worker.warm", device=worker.label, pid=message.pid, **_warm_fields(worker))
+            log.info(
+                "worker.warm",
+                device=worker.label,
+                pid=message.pid,
+                frozen_objects=message.frozen_objects,
+                **_warm_fields(worker),
+            )
             if worker.restarts:  # a respawn; a rolled worker is announced by _replace
                 self._told.on_worker_warm(worker)
 
