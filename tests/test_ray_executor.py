@@ -137,6 +137,14 @@ def test_jobs_run_on_both_actors_and_traces_name_the_node(ray_daemon: RunningDae
 
 
 @needs_ray
+def test_each_actor_freezes_what_its_warm_up_made(ray_daemon: RunningDaemon) -> None:
+    """As a local worker does (tests/test_heap.py): start-up's objects out of GC scans."""
+    warm = ray_daemon.events("worker.warm")
+    assert {line["device"] for line in warm} == {"cpu:0", "cpu:1"}
+    assert all(line["frozen_objects"] >= 10_000 for line in warm), warm
+
+
+@needs_ray
 def test_cap_and_affinity_hold_on_actors(ray_daemon: RunningDaemon) -> None:
     """max_concurrent_tasks=3 over 4 actor slots: never more than 3 at once; each affinity key
     stays on the actor it first landed on."""

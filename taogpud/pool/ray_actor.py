@@ -30,6 +30,7 @@ from typing import Any
 
 import ray
 
+from taogpud import heap
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
 from taogpud.pool import pinning
 from taogpud.pool import protocol as msg
@@ -53,10 +54,13 @@ class WorkerActor:
         self._cancels = Cancels()
         self._slot_numbers = itertools.count()
         self._local = threading.local()
+        self.frozen_objects = 0  # start-up's objects frozen out of GC scans, once warm
         try:
             self._warm()
         except Exception as exc:  # reported, not raised: the pool decides, as for a process
             self.failure = f"{type(exc).__name__}: {exc}"
+        else:
+            self.frozen_objects = heap.freeze_start_up()  # as a local worker (pool/child.py)
 
     def _warm(self) -> None:
         from taogpud.tasks.warmup import backend_for, warm
@@ -80,9 +84,9 @@ class WorkerActor:
             info, device=device, index=self.spec.index, extra={**info.extra, **node}
         )
 
-    def warm_info(self) -> tuple[DeviceInfo | None, int, str | None]:
-        """(info, pid, failure): what the Warm / WarmFailed messages carry for a process."""
-        return self.info, os.getpid(), self.failure
+    def warm_info(self) -> tuple[DeviceInfo | None, int, str | None, int]:
+        """(info, pid, failure, frozen objects): what Warm / WarmFailed carry for a process."""
+        return self.info, os.getpid(), self.failure, self.frozen_objects
 
     def run(
         self, order: msg.RunJob, inputs: dict[str, ray.ObjectRef[Any]]

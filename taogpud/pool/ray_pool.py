@@ -259,12 +259,13 @@ class RayWorkerPool:
         worker.state, worker.info, worker.warm_failure = WorkerState.starting, None, None
         worker.actor = self._new_actor(worker)
         try:
-            info, pid, failure = await wait_ref(worker.actor.warm_info.remote(), timeout_s)
+            info, pid, failure, frozen = await wait_ref(worker.actor.warm_info.remote(), timeout_s)
         except TimeoutError:
             failure = f"not placed and warm within {timeout_s:g} s ({self._pending_reason()})"
-            info, pid = None, None
+            info, pid, frozen = None, None, 0
         except RayError as exc:
-            failure, info, pid = f"the actor died while warming: {first_line(exc)}", None, None
+            failure = f"the actor died while warming: {first_line(exc)}"
+            info, pid, frozen = None, None, 0
         if failure or info is None:
             worker.warm_failure = failure
             worker.kill()
@@ -277,6 +278,7 @@ class RayWorkerPool:
             "worker.warm",
             device=worker.label,
             pid=pid,
+            frozen_objects=frozen,
             backend=info.backend,
             warmup_ms=round(info.warmup_ms, 1),
             name=info.name,
