@@ -5,7 +5,7 @@ A full collection walks every object the collector tracks. The daemon's imports 
 alone are about 85,000, alive as long as the process; walking them took 57 ms on the 2-core
 test host, a pause that every job in flight waited through, every few thousand jobs. How
 long the pauses were is the bench's to say (docs/performance.md); here, that the freeze
-happened, in every process that serves jobs, and that start-up's garbage went first.
+happened, in every process that serves jobs.
 """
 
 from __future__ import annotations
