@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import functools
 import shutil
 import time
@@ -162,7 +163,7 @@ class Scheduler:
         self.store.add(job)
         self.jobs_total += 1
         self.arrays.pin(list(job.inputs.values()))
-        trace.job_event(job)
+        self._trace(job)
         if worker is not None:
             self._mark_started(job, worker, sent_at)
         else:
@@ -271,6 +272,10 @@ class Scheduler:
             job.error, job.finished_at = error, time.time()
         return True
 
+    def _trace(self, job: JobRecord) -> None:
+        """The job's trace line as it stands, written once the store has committed it."""
+        self.store.after_commit(job.id, trace.job_line(job))
+
     def _dequeue(self, job_id: str) -> None:
         if job_id in self._queued_ids:
             self._queued_ids.discard(job_id)
@@ -291,6 +296,7 @@ class Scheduler:
         if not self._queue:
             return  # every job's finish calls this; most often nothing waits
         index, devices, rules = 0, self._devices(), self.policy.rules
+        starts: list[tuple[JobRecord, Worker, dict[str, Any]]] = []
         while index < len(self._queue) and placement.has_capacity(
             devices, self.running_total, rules
         ):
@@ -299,8 +305,15 @@ class Scheduler:
             if worker is None:
                 index += 1
                 continue
-            self._start(job, worker)  # moves the job out of the queue, running or failed
+            inputs = self._input_refs(job)  # moves the job out of the queue, failed if None
+            if inputs is not None:
+                self._mark_started(job, worker, time.time())
+                starts.append((job, worker, inputs))
             devices = self._devices()  # that worker's load changed
+        if starts:
+            self._commit_starts()
+        for job, worker, inputs in starts:
+            self._send(worker, job.id, job.task, job.params, job.keep_outputs, inputs)
 
     def _place(self, wanted: placement.Job, devices: list[placement.Device]) -> Worker | None:
         """Where a job starts now (placement.place decides), or None: it waits."""
@@ -330,12 +343,15 @@ class Scheduler:
         self.policy = policy
         self.dispatch()
 
-    def _start(self, job: JobRecord, worker: Worker) -> None:
-        inputs = self._input_refs(job)
-        if inputs is None:
-            return
-        sent_at = self._send(worker, job.id, job.task, job.params, job.keep_outputs, inputs)
-        self._mark_started(job, worker, sent_at)
+    def _commit_starts(self) -> None:
+        """Commit the jobs dispatch() starts before their orders leave: a kill -9 after an
+        order finds its job running (interrupted, or retried as it allows, its attempt
+        counted), never queued to run again. On a full disk the orders leave uncommitted:
+        the store keeps them pending and says so (store.write_failed); holding every
+        accepted job until space returns would stop the host's work for a fault it already
+        reports, and only a crash before the disk frees could run one of them again."""
+        with contextlib.suppress(StateDiskFull):
+            self.store.flush()
 
     def _send(
         self,
@@ -346,9 +362,11 @@ class Scheduler:
         keep_outputs: bool,
         inputs: dict[str, Any],
     ) -> float:
-        """The order to the worker. Its result is read in a later callback of the loop, after
-        _mark_started: sending first lets the worker run while the daemon notes the start
-        (15–20 µs of a tiny job's round trip in an A/B of bench/run.py's dispatch)."""
+        """The order to the worker; its result is read in a later callback of the loop. At
+        submit the order leaves before the daemon notes the start (15–20 µs of a tiny job's
+        round trip in an A/B of bench/run.py's dispatch): the job is not accepted until the
+        API's commit, so a crash in between leaves no job to run again. From the queue,
+        dispatch() commits the start first (_commit_starts)."""
         output_dir = str(self.outputs_dir / job_id) if keep_outputs else None
         regions = self._regions.get(job_id)
         output_region = regions.output if regions is not None else None
@@ -362,7 +380,7 @@ class Scheduler:
         if job.timeout_s:
             handle = asyncio.get_running_loop().call_later(job.timeout_s, self.time_out, job.id)
             self._timers[job.id] = handle
-        trace.job_event(job)
+        self._trace(job)
 
     def _input_refs(self, job: JobRecord) -> dict[str, Any] | None:
         """The job's input arrays; None (and the job failed) when one is gone."""
@@ -543,7 +561,7 @@ class Scheduler:
             regions.release()  # the client's memory is the daemon's to close once no job names it
         self.finished_counts[(job.task, job.backend or "none", state.value)] += 1
         self.job_times.observe(job)
-        trace.job_event(job)
+        self._trace(job)
 
     # -- stopping -------------------------------------------------------------------------
 

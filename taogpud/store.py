@@ -19,6 +19,9 @@ A commit that fails (ENOSPC, EIO) keeps every pending record pending: they are w
 by the next commit that succeeds (retried every WRITE_RETRY_S), and meanwhile
 `check_writable` refuses new jobs with StateDiskFull (507), naming the state directory
 and the space left on it.
+
+What tells of a job's change waits for the commit that holds it (after_commit): its trace
+line, so that the trace never runs ahead of what a restart finds.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ class JobStore:
         self._finished_in_memory = 0
         self._dirty: dict[str, JobRecord] = {}  # written at the next flush
         self._unwritten: set[str] = set()  # added, not yet in any commit
+        # (job id, callback) to call once the pending changes are committed (after_commit)
+        self._after_commit: list[tuple[str, Callable[[], None]]] = []
         self._flush_timer: asyncio.TimerHandle | None = None
         self.write_failure: str | None = None  # why the last commit failed; None once one works
         self.damaged_at_start = False
@@ -107,6 +112,7 @@ class JobStore:
         self._dirty.pop(job_id, None)
         self._unwritten.discard(job_id)
         self._when_finished.pop(job_id, None)
+        self._after_commit = [entry for entry in self._after_commit if entry[0] != job_id]
         event = self._done.pop(job_id, None)
         if event is not None:
             if event.is_set():
@@ -124,6 +130,16 @@ class JobStore:
 
     def save(self, job: JobRecord) -> None:
         self._write(job)
+
+    def after_commit(self, job_id: str, callback: Callable[[], None]) -> None:
+        """Have `callback` called once a commit holds every change written so far: at once
+        when none is pending (or the store is in memory only), else right after the next
+        commit that succeeds; never if the job is discarded first. What tells of a job's
+        change (its trace line) waits on this."""
+        if self._db is None or not self._dirty:
+            callback()
+        else:
+            self._after_commit.append((job_id, callback))
 
     def mark_finished(self, job: JobRecord) -> None:
         """Write the final record and wake every waiter; forget the oldest in memory."""
@@ -270,6 +286,7 @@ class JobStore:
             self.flush()
         except StateDiskFull as exc:
             log.error("store.unwritten_at_stop", records=len(self._dirty), error=exc.message)
+            self._committed()  # the trace keeps what happened; the line above says it is lost
         if self._wal is not None:
             self._wal.close()
             self._wal = None
@@ -309,6 +326,7 @@ class JobStore:
             self._flush_timer.cancel()
             self._flush_timer = None
         if self._db is None or not self._dirty:
+            self._committed()
             return {}
         rows = [
             (job.id, job.status.value, job.created_at, job.finished_at, job.model_dump_json())
@@ -327,7 +345,14 @@ class JobStore:
         if self.write_failure is not None:
             log.warning("store.writable_again", pending_written=len(rows))
             self.write_failure = None
+        self._committed()
         return {row[0]: row[4] for row in rows}
+
+    def _committed(self) -> None:
+        """Everything written is in a commit: call what waited for it, in order."""
+        callbacks, self._after_commit = self._after_commit, []
+        for _, callback in callbacks:
+            callback()
 
     def _write_failed(self, exc: sqlite3.OperationalError) -> StateDiskFull:
         """Note the failure, have the pending records tried again, and say what is wrong."""

@@ -3,6 +3,11 @@
 A job that ran on the CPU because CUDA could not start is logged at WARNING with
 its fallback reason, every time: a fallback is never silent.
 
+A job's line goes out only once the job store has committed the change it tells (the
+scheduler hands it to JobStore.after_commit, with its fields and timestamp taken at the
+change). A kill -9 between a change and its commit loses the line with the change: the
+trace never says a job succeeded that a restart finds running and marks interrupted.
+
 Lines are written within FLUSH_AFTER_S of their event, together, never inside the callback
 that made them: the fields and the timestamp are taken when the state changes; only the
 rendering and the write wait, or less: when the API has answered the last request it held
@@ -20,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -61,11 +68,16 @@ def job_fields(job: JobRecord) -> dict[str, Any]:
     return fields
 
 
-def job_event(job: JobRecord) -> None:
+def job_line(job: JobRecord) -> Callable[[], None]:
+    """The job's line as it stands now (its fields and timestamp taken here), logged when
+    called: the scheduler has the store call it once a commit holds the change it tells
+    (JobStore.after_commit), so the trace never says what a restart would not find."""
     level = (
         "warning" if job.fallback or job.status in (JobState.failed, JobState.timed_out) else "info"
     )
-    deferred(level, f"job.{job.status.value}", **job_fields(job))
+    fields = job_fields(job)
+    fields["_at"] = time.time()
+    return functools.partial(_defer, level, f"job.{job.status.value}", fields)
 
 
 _pending: list[tuple[str, str, dict[str, Any]]] = []  # (level, event, fields), oldest first
@@ -92,6 +104,10 @@ def deferred(level: str, event: str, **fields: Any) -> None:
     """Log `event` within FLUSH_AFTER_S (now, outside a loop), in order with the other
     deferred lines; its timestamp is now."""
     fields["_at"] = time.time()
+    _defer(level, event, fields)
+
+
+def _defer(level: str, event: str, fields: dict[str, Any]) -> None:
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # a thread of its own, or a tool: nothing to wait for

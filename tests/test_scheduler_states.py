@@ -2,28 +2,36 @@
 over a fake pool (the only fake: workers that run nothing and report what a rule says).
 
 Rules: submit, start (placement, inside the scheduler), finish, worker crash, daemon crash
-and recovery, cancel, timeout, retry (after a crash), drain with late finishes, restart.
-After every step: each accepted id is in exactly one state and is where that state says
-(the run queue or one worker); no id is queued twice; no job runs twice at once, nor more
-than max_retries + 1 times in all; running jobs stay within the caps; a finished job never
-changes again; no accepted job is lost across crashes.
+(kill -9 between any two steps: before or after the store's timer commits, before or after
+the trace's writes its lines) and recovery, cancel, timeout, retry (after a crash), drain
+with late finishes, restart. After every step: each accepted id is in exactly one state and
+is where that state says (the run queue or one worker); no id is queued twice; no job runs
+twice at once, nor more than max_retries + 1 times in all; running jobs stay within the
+caps; a finished job never changes again; no accepted job is lost across crashes; the trace
+says each job ended at most once, and as the store holds it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
+import sqlite3
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import structlog
+import structlog.testing
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from taogpud import store as store_module
+from taogpud import trace
 from taogpud.arrays import ArrayStore
 from taogpud.backends.base import DeviceInfo, WorkerSpec
 from taogpud.errors import Draining, QueueFull
@@ -37,6 +45,7 @@ from taogpud.wire import JobRequest
 T = TypeVar("T")
 DEVICES, SLOTS, CAP, QUEUE_LIMIT = 2, 2, 3, 8
 PEER = Peer(pid=1, uid=0, gid=0)
+NEVER_S = 3600.0
 
 
 class FakeWorker:
@@ -119,19 +128,45 @@ class Incarnation:
         self.draining = False
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run one step inside the loop (timers and the store's flush need it), then commit,
-        as the 2 ms flush timer would: a crash comes between commits."""
+        """Run one step inside the loop (timers and the store's flush need it). What it wrote
+        is committed when the step commits itself (the API's commit before an answer, a
+        dispatch) or when a rule fires the store's timer: a crash can come between any two
+        steps, before or after a commit."""
 
         async def step() -> T:
-            result = fn(*args)
-            self.store.flush()
-            return result
+            return fn(*args)
 
         return self.loop.run_until_complete(step())
 
     def end(self) -> None:
-        self.store.close()
+        """A clean stop: the store commits what is pending, the trace writes what it holds."""
+        self.call(self.store.close)  # in the loop, as the daemon's run() closes it
+        self.call(trace.flush)
         self.loop.close()
+
+    def kill_9(self) -> None:
+        """What kill -9 leaves: the store's commits and the trace lines written. What was
+        pending in either is gone (the store's pending records are its own, dropped here)."""
+        self.store._dirty.clear()
+        with dropped_lines():
+            self.call(self.store.close)
+            self.call(trace.flush)
+        self.loop.close()
+
+
+@contextlib.contextmanager
+def dropped_lines() -> Iterator[None]:
+    """trace.flush() within renders nothing: the lines it held are lost, as with the process."""
+    processors = structlog.get_config()["processors"]
+
+    def drop(_logger: Any, _level: str, _event: Any) -> Any:
+        raise structlog.DropEvent
+
+    structlog.configure(processors=[drop])
+    try:
+        yield
+    finally:
+        structlog.configure(processors=processors)
 
 
 class JobStates(RuleBasedStateMachine):
@@ -142,9 +177,18 @@ class JobStates(RuleBasedStateMachine):
         self.accepted: dict[str, int] = {}  # id → max_retries, in the order of acceptance
         self.ended: dict[str, str] = {}  # id → the finished state first seen
         self.runs: Counter[str] = Counter()  # RunJob orders of every incarnation
+        self.lines = structlog.testing.LogCapture()  # the trace lines written, every incarnation
+        self._processors = structlog.get_config()["processors"]
+        structlog.configure(processors=[self.lines])
+        self._delays = store_module.FLUSH_DELAY_S, trace.FLUSH_AFTER_S
+        # The store's and the trace's timers fire when a rule says so, never by the clock:
+        # an example replays the same steps however long hypothesis takes between them.
+        store_module.FLUSH_DELAY_S = trace.FLUSH_AFTER_S = NEVER_S
 
     def teardown(self) -> None:
         self.daemon.end()
+        structlog.configure(processors=self._processors)
+        store_module.FLUSH_DELAY_S, trace.FLUSH_AFTER_S = self._delays
         shutil.rmtree(self.folder, ignore_errors=True)
 
     # -- rules --------------------------------------------------------------------------
@@ -208,10 +252,21 @@ class JobStates(RuleBasedStateMachine):
             self.daemon.call(self.daemon.scheduler.time_out, data.draw(st.sampled_from(running)))
 
     @rule()
+    def store_timer_fires(self) -> None:
+        """The store's flush timer (FLUSH_DELAY_S after a change): every pending change."""
+        self.daemon.call(self.daemon.store.flush)
+
+    @rule()
+    def trace_timer_fires(self) -> None:
+        """The trace's timer (or the API's idle moment): every line it holds is written."""
+        self.daemon.call(trace.flush)
+
+    @rule()
     def crash_daemon(self) -> None:
-        """kill -9: the workers die with it; the next start recovers what the store holds."""
+        """kill -9, between any two steps: the workers die with it, and whatever neither the
+        store nor the trace had written is gone; the next start recovers what the store holds."""
         self._count_runs()
-        self.daemon.end()
+        self.daemon.kill_9()
         self._start_again()
 
     @precondition(lambda self: not self.daemon.draining)
@@ -276,6 +331,20 @@ class JobStates(RuleBasedStateMachine):
             assert count <= self.accepted[job_id] + 1, f"{job_id} ran {count} times"
 
     @invariant()
+    def the_trace_says_each_job_ended_once_as_the_store_holds(self) -> None:
+        """A job's end is written to the trace only once the store holds it: a line never
+        says a job ended one way that a restart then finds unfinished, or ending another."""
+        ends: dict[str, list[str]] = {}
+        for line in self.lines.entries:
+            status = line.get("status")
+            if line["event"] == f"job.{status}" and JobState(status).finished:
+                ends.setdefault(line["job_id"], []).append(status)
+        for job_id, said in ends.items():
+            assert len(said) == 1, f"the trace says {job_id} ended {len(said)} times: {said}"
+            job = self.daemon.store.get(job_id)
+            assert job is not None and job.status.value == said[0], (job_id, said, job)
+
+    @invariant()
     def caps_hold(self) -> None:
         scheduler, workers = self.daemon.scheduler, self.daemon.pool.workers
         assert scheduler.running_total == sum(len(w.running) for w in workers)
@@ -284,19 +353,28 @@ class JobStates(RuleBasedStateMachine):
 
     @invariant()
     def a_finished_job_never_changes(self) -> None:
+        """Once a commit holds a job's end (what an answer or a restart can see), neither
+        memory nor a later commit says otherwise."""
+        committed = self._committed_states()
         for job_id in self.accepted:
             job = self.daemon.store.get(job_id)
             assert job is not None
             if job_id in self.ended:
                 assert job.status.value == self.ended[job_id], (job_id, self.ended[job_id], job)
-            elif job.status.finished:
-                self.ended[job_id] = job.status.value
+                assert committed[job_id] == self.ended[job_id], (job_id, committed[job_id])
+            elif JobState(committed.get(job_id, "queued")).finished:
+                self.ended[job_id] = committed[job_id]
+
+    def _committed_states(self) -> dict[str, str]:
+        """Each job's status as the store's commits hold it, read beside the store."""
+        with contextlib.closing(sqlite3.connect(self.folder / "jobs.sqlite3")) as db:
+            return dict(db.execute("SELECT id, status FROM jobs").fetchall())
 
 
 JobStates.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=100,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestJobStates = pytest.mark.slow(JobStates.TestCase)  # 3–16 s here, with the host's load
+TestJobStates = pytest.mark.slow(JobStates.TestCase)  # 3–25 s here, with the host's load
