@@ -4,6 +4,7 @@ a damaged store, a full disk, other users, idle connections and hostile requests
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import signal
@@ -20,6 +21,7 @@ import pytest
 from conftest import RunningDaemon, mounted_tmpfs, start_daemon
 
 from taogpud.client import Client
+from taogpud.errors import StateDiskFull
 from taogpud.jobs import JobRecord, JobState
 from taogpud.pool import shm
 from taogpud.store import JobStore
@@ -192,6 +194,44 @@ def small_state_dir(daemon_home: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs as the state directory, so outputs can run out of space."""
     with mounted_tmpfs(daemon_home / "small", 2) as mount:
         yield mount
+
+
+def test_what_waits_for_a_commit_waits_out_a_full_disk(small_state_dir: Path) -> None:
+    """after_commit: called once a commit holds the change, in order; while the disk refuses
+    commits, held (a trace line never tells of a change a restart would not find); never
+    for a job discarded meanwhile."""
+
+    async def scenario() -> tuple[list[str], list[str], list[str]]:
+        store = JobStore(small_state_dir / "jobs.sqlite3")
+        calls: list[str] = []
+        try:
+            first = JobRecord(id="first", task="noop", params={})
+            store.add(first)
+            store.after_commit(first.id, lambda: calls.append("first"))
+            before_the_commit = list(calls)
+            store.flush()
+            filler = small_state_dir / "filler"
+            with filler.open("wb") as out, contextlib.suppress(OSError):
+                while True:  # until the file system says ENOSPC
+                    out.write(b"\0" * 65536)
+                    out.flush()
+            for job_id in ("held", "discarded", "last"):
+                store.add(JobRecord(id=job_id, task="noop", params={"pad": "x" * 200_000}))
+                store.after_commit(job_id, lambda job_id=job_id: calls.append(job_id))
+            with pytest.raises(StateDiskFull):
+                store.flush()
+            while_full = list(calls)
+            store.discard("discarded")
+            filler.unlink()
+            store.flush()
+            return before_the_commit, while_full, calls
+        finally:
+            store.close()
+
+    before_the_commit, while_full, calls = asyncio.run(scenario())
+    assert before_the_commit == []
+    assert while_full == ["first"]
+    assert calls == ["first", "held", "last"]
 
 
 def test_no_space_for_outputs_fails_the_job_cleanly(
