@@ -1,9 +1,10 @@
 """The job store: every job the daemon accepted, in SQLite (WAL) under the state directory.
 
-A job is written before its id is returned (the API flushes before it answers),
-and again at each state change (within 2 ms, in one commit with its neighbours), so a
-restart — clean or `kill -9` — finds every accepted job: queued ones run, ones that
-were running are marked interrupted (or run again when they allow retries).
+A job is written before its id is returned, and again at each state change (within 2 ms,
+in one commit with its neighbours, and before any answer shows it: commit_before_answer),
+so a restart — clean or `kill -9` — finds every accepted job as a client last saw it:
+queued ones run, ones that were running are marked interrupted (or run again when they
+allow retries).
 Recent jobs are also kept in memory for reads; finished ones are bounded by count
 and age. WAL with synchronous=NORMAL survives a crash of the daemon at the cost
 of a few microseconds per write; only a power cut can lose the last commits. The WAL is
@@ -130,6 +131,13 @@ class JobStore:
 
     def save(self, job: JobRecord) -> None:
         self._write(job)
+
+    def commit_before_answer(self) -> None:
+        """Commit what is pending before an answer shows it: a client is never shown a state
+        (an end, a cancel) that a kill -9 just after would undo. A disk that refuses lets
+        the answer go, its records kept pending (reads are served on a full disk)."""
+        with contextlib.suppress(StateDiskFull):
+            self.flush()
 
     def after_commit(self, job_id: str, callback: Callable[[], None]) -> None:
         """Have `callback` called once a commit holds every change written so far: at once

@@ -67,6 +67,38 @@ def test_kill_9_under_load_loses_no_accepted_job(
     assert again.events("store.recovered")[0]["jobs"] <= 30 - len(said_succeeded)
 
 
+@pytest.mark.parametrize("answer", ["wait", "cancel", "compute"])
+def test_an_end_a_client_was_shown_is_what_a_restart_finds(
+    daemon_factory: Callable[..., RunningDaemon], answer: str
+) -> None:
+    """kill -9 the moment an answer shows a job's end (a wait's succeeded, a queued job's
+    cancel, a compute's answer on the shared-memory socket): the restart finds it ended so,
+    and a cancelled job never runs."""
+    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 1}})
+    with daemon.client() as client:
+        if answer == "wait":
+            job = client.submit("sleep", {"ms": 300})
+            shown = client.wait(job["id"], timeout_s=30)
+        elif answer == "cancel":
+            client.submit("sleep", {"ms": 5000})  # holds the one slot
+            job = client.submit("sleep", {"ms": 1})
+            shown = client.cancel(job["id"])
+        else:
+            a = np.arange(1000, dtype=np.float32)
+            job = shown = client.compute("vector_add", a=a, b=a).job
+        daemon.proc.send_signal(signal.SIGKILL)  # within a millisecond of the answer
+    daemon.kill()
+    again = daemon.restart()
+    try:
+        with again.client() as client:
+            found = client.get(job["id"])
+    finally:
+        again.stop()
+    assert shown["status"] == {"cancel": "cancelled"}.get(answer, "succeeded")
+    assert found["status"] == shown["status"]
+    assert not [e for e in again.events("job.running") if e["job_id"] == job["id"]]
+
+
 def test_job_with_retries_runs_again_after_a_restart(daemon: RunningDaemon) -> None:
     """A job running at kill -9 that allows retries runs again and succeeds; attempts=1."""
     with daemon.client() as client:

@@ -100,8 +100,10 @@ def end_waits(daemon: DaemonState) -> None:
         deadline.reschedule(now)
 
 
-def _job_response(job: JobRecord, status_code: int = 200) -> Response:
-    return Response(job.model_dump_json(), status_code=status_code, media_type=JSON)
+def _job_response(daemon: DaemonState, job: JobRecord) -> Response:
+    """The job as it stands, committed first (JobStore.commit_before_answer)."""
+    daemon.store.commit_before_answer()
+    return Response(job.model_dump_json(), media_type=JSON)
 
 
 class DirectRoute(APIRoute):
@@ -162,6 +164,7 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=wire.MAX_LIST_LIMIT)] = 100,
 ) -> Response:
     peer = peer_of(request)
+    daemon.store.commit_before_answer()
     jobs = [view_of(job, peer) for job in daemon.store.recent(status, limit)]
     body = b"[" + b",".join(job.model_dump_json().encode() for job in jobs) + b"]"
     return Response(body, media_type=JSON)
@@ -169,7 +172,7 @@ async def list_jobs(
 
 @router.get(wire.GET_JOB.path, response_model=JobRecord)
 async def get_job(job_id: str, request: Request, daemon: Daemon) -> Response:
-    return _job_response(view_of(daemon.scheduler.get(job_id), peer_of(request)))
+    return _job_response(daemon, view_of(daemon.scheduler.get(job_id), peer_of(request)))
 
 
 @router.get(wire.WAIT_JOB.path, response_model=JobRecord)
@@ -181,14 +184,14 @@ async def wait_job(
 ) -> Response:
     job = daemon.scheduler.get(job_id)
     await _wait(daemon, job_id, timeout_s)
-    return _job_response(view_of(job, peer_of(request)))
+    return _job_response(daemon, view_of(job, peer_of(request)))
 
 
 @router.post(wire.CANCEL_JOB.path, response_model=JobRecord)
 async def cancel_job(job_id: str, request: Request, daemon: Daemon) -> Response:
     job = daemon.scheduler.cancel(job_id, peer_of(request))
     await daemon.store.wait(job_id, 10.0)  # a running job stops at its next check
-    return _job_response(job)
+    return _job_response(daemon, job)
 
 
 class OutputFileResponse(FileResponse):
