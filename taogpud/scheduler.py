@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import functools
 import shutil
 import time
@@ -311,7 +310,12 @@ class Scheduler:
                 starts.append((job, worker, inputs))
             devices = self._devices()  # that worker's load changed
         if starts:
-            self._commit_starts()
+            # Committed before the orders leave: a kill -9 after one finds its job running
+            # (interrupted, or retried as it allows, its attempt counted), never queued to
+            # run again. On a full disk the orders still leave (JobStore.commit_now): holding
+            # every accepted job until space returns would stop the host's work for a fault
+            # the store already reports.
+            self.store.commit_now()
         for job, worker, inputs in starts:
             self._send(worker, job.id, job.task, job.params, job.keep_outputs, inputs)
 
@@ -343,16 +347,6 @@ class Scheduler:
         self.policy = policy
         self.dispatch()
 
-    def _commit_starts(self) -> None:
-        """Commit the jobs dispatch() starts before their orders leave: a kill -9 after an
-        order finds its job running (interrupted, or retried as it allows, its attempt
-        counted), never queued to run again. On a full disk the orders leave uncommitted:
-        the store keeps them pending and says so (store.write_failed); holding every
-        accepted job until space returns would stop the host's work for a fault it already
-        reports, and only a crash before the disk frees could run one of them again."""
-        with contextlib.suppress(StateDiskFull):
-            self.store.flush()
-
     def _send(
         self,
         worker: Worker,
@@ -366,7 +360,7 @@ class Scheduler:
         submit the order leaves before the daemon notes the start (15–20 µs of a tiny job's
         round trip in an A/B of bench/run.py's dispatch): the job is not accepted until the
         API's commit, so a crash in between leaves no job to run again. From the queue,
-        dispatch() commits the start first (_commit_starts)."""
+        dispatch() commits the start first."""
         output_dir = str(self.outputs_dir / job_id) if keep_outputs else None
         regions = self._regions.get(job_id)
         output_region = regions.output if regions is not None else None

@@ -1,7 +1,7 @@
 """The job store: every job the daemon accepted, in SQLite (WAL) under the state directory.
 
 A job is written before its id is returned, and again at each state change (within 2 ms,
-in one commit with its neighbours, and before any answer shows it: commit_before_answer),
+in one commit with its neighbours, and before any answer shows it: commit_now),
 so a restart — clean or `kill -9` — finds every accepted job as a client last saw it:
 queued ones run, ones that were running are marked interrupted (or run again when they
 allow retries).
@@ -132,10 +132,11 @@ class JobStore:
     def save(self, job: JobRecord) -> None:
         self._write(job)
 
-    def commit_before_answer(self) -> None:
-        """Commit what is pending before an answer shows it: a client is never shown a state
-        (an end, a cancel) that a kill -9 just after would undo. A disk that refuses lets
-        the answer go, its records kept pending (reads are served on a full disk)."""
+    def commit_now(self) -> None:
+        """Commit what is pending before it is shown or acted on (an answer, a worker's
+        order): nothing a client saw or a worker ran is undone by a kill -9 just after. A
+        disk that refuses lets the caller go on, the records kept pending and retried (reads
+        are served and accepted jobs run on a full disk)."""
         with contextlib.suppress(StateDiskFull):
             self.flush()
 

@@ -101,8 +101,8 @@ def end_waits(daemon: DaemonState) -> None:
 
 
 def _job_response(daemon: DaemonState, job: JobRecord) -> Response:
-    """The job as it stands, committed first (JobStore.commit_before_answer)."""
-    daemon.store.commit_before_answer()
+    """The job as it stands, committed first (JobStore.commit_now)."""
+    daemon.store.commit_now()
     return Response(job.model_dump_json(), media_type=JSON)
 
 
@@ -164,7 +164,7 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=wire.MAX_LIST_LIMIT)] = 100,
 ) -> Response:
     peer = peer_of(request)
-    daemon.store.commit_before_answer()
+    daemon.store.commit_now()
     jobs = [view_of(job, peer) for job in daemon.store.recent(status, limit)]
     body = b"[" + b",".join(job.model_dump_json().encode() for job in jobs) + b"]"
     return Response(body, media_type=JSON)

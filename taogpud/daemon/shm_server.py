@@ -398,7 +398,7 @@ class _Connection:
         self.waiting.pop(job_id, None)
         job = self.server.store.get(job_id)
         if job is not None:
-            self.server.store.commit_before_answer()
+            self.server.store.commit_now()
             self._reply({"job": job.model_dump(mode="json")}, request_id)
 
     def _uid(self) -> int:
