@@ -15,13 +15,14 @@ from typing import Literal
 
 PACKAGE_MARKER = "taogpud-package"
 CPU_PAIR = "/usr/share/doc/taogpud/examples/cpu"
-Part = Literal["cuda", "nvml", "opencl", "nvrtc"]
+Part = Literal["cuda", "nvml", "opencl", "nvrtc", "mcp"]
 
 PIP_HINTS: dict[Part, str] = {
     "cuda": "pip install 'taogpud[cuda12]' (CUDA 12 driver) or 'taogpud[cuda13]' (CUDA 13 driver)",
     "nvml": "pip install 'taogpud[nvml]'",
     "opencl": "pip install 'taogpud[opencl]'",
     "nvrtc": "install the CUDA toolkit's NVRTC, e.g. pip install nvidia-cuda-nvrtc-cu12",
+    "mcp": "pip install 'taogpud[mcp]' (the official MCP SDK)",
 }
 _OR_CPU = f"or run on the CPU: copy settings.json and config.toml from {CPU_PAIR}/ to /etc/taogpud/"
 PACKAGED_HINTS: dict[Part, str] = {
@@ -31,6 +32,8 @@ PACKAGED_HINTS: dict[Part, str] = {
     "opencl": f"install a build of the package with OpenCL (`make deb EXTRAS=opencl`), {_OR_CPU}",
     "nvrtc": "install the CUDA toolkit's NVRTC (libnvrtc.so.12) from the NVIDIA repository "
     f"(cuda-nvrtc-12-x), {_OR_CPU}",
+    "mcp": "install a build of the package with the MCP SDK (`make deb EXTRAS=cuda12,mcp`), "
+    "or pip install 'taogpud[mcp]' in a venv of your own",
 }
 
 

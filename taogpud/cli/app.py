@@ -619,6 +619,19 @@ def doctor_command(
     return EXIT_OK if ok else EXIT_FAILED
 
 
+@app.command("mcp")
+def mcp_command(ctx: typer.Context) -> None:
+    """Serve the daemon's jobs as MCP tools on stdio, for an AI agent (docs/agents.md).
+
+    Register it with the agent: `claude mcp add taogpud -- taogpuctl mcp`.
+    """
+    from taogpud.agents.server import serve
+
+    globals_ = ctx.find_object(Globals)
+    socket_path = globals_.socket_path if globals_ else None
+    serve(None if socket_path is None else str(socket_path))
+
+
 app.command("completion")(cli_conventions.completion_command)
 app.command("run")(cli_guide.run_command)
 app.command("trace")(cli_logs.trace_command)

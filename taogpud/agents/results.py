@@ -1,0 +1,178 @@
+"""What the MCP tools answer: pydantic models (their JSON schemas are the tools' output
+schemas) and pure functions from the daemon's answers to them. No SDK here, no socket:
+tests feed these the daemon's own JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from taogpud import nvml
+from taogpud.cli.guide import NVIDIA_SMI  # the table `taogpuctl show --evidence` prints
+from taogpud.wire import FINISHED_STATES
+
+Job = dict[str, Any]  # a job record as the daemon answers it (taogpud.jobs.JobRecord)
+
+
+class Caps(BaseModel):
+    max_concurrent_tasks: int = Field(description="jobs running at once, all devices together")
+    queue_limit: int = Field(description="jobs waiting at most; past it a submit is refused")
+    strategy: str = Field(description="how a device is chosen: round_robin or least_loaded")
+    gpu_affinity: bool = Field(description="jobs of one affinity key stay on one device")
+
+
+class Device(BaseModel):
+    device: str = Field(description="the daemon's label, e.g. gpu:0 (cpu:0 on the CPU pair)")
+    index: int
+    backend: str = Field(description="cuda, opencl or cpu")
+    name: str | None
+    uuid: str | None = Field(description="the GPU's UUID (NVML), None off a CUDA GPU")
+    memory_total_bytes: int | None
+    memory_cap_bytes: int | None = Field(description="the most the daemon lets jobs reserve")
+    memory_free_bytes: int | None = Field(description="free now, read from NVML; None off a GPU")
+    running: int = Field(description="jobs running on it now")
+    slots: int = Field(description="jobs it runs at once")
+    health: str = Field(description="its worker: warm (ready), starting, restarting or dead")
+    problem: str | None = Field(description="why its worker is not warm, if it is not")
+
+
+class GpuStatus(BaseModel):
+    state: str = Field(description="the daemon: ready, starting, draining or stopping")
+    backend: str
+    fallback: bool = Field(description="true: jobs run on the CPU although a GPU was configured")
+    fallback_reason: str | None
+    running: int
+    queued: int
+    caps: Caps
+    devices: list[Device]
+    tasks: list[str] = Field(description="the task names run_task takes")
+
+
+class JobSummary(BaseModel):
+    id: str
+    task: str
+    status: str = Field(description="queued, running, succeeded, failed, cancelled, timed_out …")
+    finished: bool
+    device: str | None = Field(description="where it ran, e.g. gpu:0")
+    backend: str | None
+    fallback: bool = Field(description="true: it ran on the CPU instead of the GPU asked for")
+    fallback_reason: str | None
+    queue_ms: float | None
+    run_ms: float | None
+    timings: dict[str, float] = Field(description="h2d_ms, kernel_ms, d2h_ms where measured")
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None = Field(description="{code, message} of a job that failed")
+    record: dict[str, Any] = Field(description="the daemon's whole job record")
+
+
+class RunTaskResult(JobSummary):
+    note: str = Field(description="what to do next, when it did not finish within wait_s")
+
+
+class EvidenceFact(BaseModel):
+    key: str
+    value: Any
+    nvidia_smi: str | None = Field(description="the nvidia-smi query that shows the same fact")
+
+
+class JobWithEvidence(JobSummary):
+    evidence: list[EvidenceFact] = Field(description="what NVML saw while the job ran")
+    evidence_note: str
+
+
+def gpu_status(
+    status: dict[str, Any],
+    devices: list[dict[str, Any]],
+    tasks: list[dict[str, Any]],
+    inventory: nvml.Inventory | None,
+) -> GpuStatus:
+    """The daemon's status, devices and catalog, with each GPU's free memory from NVML."""
+    workers = {worker["index"]: worker for worker in status.get("workers") or []}
+    free = free_memory(inventory)
+    return GpuStatus(
+        state=status["state"],
+        backend=status["backend"],
+        fallback=status["fallback"],
+        fallback_reason=status.get("fallback_reason"),
+        running=status["running"],
+        queued=status["queued"],
+        caps=Caps.model_validate(status, from_attributes=False),
+        devices=[device_of(d, workers.get(d["index"], {}), free) for d in devices],
+        tasks=[task["name"] for task in tasks],
+    )
+
+
+def free_memory(inventory: nvml.Inventory | None) -> dict[str, int | None]:
+    """UUID → free bytes, as NVML reads them on this host."""
+    cards = inventory.devices if inventory is not None else ()
+    return {card.uuid: card.memory_free_bytes for card in cards if card.uuid}
+
+
+def device_of(
+    device: dict[str, Any], worker: dict[str, Any], free: dict[str, int | None]
+) -> Device:
+    uuid = device.get("uuid")
+    return Device(
+        device=device["device"],
+        index=device["index"],
+        backend=device["backend"],
+        name=device.get("name"),
+        uuid=uuid,
+        memory_total_bytes=device.get("memory_total_bytes"),
+        memory_cap_bytes=device.get("memory_cap_bytes"),
+        memory_free_bytes=free.get(uuid) if uuid else None,
+        running=worker.get("running", 0),
+        slots=worker.get("slots", 0),
+        health=worker.get("state") or device.get("worker_state") or "unknown",
+        problem=worker.get("problem"),
+    )
+
+
+def summary_fields(job: Job) -> dict[str, Any]:
+    """The fields every job answer leads with, and the whole record after them."""
+    return {
+        "id": job["id"],
+        "task": job["task"],
+        "status": job["status"],
+        "finished": job["status"] in FINISHED_STATES,
+        "device": job.get("device"),
+        "backend": job.get("backend"),
+        "fallback": bool(job.get("fallback")),
+        "fallback_reason": job.get("fallback_reason"),
+        "queue_ms": job.get("queue_ms"),
+        "run_ms": job.get("run_ms"),
+        "timings": job.get("timings") or {},
+        "result": job.get("result"),
+        "error": job.get("error"),
+        "record": job,
+    }
+
+
+def run_task_result(job: Job) -> RunTaskResult:
+    fields = summary_fields(job)
+    note = ""
+    if not fields["finished"]:
+        note = (
+            f"job {job['id']} is still {job['status']}: it goes on; call the `job` tool with "
+            f"job_id {job['id']} later (or `taogpuctl wait {job['id']}`)"
+        )
+    return RunTaskResult(**fields, note=note)
+
+
+def job_with_evidence(job: Job) -> JobWithEvidence:
+    facts, note = evidence_facts(job)
+    evidence = [EvidenceFact(**fact) for fact in facts]
+    return JobWithEvidence(**summary_fields(job), evidence=evidence, evidence_note=note)
+
+
+def evidence_facts(job: Job) -> tuple[list[dict[str, Any]], str]:
+    """Each NVML fact beside the nvidia-smi query that shows it (as `show --evidence`)."""
+    evidence = job.get("evidence") or {}
+    if not evidence and not job.get("backend"):
+        return [], "no NVML evidence yet: the job has not run"
+    if not evidence:
+        return [], f"no NVML evidence: the job ran on {job['backend']}, not a CUDA GPU"
+    facts = [{"key": k, "value": v, "nvidia_smi": NVIDIA_SMI.get(k)} for k, v in evidence.items()]
+    return facts, "what NVML saw while the job ran; each fact's nvidia-smi query shows it too"

@@ -1,0 +1,192 @@
+"""`taogpuctl mcp`: the daemon's GPU jobs as Model Context Protocol tools, on stdio.
+
+An AI agent (Claude Code, Codex, OpenClaw, …) starts this as a local MCP server and reads
+JSON-RPC on its stdout. Every tool reaches the daemon through the Python client over the
+user's own socket connection: the daemon knows the caller by SO_PEERCRED, so an agent has
+exactly its user's rights and no more (docs/agents.md).
+
+Built on the official SDK (`mcp`, the `mcp` extra), imported only when the command runs, so a
+plain install stays small and `taogpuctl status` never loads it. The tools are plain
+functions: the SDK derives their input schemas from the signatures and their output schemas
+from the return models (agents/results.py), and runs each in a worker thread, where it opens
+a Client of its own (a Client is not thread-safe).
+
+A failure the daemon explains comes back as an MCP tool error (isError) whose structured
+content is the daemon's own {code, message, hint}, with the HTTP status beside them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
+
+from pydantic import Field
+
+from taogpud import __version__, wire
+from taogpud.agents import results
+from taogpud.cli.failures import CliError
+from taogpud.client import ApiError, Client, DaemonUnreachable, NotInGroup
+
+if TYPE_CHECKING:
+    from mcp.server import MCPServer
+    from mcp_types import CallToolResult
+
+T = TypeVar("T")
+
+MAX_RUN_WAIT_S = 600.0  # run_task's longest wait: an agent's turn should not hang longer
+INSTRUCTIONS = (
+    "taogpud runs GPU compute jobs for everyone on this host, as your user. gpu_status shows "
+    "the devices, the backend (and any CPU fallback) and the caps; run_task runs a built-in "
+    "task or a `kernel` job and answers where it ran; job shows a job and its NVML evidence."
+)
+JobId = Annotated[str, Field(min_length=1, max_length=64, description="a job id, or a prefix")]
+
+
+def serve(socket_path: str | None) -> None:
+    """Serve the tools on stdio until the agent closes stdin."""
+    build_server(socket_path).run("stdio")
+
+
+def build_server(socket_path: str | None) -> MCPServer:
+    """The MCP server with every tool, talking to the daemon at `socket_path`."""
+    server_class = sdk_server()
+    server = server_class(
+        "taogpud", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING"
+    )
+    daemon = Daemon(socket_path)
+    for tool in tools(daemon):
+        server.add_tool(tool, description=(tool.__doc__ or "").strip())
+    return server
+
+
+def sdk_server() -> type[MCPServer]:
+    """The SDK's server class; a missing SDK is a usage error naming the extra."""
+    try:
+        from mcp.server import MCPServer
+    except ImportError as exc:
+        from taogpud.install_hints import install_hint
+
+        raise CliError(f"taogpuctl mcp needs the MCP SDK ({exc})", install_hint("mcp")) from None
+    return MCPServer
+
+
+class Daemon:
+    """The daemon as the tools reach it: one Client per call, closed after it."""
+
+    def __init__(self, socket_path: str | None) -> None:
+        self.socket_path = socket_path
+
+    def call(self, action: Callable[[Client], T]) -> T:
+        """`action` on a fresh client; a failure the daemon (or the socket) explains becomes
+        the tool's error result. The SDK hands a CallToolResult back as it is, whatever the
+        tool's declared result (its output schema holds for results that are not errors)."""
+        try:
+            with Client(self.socket_path) as client:
+                return action(client)
+        except (ApiError, DaemonUnreachable, CliError) as exc:
+            return cast(T, tool_error(error_fields(exc)))
+
+
+def error_fields(exc: ApiError | DaemonUnreachable | CliError) -> dict[str, Any]:
+    """{code, message, hint, http_status}: the daemon's own, or what the client says."""
+    if isinstance(exc, ApiError):
+        return {
+            "code": exc.code,
+            "message": exc.message,
+            "hint": exc.hint,
+            "http_status": exc.http_status,
+        }
+    if isinstance(exc, DaemonUnreachable):
+        code = "not_in_group" if isinstance(exc, NotInGroup) else "daemon_unreachable"
+        return {"code": code, "message": exc.message, "hint": exc.hint, "http_status": 0}
+    return {"code": "invalid_request", "message": exc.message, "hint": exc.hint, "http_status": 0}
+
+
+def tool_error(fields: dict[str, Any]) -> CallToolResult:
+    from mcp_types import CallToolResult, TextContent
+
+    text = f"{fields['code']}: {fields['message']}"
+    if fields["hint"]:
+        text += f" (hint: {fields['hint']})"
+    return CallToolResult(
+        content=[TextContent(type="text", text=text)], structured_content=fields, is_error=True
+    )
+
+
+def tools(daemon: Daemon) -> list[Callable[..., Any]]:
+    """The tool functions, bound to `daemon`; each one's docstring is its description."""
+
+    def gpu_status() -> results.GpuStatus:
+        """The GPUs (name, UUID, memory free and cap, jobs running, worker health), the
+        backend and whether jobs fall back to the CPU, the queue, the caps and the task
+        names run_task takes. Call it first to see what this host can run now."""
+        return daemon.call(read_gpu_status)
+
+    def run_task(
+        task: Annotated[str, Field(description="a task name from gpu_status, or `kernel`")],
+        params: Annotated[
+            dict[str, Any] | None,
+            Field(description='the task\'s params, e.g. {"size": 1000000} for vector_add'),
+        ] = None,
+        device: Annotated[
+            int | None, Field(ge=0, description="pin to this device index; default: any")
+        ] = None,
+        priority: Annotated[
+            int,
+            Field(ge=wire.PRIORITY_MIN, le=wire.PRIORITY_MAX, description="higher runs first"),
+        ] = 0,
+        timeout_s: Annotated[
+            float | None,
+            Field(gt=0, le=wire.MAX_JOB_TIMEOUT_S, description="the job's own time limit"),
+        ] = None,
+        wait_s: Annotated[
+            float,
+            Field(
+                ge=0,
+                le=MAX_RUN_WAIT_S,
+                description="wait at most this long for it to finish (0: answer at once)",
+            ),
+        ] = 60.0,
+    ) -> results.RunTaskResult:
+        """Run a built-in task (vector_add, saxpy, matmul, reduce_sum, fft, sort, probe, noop,
+        sleep) or a `kernel` job (CUDA C source) on this host's GPUs through the daemon's
+        queue, as your user. Waits up to wait_s and answers the job: where it ran (device,
+        backend), whether it fell back to the CPU, its timings and its result; a job not
+        finished by then goes on, and `job` shows it later."""
+
+        def run(client: Client) -> results.RunTaskResult:
+            job = client.run(
+                task, params, device=device, priority=priority, timeout_s=timeout_s, wait_s=wait_s
+            )
+            return results.run_task_result(job)
+
+        return daemon.call(run)
+
+    def job(job_id: JobId) -> results.JobWithEvidence:
+        """One job's record: state, device, backend, fallback, timings, result or error, and
+        its evidence: each fact NVML saw while it ran (the GPU's UUID, the job's process on
+        it, peak utilisation, energy) beside the nvidia-smi query that shows the same."""
+
+        def show(client: Client) -> results.JobWithEvidence:
+            return results.job_with_evidence(client.get(full_id(client, job_id)))
+
+        return daemon.call(show)
+
+    return [gpu_status, run_task, job]
+
+
+def read_gpu_status(client: Client) -> results.GpuStatus:
+    devices = client.devices()
+    inventory = None
+    if any(device.get("uuid") for device in devices):  # NVML only where there are GPUs
+        from taogpud import nvml
+
+        inventory = nvml.inventory(read_process_names=False)
+    return results.gpu_status(client.status(), devices, client.tasks(), inventory)
+
+
+def full_id(client: Client, given: str) -> str:
+    """A job id from a prefix, as taogpuctl takes one."""
+    from taogpud.cli.conventions import resolve_id
+
+    return resolve_id(client, given)

@@ -1,0 +1,193 @@
+"""`taogpuctl mcp`: the MCP server an AI agent starts, driven by the official MCP client SDK
+over stdio (`mcp.client.stdio`) against a real daemon through its real socket.
+
+Each test starts `python -m taogpud.cli --socket S mcp` as the agent would (Claude Code,
+Codex and OpenClaw all start local tools on stdio), lists or calls its tools, and checks the
+structured results against what the daemon itself answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp_types import CallToolResult
+
+from taogpud import testing
+from taogpud.testing import RunningDaemon
+
+FIRST_TOOLS = {"gpu_status", "run_task", "job"}
+
+Scenario = Callable[[ClientSession], Awaitable[Any]]
+
+
+def server_parameters(daemon: RunningDaemon) -> StdioServerParameters:
+    """`taogpuctl --socket S mcp` with this checkout's code, as an agent's config starts it."""
+    command = testing.ctl_command(daemon.socket_path)
+    return StdioServerParameters(
+        command=command[0], args=[*command[1:], "mcp"], env=testing.ctl_env()
+    )
+
+
+def with_session(daemon: RunningDaemon, scenario: Scenario) -> Any:
+    """Start the server over stdio, initialise a session, run `scenario` on it, stop."""
+
+    async def main() -> Any:
+        async with (
+            stdio_client(server_parameters(daemon)) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            return await scenario(session)
+
+    return anyio.run(main)
+
+
+def call(daemon: RunningDaemon, tool: str, arguments: dict[str, Any]) -> CallToolResult:
+    async def scenario(session: ClientSession) -> CallToolResult:
+        return await session.call_tool(tool, arguments)
+
+    result = with_session(daemon, scenario)
+    assert isinstance(result, CallToolResult)
+    return result
+
+
+def structured(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, f"a tool error: {result.content}"
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+def test_the_tools_are_listed_with_their_schemas(daemon: RunningDaemon) -> None:
+    """Each tool has a description, an input schema naming its arguments and an output
+    schema: what an agent reads before it calls anything."""
+
+    async def scenario(session: ClientSession) -> Any:
+        return (await session.list_tools()).tools
+
+    tools = {tool.name: tool for tool in with_session(daemon, scenario)}
+    assert set(tools) >= FIRST_TOOLS
+    for tool in tools.values():
+        assert tool.description and len(tool.description) > 40, tool.name
+        assert tool.input_schema["type"] == "object"
+        assert tool.output_schema is not None and tool.output_schema["type"] == "object"
+    run_task = tools["run_task"].input_schema
+    assert run_task["required"] == ["task"]
+    assert {"task", "params", "device", "priority", "timeout_s", "wait_s"} <= set(
+        run_task["properties"]
+    )
+    assert run_task["properties"]["wait_s"]["maximum"] == 600
+    assert tools["job"].input_schema["required"] == ["job_id"]
+    assert "evidence" in tools["job"].output_schema["properties"]
+
+
+def test_gpu_status_gives_the_devices_backend_and_caps(daemon: RunningDaemon) -> None:
+    """gpu_status: one entry per device (name, UUID, memory, running, health) matching the
+    daemon's own answers, the backend, no fallback, the caps and the task names."""
+    status = structured(call(daemon, "gpu_status", {}))
+    with daemon.client() as client:
+        devices, tasks = client.devices(), client.tasks()
+    assert status["backend"] == "cpu" and status["fallback"] is False
+    assert status["caps"]["max_concurrent_tasks"] == 8
+    assert status["caps"]["queue_limit"] == 1000
+    assert (status["running"], status["queued"]) == (0, 0)
+    assert [d["device"] for d in status["devices"]] == ["cpu:0", "cpu:1"]
+    for shown, known in zip(status["devices"], devices, strict=True):
+        assert shown["name"] == known["name"] and shown["uuid"] is None
+        assert shown["memory_cap_bytes"] == known["memory_cap_bytes"] > 0
+        assert shown["memory_free_bytes"] is None  # no NVML on a CPU device
+        assert (shown["health"], shown["running"], shown["slots"]) == ("warm", 0, 2)
+    assert status["tasks"] == [task["name"] for task in tasks]
+
+
+def test_run_task_runs_the_job_and_returns_where_it_ran(daemon: RunningDaemon) -> None:
+    """run_task vector_add waits for the job and answers its record: device, backend,
+    fallback, timings and result; the daemon holds the same job as succeeded."""
+    run = structured(call(daemon, "run_task", {"task": "vector_add", "params": {"size": 1000}}))
+    assert run["status"] == "succeeded" and run["finished"] is True
+    assert run["device"] in ("cpu:0", "cpu:1") and run["backend"] == "cpu"
+    assert run["fallback"] is False and run["run_ms"] > 0 and run["queue_ms"] >= 0
+    assert run["result"]["size"] == 1000 and "kernel_ms" in run["timings"]
+    with daemon.client() as client:
+        held = client.get(run["id"])
+    assert held["status"] == "succeeded" and held["device"] == run["device"]
+    assert (
+        run["record"]["params"] == held["params"] == {"size": 1000, "dtype": "float32", "seed": 0}
+    )
+
+
+def test_run_task_waits_no_longer_than_its_bound(daemon: RunningDaemon) -> None:
+    """wait_s=0 answers at once with the job still queued or running, and says how to follow
+    it; the job goes on and finishes."""
+    run = structured(
+        call(daemon, "run_task", {"task": "sleep", "params": {"ms": 3000}, "wait_s": 0})
+    )
+    assert run["finished"] is False and run["status"] in ("queued", "running")
+    assert run["id"] in run["note"] and "job" in run["note"]
+    with daemon.client() as client:
+        assert client.wait(run["id"], timeout_s=60)["status"] == "succeeded"
+
+
+def test_a_bad_task_name_is_a_tool_error_with_the_daemons_code(daemon: RunningDaemon) -> None:
+    """An unknown task comes back as an MCP tool error (isError) carrying the daemon's own
+    code, message and hint, both as text and as structured content."""
+    result = call(daemon, "run_task", {"task": "vectr_add"})
+    assert result.is_error is True
+    error = result.structured_content
+    assert isinstance(error, dict)
+    assert error["code"] == "unknown_task" and error["http_status"] == 404
+    assert "vectr_add" in error["message"] and "vector_add" in error["hint"] + error["message"]
+    text = result.content[0]
+    assert text.type == "text" and "unknown_task" in text.text and error["message"] in text.text
+
+
+def test_job_shows_the_record_and_its_evidence(daemon: RunningDaemon) -> None:
+    """job: the record of a job run before, and its evidence; on the CPU there is none, and
+    the note says so rather than leaving an empty list to be read as proof."""
+    with daemon.client() as client:
+        done = client.run("noop", {})
+
+    async def scenario(session: ClientSession) -> tuple[CallToolResult, CallToolResult]:
+        shown = await session.call_tool("job", {"job_id": done["id"][:8]})  # a prefix will do
+        unknown = await session.call_tool("job", {"job_id": "f" * 17})
+        return shown, unknown
+
+    shown, unknown = with_session(daemon, scenario)
+    job = structured(shown)
+    assert (job["id"], job["status"], job["device"]) == (done["id"], "succeeded", done["device"])
+    assert job["evidence"] == [] and "ran on cpu" in job["evidence_note"]
+    assert unknown.is_error and unknown.structured_content["code"] == "job_not_found"
+
+
+def test_evidence_sits_beside_the_nvidia_smi_query_that_shows_it() -> None:
+    """A CUDA job's NVML facts, each paired with the nvidia-smi query `taogpuctl show
+    --evidence` prints beside it (the same table), facts without one paired with None."""
+    from taogpud.agents.results import evidence_facts
+    from taogpud.cli.guide import NVIDIA_SMI
+
+    record = {
+        "backend": "cuda",
+        "evidence": {"gpu_uuid": "GPU-1234", "pid_seen_on_gpu": True, "sm_clock_mhz": 1410},
+    }
+    facts, note = evidence_facts(record)
+    assert facts == [
+        {"key": "gpu_uuid", "value": "GPU-1234", "nvidia_smi": NVIDIA_SMI["gpu_uuid"]},
+        {"key": "pid_seen_on_gpu", "value": True, "nvidia_smi": NVIDIA_SMI["pid_seen_on_gpu"]},
+        {"key": "sm_clock_mhz", "value": 1410, "nvidia_smi": None},
+    ]
+    assert "nvidia-smi" in note
+
+
+def test_mcp_without_the_sdk_names_the_extra(daemon: RunningDaemon, tmp_path: Any) -> None:
+    """With the SDK missing, `taogpuctl mcp` exits 2 with one line naming the extra."""
+    blocker = tmp_path / "mcp"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('no module named mcp (test)')\n")
+    done = testing.taogpuctl(
+        "mcp", socket_path=daemon.socket_path, env={"PYTHONPATH": str(tmp_path)}
+    )
+    assert done.returncode == 2, done.stderr
+    assert "taogpud[mcp]" in done.stderr and "Traceback" not in done.stderr
