@@ -6,6 +6,10 @@ as an unknown one, so ids cannot be probed.
 
 Bounded by bytes, twice. All arrays together stay within `budget_bytes`; each user's
 *pending* arrays (held, and used by no queued or running job) within `user_quota_bytes`.
+An upload counts from the moment its header is read: its declared size is *reserved*
+against both bounds before its file is made, and given back when it ends, however it ends
+(stored, refused, or the client gone mid-body: its partial file is then removed). So a
+client holding uploads open takes no more of /dev/shm than the bounds allow.
 An array a queued or running job uses is pinned and never evicted. An upload makes room
 by evicting only its own owner's pending arrays, oldest first; never another user's. When
 that is not enough the upload is refused with the numbers, instead of /dev/shm filling up.
@@ -22,8 +26,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 from taogpud.access import may_touch
@@ -43,8 +48,9 @@ from taogpud.store import JobStore
 NUMERIC_KINDS = "biufc"  # numpy dtype kinds an upload may have
 EVICTION = (
     "an upload first evicts its own owner's pending arrays, oldest first, until the owner's "
-    "pending bytes fit user_quota_bytes and all arrays fit budget_bytes; it never evicts "
-    "another user's array or one a queued or running job uses"
+    "pending bytes and uploads in progress fit user_quota_bytes and all arrays and uploads in "
+    "progress fit budget_bytes; it never evicts another user's array or one a queued or "
+    "running job uses"
 )
 
 
@@ -67,7 +73,13 @@ class ArrayStore:
         self._store = store  # remembers which images are ours across a daemon restart
         self._arrays: OrderedDict[str, ArrayRef] = OrderedDict()
         self._pins: dict[str, int] = {}
+        self._reserved: Counter[int | None] = Counter()  # uploads in progress, by owner uid
         self.used_bytes = 0
+
+    @property
+    def reserved_bytes(self) -> int:
+        """What uploads still in progress have reserved (their declared sizes)."""
+        return sum(self._reserved.values())
 
     def get(self, array_id: str) -> ArrayRef | None:
         return self._arrays.get(array_id)
@@ -153,21 +165,37 @@ class ArrayStore:
                 "split the input, or raise the limit",
             )
         self._make_room(total, owner_uid)
+        with self._reserving(total, owner_uid):  # no await between the check and this
+            name = await self._receive(chunks, total, max_bytes)
+            ref = ArrayRef(name, shape, dtype, header_bytes, total - header_bytes, owner_uid)
+            array_id = "a" + secrets.token_hex(8)
+            self._add(array_id, ref)
+        return array_id, ref
+
+    async def _receive(self, chunks: _Chunks, total: int, max_bytes: int) -> str:
+        """The body written into a new image of `total` bytes: its name. On any failure
+        (a short or long body, the client gone, a cancelled request) the image is removed."""
         name, fd = self._create(total)
         try:
             written = await chunks.write_into(fd, total)
+            if written != total:
+                raise _wrong_length(written, total, max_bytes)
         except BaseException:
             shm.unlink(name)
             raise
         finally:
             os.close(fd)
-        if written != total:
-            shm.unlink(name)
-            raise _wrong_length(written, total, max_bytes)
-        ref = ArrayRef(name, shape, dtype, header_bytes, total - header_bytes, owner_uid)
-        array_id = "a" + secrets.token_hex(8)
-        self._add(array_id, ref)
-        return array_id, ref
+        return name
+
+    @contextmanager
+    def _reserving(self, nbytes: int, owner_uid: int | None) -> Iterator[None]:
+        self._reserved[owner_uid] += nbytes
+        try:
+            yield
+        finally:
+            self._reserved[owner_uid] -= nbytes
+            if self._reserved[owner_uid] <= 0:
+                del self._reserved[owner_uid]
 
     def _add(self, array_id: str, ref: ArrayRef) -> None:
         if self._store is not None:  # first: a full disk refuses the upload (StateDiskFull)
@@ -193,7 +221,25 @@ class ArrayStore:
         ]
 
     def _make_room(self, needed: int, owner_uid: int | None) -> None:
-        """Room for `needed` bytes of `owner_uid`'s: see EVICTION."""
+        """Room for `needed` bytes of `owner_uid`'s: see EVICTION. Refused before anything
+        is evicted when evicting all the owner's pending arrays would not make enough."""
+        self._check_room(needed, owner_uid)
+        for array_id, _ in self._pending_of(owner_uid):
+            if self._fits(needed, owner_uid):
+                return
+            self.remove(array_id)
+
+    def _fits(self, needed: int, owner_uid: int | None) -> bool:
+        owners = self.pending_bytes(owner_uid) + self._reserved[owner_uid]
+        return owners + needed <= self.user_quota_bytes and self._in_use() + needed <= (
+            self.budget_bytes
+        )
+
+    def _in_use(self) -> int:
+        """What /dev/shm holds for us, or will once uploads in progress are in."""
+        return self.used_bytes + self.reserved_bytes
+
+    def _check_room(self, needed: int, owner_uid: int | None) -> None:
         quota = self.user_quota_bytes
         if needed > quota:
             raise ArrayStoreFull(
@@ -201,18 +247,20 @@ class ArrayStore:
                 "per user",
                 "split the input, or ask the administrator to raise memory.upload_quota_mb",
             )
-        pending = self._pending_of(owner_uid)
-        held = sum(_size(ref) for _, ref in pending)
-        for array_id, ref in pending:
-            if held + needed <= quota and self.used_bytes + needed <= self.budget_bytes:
-                return
-            self.remove(array_id)
-            held -= _size(ref)
-        if self.used_bytes + needed > self.budget_bytes:
+        in_progress = self._reserved[owner_uid]
+        if in_progress + needed > quota:
             raise ArrayStoreFull(
-                f"no room for {needed} bytes: {self.used_bytes} of {self.budget_bytes} bytes "
-                "are held by arrays that queued or running jobs use and other users' uploads",
-                "wait for running jobs to finish, or send smaller arrays",
+                f"an array of {needed} bytes does not fit the upload quota of {quota} bytes per "
+                f"user: your uploads still in progress have reserved {in_progress} bytes",
+                "finish or close those uploads first, or send a smaller array",
+            )
+        if self._in_use() - self.pending_bytes(owner_uid) + needed > self.budget_bytes:
+            raise ArrayStoreFull(
+                f"no room for {needed} bytes: of the {self.budget_bytes} bytes of the budget, "
+                f"{self.used_bytes} are held by arrays that queued or running jobs use and "
+                f"other users' uploads, and {self.reserved_bytes} are reserved by uploads "
+                "still in progress",
+                "wait for running jobs and uploads to finish, or send smaller arrays",
             )
 
     def view(self, peer: Peer) -> dict[str, Any]:
@@ -222,8 +270,19 @@ class ArrayStore:
             "used_bytes": self.used_bytes,
             "user_quota_bytes": self.user_quota_bytes,
             "your_pending_bytes": self.pending_bytes(peer.uid),
+            "reserved_bytes": self.reserved_bytes,
+            "your_reserved_bytes": self._reserved[peer.uid],
             "eviction": EVICTION,
         }
+
+
+def array_budget_bytes(snapshot: ConfigSnapshot) -> int:
+    """memory.array_budget_mb, else half of /dev/shm, at most 8 GiB; never more than /dev/shm
+    holds. Uploads and kept outputs live there, and it is memory."""
+    stat = os.statvfs(shm.SHM_DIR)
+    shm_bytes = stat.f_blocks * stat.f_frsize
+    budget_mb = snapshot.config.memory.array_budget_mb
+    return min(budget_mb << 20, shm_bytes) if budget_mb else min(shm_bytes // 2, 8 << 30)
 
 
 def upload_quota_bytes(snapshot: ConfigSnapshot, arrays: ArrayStore) -> int:

@@ -14,7 +14,9 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +25,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from taogpud import wire
 from taogpud.access import ADMIN_GROUP
 from taogpud.client import ApiError, Client, DaemonUnreachable
+from taogpud.pool import shm
 
 GROUP = "taogpu"
 USERS_LOCK = Path("/tmp/taogpud-test-users.lock")
@@ -244,6 +248,93 @@ def test_uploads_evict_only_their_owners_pending_arrays(
     assert arrays["user_quota_bytes"] == 1 << 20
     assert arrays["your_pending_bytes"] == 600_128  # her one array: header 128 + data
     assert "never evicts another user's" in arrays["eviction"]
+
+
+def _connect_as(user: User, socket_path: Path) -> socket.socket:
+    """A Unix socket that `user` connected (SO_PEERCRED is taken at connect), handed back
+    over SCM_RIGHTS: the test holds a connection of alice's without being alice."""
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgroups(list(user.groups))
+            os.setresgid(user.gid, user.gid, user.gid)
+            os.setresuid(user.uid, user.uid, user.uid)
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            conn.connect(str(socket_path))
+            socket.send_fds(theirs, [b"c"], [conn.fileno()])
+        finally:
+            os._exit(0)
+    theirs.close()
+    _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+    os.waitpid(pid, 0)
+    ours.close()
+    assert fds, f"{user.name} could not connect to {socket_path}"
+    return socket.socket(fileno=fds[0])
+
+
+def _hold_upload(conn: socket.socket, data_bytes: int) -> None:
+    """The head of an upload of `data_bytes` and its first 64 KiB; the rest never comes."""
+    npy_head = shm.npy_header((data_bytes // 4,), "<f4")
+    head = (
+        f"POST {wire.UPLOAD_ARRAY.path} HTTP/1.1\r\nHost: localhost\r\n"
+        "Content-Type: application/octet-stream\r\n"
+        f"Content-Length: {len(npy_head) + data_bytes}\r\n\r\n"
+    )
+    conn.sendall(head.encode() + npy_head + bytes(64 * 1024))
+
+
+def _until(check: Callable[[], bool], what: str) -> None:
+    """Wait for what the daemon does on its own time (a bound for a hung daemon, not a speed)."""
+    deadline = time.monotonic() + 60
+    while not check():
+        assert time.monotonic() < deadline, f"never saw: {what}"
+        time.sleep(0.02)
+
+
+def test_uploads_held_mid_body_count_against_the_budget_and_their_owners_quota(
+    users: dict[str, User], shared_daemon: Callable[..., Any]
+) -> None:
+    """Alice holds two 900 KiB uploads open mid-body (a 3 MiB budget, 2 MiB a user): status
+    shows them reserved, /dev/shm holds no more than the budget, her third upload is refused
+    by her quota and carol's 1.5 MiB one by the budget; once alice hangs up the reservations
+    and the partial files are gone and carol's upload is taken. Before, every upload was
+    taken, each reserving its size in /dev/shm, while status said 0 bytes were used."""
+    daemon = shared_daemon(config={"memory": {"array_budget_mb": 3, "upload_quota_mb": 2}})
+    sock, images = daemon.socket_path, _images_of(daemon.state_dir)
+    size = 128 + 900 * 1024  # header and data of each held upload
+    held = [_connect_as(users["alice"], sock) for _ in range(2)]
+    for conn in held:
+        _hold_upload(conn, 900 * 1024)
+    with daemon.client() as root:
+        assert root.status()["arrays"]["budget_bytes"] == 3 << 20
+        _until(lambda: root.status()["arrays"]["reserved_bytes"] == 2 * size, "two reserved")
+        assert sum(path.stat().st_size for path in images()) <= 3 << 20
+        alices = value(as_user(users["alice"], _client_call(sock, lambda c: c.status())))
+        assert alices["arrays"]["your_reserved_bytes"] == 2 * size
+        third = as_user(users["alice"], _client_call(sock, lambda c: c.upload_array(_f32(900))))
+        assert third["api_error"][:2] == [507, "array_store_full"]
+        assert f"in progress have reserved {2 * size} bytes" in third["api_error"][2]
+        carols = _client_call(sock, lambda c: c.upload_array(_f32(1536))["nbytes"])
+        refused = as_user(users["carol"], carols)
+        assert refused["api_error"][:2] == [507, "array_store_full"]
+        assert f"{2 * size} are reserved by uploads still in progress" in refused["api_error"][2]
+        for conn in held:
+            conn.close()
+        _until(lambda: root.status()["arrays"]["reserved_bytes"] == 0, "reservations back")
+        assert images() == []  # the partial files went with their uploads
+        assert value(as_user(users["carol"], carols)) == 1536 * 1024
+        assert root.status()["arrays"]["used_bytes"] == 128 + 1536 * 1024
+
+
+def _f32(kib: int) -> Any:
+    return np.ones(kib * 256, np.float32)
+
+
+def _images_of(state_dir: Path) -> Callable[[], list[Path]]:
+    """The daemon's array images in /dev/shm (its namespace is its state directory's)."""
+    pattern = f"{shm.PREFIX}{shm.namespace_of(state_dir)}.*"
+    return lambda: sorted(shm.SHM_DIR.glob(pattern))
 
 
 def test_a_member_of_the_admin_group_may_use_and_see_anyones(

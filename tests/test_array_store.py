@@ -4,6 +4,7 @@ the config key): an upload makes room only from its own owner's pending arrays."
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import numpy as np
@@ -104,3 +105,87 @@ def test_the_quota_is_in_status_and_a_reload_changes_it(
         )
         assert client.reload_config()["ok"]
         assert client.status()["arrays"]["user_quota_bytes"] == 3 << 20
+
+
+class HeldUpload:
+    """An upload whose body stops after its first 8 KiB until `finish` or `abort`: the
+    reservation a client makes by sending a header and holding the connection."""
+
+    def __init__(self, store: ArrayStore, owner: Peer) -> None:
+        self.npy = shm.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
+        self._go_on = asyncio.Event()
+        self._abort = False
+        self.task = asyncio.create_task(store.upload(self._body(), 1 << 20, owner=owner))
+
+    async def _body(self) -> AsyncIterator[bytes]:
+        yield self.npy[:2048]
+        yield self.npy[2048:3000]  # the header is read from the first 4 KiB
+        yield self.npy[3000:4096]
+        await self._go_on.wait()
+        if self._abort:
+            raise ConnectionResetError("the client hung up")  # what starlette raises differs
+        yield self.npy[4096:]
+
+    def release(self, abort: bool) -> None:
+        self._abort = abort
+        self._go_on.set()
+
+
+async def _upload_now(store: ArrayStore, owner: Peer) -> str:
+    npy = shm.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
+
+    async def body() -> AsyncIterator[bytes]:
+        yield npy
+
+    array_id, _ = await store.upload(body(), 1 << 20, owner=owner)
+    return array_id
+
+
+async def _until_reserved(store: ArrayStore, nbytes: int) -> None:
+    while store.view(ALICE)["reserved_bytes"] != nbytes:
+        await asyncio.sleep(0.001)
+
+
+def _images(namespace: str) -> list[str]:
+    return sorted(path.name for path in shm.SHM_DIR.glob(f"{shm.PREFIX}{namespace}.*"))
+
+
+def test_uploads_in_progress_count_against_the_budget_and_their_owners_quota() -> None:
+    """Alice holds two uploads mid-body: their bytes are reserved from the moment the header
+    is read, so her third is refused by her quota and carol's second (her first in use by a
+    job) by the budget (before, all were taken and status said nothing was used). Alice
+    hanging up one and finishing the other gives the reservations back; the aborted image
+    is gone."""
+    namespace = f"test-held-{os.getpid()}"
+    store = ArrayStore(3 * ARRAY_BYTES, namespace=namespace, user_quota_bytes=2 * ARRAY_BYTES)
+
+    async def scenario() -> None:
+        held = [HeldUpload(store, ALICE), HeldUpload(store, ALICE)]
+        await _until_reserved(store, 2 * ARRAY_BYTES)
+        assert store.view(ALICE)["your_reserved_bytes"] == 2 * ARRAY_BYTES
+        assert store.view(CAROL)["your_reserved_bytes"] == 0
+        with pytest.raises(ArrayStoreFull, match="quota"):
+            await _upload_now(store, ALICE)
+        carols = await _upload_now(store, CAROL)
+        store.pin([carols])  # a queued job uses it: she has nothing of her own to evict
+        with pytest.raises(ArrayStoreFull, match="reserved by uploads still in progress"):
+            await _upload_now(store, CAROL)
+        store.unpin([carols])
+        assert len(_images(namespace)) == 3  # never more than the budget holds
+        held[0].release(abort=True)
+        held[1].release(abort=False)
+        with pytest.raises(ConnectionResetError):
+            await held[0].task
+        alices, _ = await held[1].task
+        assert store.view(ALICE)["reserved_bytes"] == 0
+        assert store.used_bytes == 2 * ARRAY_BYTES
+        assert _images(namespace) == sorted(
+            store.get(array_id).name for array_id in (carols, alices)
+        )
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        store.release_unused()
+        for name in _images(namespace):
+            shm.unlink(name)

@@ -152,6 +152,7 @@ def test_seed_values_are_the_model_defaults(files: Files) -> None:
         "backend.opencl.device_index",
         "scheduling.queue_limit",
         "memory.upload_quota_mb",  # issue 17: each user's pending uploads
+        "memory.array_budget_mb",  # issue 34: all uploads together, in progress included
         "scheduling.drain_timeout_s",
         "scheduling.job_timeout_s",
         "scheduling.executor",  # issue 10: the executor and its [ray] table
@@ -353,7 +354,10 @@ def test_unknown_key_did_you_mean_in_config(files: Files) -> None:
 def test_unknown_key_without_a_close_match_lists_valid_keys(files: Files) -> None:
     """With nothing close, the fix lists the keys valid at that level."""
     problem = only(files.problems(None, "[memory]\nzzz = 1\n"), "memory.zzz")
-    assert problem.fix == "remove it; valid here: pool_size_mb, auto_grow, upload_quota_mb"
+    assert (
+        problem.fix
+        == "remove it; valid here: pool_size_mb, auto_grow, array_budget_mb, upload_quota_mb"
+    )
 
 
 def test_out_of_range_says_given_allowed_and_fix(files: Files) -> None:

@@ -163,6 +163,8 @@ class ArraysView(BaseModel):
     used_bytes: int
     user_quota_bytes: int  # each user's pending arrays (used by no queued or running job)
     your_pending_bytes: int  # the caller's pending arrays
+    reserved_bytes: int  # uploads still in progress (their declared sizes), in the budget
+    your_reserved_bytes: int  # the caller's uploads in progress, in their quota
     eviction: str  # the order in which an upload makes room
 
 

@@ -43,6 +43,7 @@ def status_lines(view: dict[str, Any]) -> list[str]:
         arrays = view["arrays"]
         lines.append(
             f"uploads {_mib(arrays['used_bytes'])}/{_mib(arrays['budget_bytes'])} MiB  "
+            f"in progress {_mib(arrays.get('reserved_bytes', 0))} MiB  "
             f"yours pending {_mib(arrays['your_pending_bytes'])}/"
             f"{_mib(arrays['user_quota_bytes'])} MiB (quota; past it your oldest unused go)"
         )

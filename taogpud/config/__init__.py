@@ -289,6 +289,13 @@ class MemorySection(BaseModel):
     model_config = _SECTION
     pool_size_mb: Int = Field(4096, ge=0)
     auto_grow: bool = True
+    # taogpud extension: all uploaded arrays together, finished or in progress (arrays.py);
+    # absent = half of /dev/shm, at most 8 GiB; never more than /dev/shm holds
+    array_budget_mb: Int | None = Field(
+        None,
+        ge=1,
+        json_schema_extra=_allowed("a whole number of MiB above 0, or no key at all"),
+    )
     # taogpud extension: each user's pending uploads (arrays.py); absent = a quarter of the
     # array budget (half of /dev/shm, at most 8 GiB)
     upload_quota_mb: Int | None = Field(

@@ -35,7 +35,7 @@ from taogpud.api import protocol
 from taogpud.api.app import create_app
 from taogpud.api.jobs import end_waits
 from taogpud.api.models import job_request_from
-from taogpud.arrays import ArrayStore, upload_quota_bytes
+from taogpud.arrays import ArrayStore, array_budget_bytes, upload_quota_bytes
 from taogpud.config.ray import serves_client_memory
 from taogpud.daemon.reload import Reloader, watch_files
 from taogpud.daemon.shm_server import ShmServer
@@ -183,7 +183,7 @@ class Daemon:
         private_dir(state_dir)
         os.environ.update(kernel_cache_env(state_dir))  # inherited by the spawned workers
         store = JobStore(state_dir / STORE_NAME)
-        arrays = ArrayStore(_array_budget_bytes(), store, shm.namespace_of(state_dir))
+        arrays = ArrayStore(array_budget_bytes(self.snapshot), store, shm.namespace_of(state_dir))
         arrays.user_quota_bytes = upload_quota_bytes(self.snapshot, arrays)
         arrays.restore()
         pool = create_pool(self.snapshot, plan.specs)
@@ -338,12 +338,6 @@ def private_dir(path: Path) -> None:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     if path.stat().st_mode & 0o077:
         path.chmod(0o700)
-
-
-def _array_budget_bytes() -> int:
-    """Half of /dev/shm, at most 8 GiB: uploads and kept outputs live there."""
-    stat = os.statvfs(shm.SHM_DIR)
-    return min(stat.f_blocks * stat.f_frsize // 2, 8 << 30)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

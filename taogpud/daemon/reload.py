@@ -32,7 +32,7 @@ from watchfiles import Change, awatch
 
 from taogpud import config
 from taogpud import logging as tlog
-from taogpud.arrays import ArrayStore, upload_quota_bytes
+from taogpud.arrays import ArrayStore, array_budget_bytes, upload_quota_bytes
 from taogpud.config.ray import restart_only
 from taogpud.daemon.state import DaemonStatus, Phase, status_line
 from taogpud.errors import BackendUnavailable, ConfigError, Problem
@@ -155,6 +155,7 @@ class Reloader:
         self.status.snapshot = new
         self.status.generation += 1
         self.scheduler.apply_policy(Policy.from_snapshot(new))
+        self.arrays.budget_bytes = array_budget_bytes(new)  # the quota's default follows it
         self.arrays.user_quota_bytes = upload_quota_bytes(new, self.arrays)
         keep_from_children(new.config.api.api_key_env)  # workers rolled from now on
         tlog.set_level(new.settings.logging.level)
