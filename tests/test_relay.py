@@ -469,7 +469,7 @@ def test_taogpuctl_relay_token_env_status_and_doctor(
     `relay status` shows the use; `doctor` passes the relay check end to end."""
     saved = ctl(relayd, tmp_path, "relay", "token")
     assert saved.returncode == 0, saved.stderr
-    path = tmp_path / "taogpud" / "relay-token"
+    (path,) = (tmp_path / "taogpud").glob("relay-token@*")
     assert path.stat().st_mode & 0o777 == 0o600
     lines = ctl(relayd, tmp_path, "relay", "env", "--tool", "openai").stdout.splitlines()
     env = dict(line.removeprefix("export ").split("=", 1) for line in lines)

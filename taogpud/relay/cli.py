@@ -1,39 +1,55 @@
 """`taogpuctl relay token|env|status`, and the doctor's relay check. Client side only.
 
 The token is fetched over the Unix socket (the daemon knows the caller by SO_PEERCRED) and
-kept in $XDG_CONFIG_HOME/taogpud/relay-token, mode 0600, for `relay env` to print.
+kept in $XDG_CONFIG_HOME/taogpud/relay-token@SOCKET (SOCKET: the daemon's socket path, its
+slashes as `-`), mode 0600, for `relay env` to print: one file per daemon, as a token is.
+`relay env` never replaces a token: it fetches one only when the daemon holds none for the
+user, since a new token revokes the old one and every tool configured with it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
 
+from taogpud.cli.failures import CliError
 from taogpud.cli.output import emit_json, emit_line
 from taogpud.client import Client
-from taogpud.relay.tools import TOOLS, env_lines
+from taogpud.relay.tools import TOOLS, Recipe, recipe
 
 if TYPE_CHECKING:  # both import pydantic-settings: taogpuctl's start pays for them only here
     from taogpud.doctor import Check
 
 TOKEN_FILE = "relay-token"
+MAX_NAME = 200  # a file name holds 255 bytes; a longer socket path is shortened by its hash
 
 relay_app = typer.Typer(help="The relay: AI tools reach the provider through taogpud.")
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
 
 
-def token_path() -> Path:
+def token_path(socket_path: str) -> Path:
+    """Where this user keeps the token of the daemon at `socket_path` (one file per daemon)."""
     from taogpud.config.loading import default_config_dir
 
-    return default_config_dir(os.environ, system=False) / TOKEN_FILE
+    absolute = str(Path(socket_path).absolute())  # not resolve(): a symlink names its daemon
+    name = f"{TOKEN_FILE}@{absolute.strip('/').replace('/', '-')}"
+    if len(name) > MAX_NAME:
+        name = name[: MAX_NAME - 17] + "-" + hashlib.sha256(name.encode()).hexdigest()[:16]
+    return default_config_dir(os.environ, system=False) / name
 
 
-def save_token(token: str) -> Path:
-    path = token_path()
+def fingerprint(token: str) -> str:
+    """What the daemon's status shows of the caller's token: enough to tell it is the one."""
+    return hashlib.sha256(token.encode("utf-8", "replace")).hexdigest()[:16]
+
+
+def save_token(path: Path, token: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
@@ -60,11 +76,11 @@ def token_command(
         if revoke:
             answer = client.relay_revoke(uid)
             if uid is None:
-                token_path().unlink(missing_ok=True)
+                token_path(client.socket_path).unlink(missing_ok=True)
             _report(answer, json_out, f"relay token of uid {answer['uid']} revoked")
             return
         answer = client.relay_token()
-    path = save_token(answer["token"])
+        path = save_token(token_path(client.socket_path), answer["token"])
     shown = {**answer, "path": str(path)} if show else {"uid": answer["uid"], "path": str(path)}
     _report(shown, json_out, f"relay token for uid {answer['uid']} saved to {path} (0600)")
     if show and not json_out:
@@ -75,24 +91,66 @@ def token_command(
 def env_command(
     ctx: typer.Context,
     tool: Annotated[str, typer.Option(help=f"One of: {', '.join(TOOLS)}.")] = "openai",
+    write: Annotated[
+        bool,
+        typer.Option(
+            "--write",
+            help="Merge the entry into the tool's config file (codex, openclaw), keeping a .bak; "
+            "print only the shell's lines.",
+        ),
+    ] = False,
 ) -> None:
     """Print the lines TOOL reads to use the relay (its base URL and your relay token)."""
     if tool not in TOOLS:
         raise typer.BadParameter(f"unknown tool {tool!r}; known: {', '.join(TOOLS)}")
     with _client(ctx) as client:
         status = client.relay_status()
-        path = token_path()
-        token = path.read_text().strip() if path.exists() else ""
-        if not token or not status.get("has_token"):
-            token = client.relay_token()["token"]
-            save_token(token)
-    if not status.get("listen"):
-        raise typer.BadParameter(
-            "the relay has no TCP listener: set enabled = true and listen in [relay] of "
-            "config.toml and restart taogpud"
+        if not status.get("listen"):
+            raise CliError(
+                "the relay has no TCP listener",
+                "set enabled = true and listen in [relay] of config.toml and restart taogpud",
+            )
+        token = _usable_token(client, status)
+    made = recipe(tool, f"http://{status['listen']}", token, status.get("models") or {})
+    lines = _written(made) if write else made.lines()
+    print("\n".join(lines))  # as is: never through rich, whose markup eats `[table]` lines
+
+
+def _usable_token(client: Client, status: dict[str, Any]) -> str:
+    """The user's token for this daemon: the saved one, or a first one when the daemon holds
+    none. Never a replacement: that would revoke the token every configured tool uses."""
+    path = token_path(client.socket_path)
+    saved = path.read_text().strip() if path.exists() else ""
+    if not status.get("has_token"):
+        return save_token(path, client.relay_token()["token"]).read_text().strip()
+    if saved and fingerprint(saved) == status.get("token_fingerprint"):
+        return saved
+    where = "is not the one in" if saved else "is not saved in"
+    raise CliError(
+        f"you have a relay token for this daemon, but it {where} {path} (it was fetched "
+        "under another HOME or XDG_CONFIG_HOME)",
+        "use that copy, or `taogpuctl relay token` for a new one (the old one then stops "
+        "working for every tool set up with it)",
+    )
+
+
+def _written(made: Recipe) -> list[str]:
+    """--write: the file's part merged into the tool's file; the shell's part printed."""
+    from taogpud.relay import toolfiles
+
+    if made.file_kind == "codex-toml":
+        path = toolfiles.codex_path(os.environ)
+        toolfiles.write_codex(path, made.merge)
+    elif made.file_kind == "openclaw-json":
+        path = toolfiles.openclaw_path(os.environ)
+        toolfiles.write_openclaw(path, made.merge)
+    else:
+        raise CliError(
+            "--write is for tools that read a config file (codex, openclaw, openclaw-anthropic)",
+            "this tool reads only its environment: drop --write and eval the lines",
         )
-    for line in env_lines(tool, f"http://{status['listen']}", token):
-        emit_line(line)
+    print(f"# merged into {path} (the previous one, if any, in {path.name}.bak)", file=sys.stderr)
+    return made.export_lines
 
 
 @relay_app.command("status")

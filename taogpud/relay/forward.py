@@ -190,7 +190,7 @@ class Relay:
         settings, scrub = channel.settings, channel.scrub
         aliased = upstream.resolve_alias(body, settings.models)
         exchange.alias, exchange.model = aliased.alias, aliased.model
-        family = upstream.family_of(exchange.path)
+        family = upstream.family_of(exchange.path, scope["headers"])
         key = upstream.key_header(settings.api_key, snapshot.config.relay.key_header, family)
         out = upstream.Outgoing(
             exchange.method,
@@ -530,21 +530,33 @@ class TcpRelay:
             )
 
     def _caller(self, scope: Scope) -> int:
-        headers = dict(scope["headers"])
-        token = headers.get(b"x-api-key", b"").decode("latin-1")
-        auth = headers.get(b"authorization", b"").decode("latin-1")
-        if not token and auth[:7].lower() == "bearer ":
-            token = auth[7:].strip()
-        uid = self.relay.tokens.uid_of(token) if token else None
-        if uid is None:
-            what = "is not a valid relay token" if token else "carries no relay token"
-            raise RelayError(
-                401,
-                ErrorBody(
-                    "relay_token_required",
-                    f"the request {what}; the relay forwards nothing without one",
-                    "run `taogpuctl relay token` and use what `taogpuctl relay env --tool TOOL` "
-                    "prints (the token goes where the tool's API key would)",
-                ),
-            )
-        return uid
+        """The uid of the first relay token among x-api-key and `Authorization: Bearer`: a
+        tool may send both (Claude Code with ANTHROPIC_API_KEY set beside ANTHROPIC_AUTH_TOKEN),
+        and the one that is a valid relay token is the one meant for the relay."""
+        offered = _offered_tokens(scope["headers"])
+        for token in offered:
+            uid = self.relay.tokens.uid_of(token)
+            if uid is not None:
+                return uid
+        what = "carries no valid relay token" if offered else "carries no relay token"
+        raise RelayError(
+            401,
+            ErrorBody(
+                "relay_token_required",
+                f"the request {what}; the relay forwards nothing without one",
+                "use what `taogpuctl relay env --tool TOOL` prints: the tool's base URL and the "
+                "token of `taogpuctl relay token` where its API key would go",
+            ),
+        )
+
+
+def _offered_tokens(headers: list[tuple[bytes, bytes]]) -> list[str]:
+    """What a client sent as its API key, in x-api-key and as a Bearer token (both, if both)."""
+    offered = []
+    for name, value in headers:
+        text = value.decode("latin-1").strip()
+        if name == b"x-api-key" and text:
+            offered.append(text)
+        elif name == b"authorization" and text[:7].lower() == "bearer ":
+            offered.append(text[7:].strip())
+    return offered

@@ -72,5 +72,6 @@ async def relay_status(request: Request) -> dict[str, Any]:
         "limits": settings.limits.model_dump(),
         "models": snapshot.settings.models.model_dump(),
         "has_token": uid is not None and relay.tokens.has(uid),
+        "token_fingerprint": None if uid is None else relay.tokens.fingerprint(uid),
         "use": relay.use.rows(),
     }

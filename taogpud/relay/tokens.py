@@ -59,6 +59,12 @@ class TokenStore:
     def has(self, uid: int) -> bool:
         return uid in self._by_uid
 
+    def fingerprint(self, uid: int) -> str | None:
+        """The first 16 hex digits of the uid's token hash: its owner's client compares them
+        with its saved copy (`relay env`). Shown to that uid only; it grants nothing."""
+        value = self._by_uid.get(uid)
+        return None if value is None else value[:16]
+
     def _read(self) -> dict[int, str]:
         if self.path is None or not self.path.exists():
             return {}

@@ -62,9 +62,13 @@ DROPPED_REQUEST_HEADERS = frozenset(
 )
 
 
-def family_of(path: str) -> Family:
-    """Anthropic-style paths are /v1/messages and below; everything else is OpenAI-style."""
-    return "anthropic" if path == "/v1/messages" or path.startswith("/v1/messages/") else "openai"
+def family_of(path: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> Family:
+    """Anthropic-style: /v1/messages and below, and any request carrying `anthropic-version`
+    (the anthropic SDKs send it everywhere: models.list(), files, batches); the rest is
+    OpenAI-style. It picks the key's header and the shape of a relay-made stream error."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return "anthropic"
+    return "anthropic" if any(name == b"anthropic-version" for name, _ in headers) else "openai"
 
 
 def upstream_url(base_url: str, path: str, query: bytes) -> str:

@@ -1,0 +1,312 @@
+"""The relay as each AI tool uses it (issue 38): the recipes `taogpuctl relay env --tool X`
+prints, followed as printed, and the headers and paths those tools send, passed through.
+
+The clients are the official openai and anthropic SDKs, set up from nothing but what
+`relay env` printed; the provider is tests/fake_provider.py on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from conftest import RunningDaemon
+from fake_provider import FakeProvider, Reply, anthropic_message, fake_provider
+from test_relay import (
+    _CLIENTS,
+    KEY,
+    MODELS,
+    anthropic_tcp,
+    assert_no_key,
+    kept,
+    start_relay,
+    token_of,
+)
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _CLIENTS:
+        _CLIENTS.pop().close()
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    with fake_provider(KEY) as server:
+        server.require_auth = True
+        yield server
+
+
+@pytest.fixture
+def relayd(daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider) -> RunningDaemon:
+    return start_relay(daemon_factory, provider.base_url)
+
+
+def ctl(daemon: RunningDaemon, home: Path, *args: str) -> Any:
+    """taogpuctl against `daemon`, as a user whose config (and relay token) lives in `home`."""
+    env = {"XDG_CONFIG_HOME": str(home / "config"), "HOME": str(home)}
+    return daemon.ctl(*args, env=env, timeout_s=60)
+
+
+def env_of(lines: str) -> dict[str, str]:
+    """The `export NAME=VALUE` lines of a recipe."""
+    exports = [line.removeprefix("export ") for line in lines.splitlines()]
+    return dict(line.split("=", 1) for line in exports if "=" in line and line[0] != "#")
+
+
+# ---- the TCP listener takes the token from either header -----------------------------------
+
+
+def test_claude_code_with_anthropic_api_key_also_set(
+    relayd: RunningDaemon, provider: FakeProvider
+) -> None:
+    """Claude Code with ANTHROPIC_AUTH_TOKEN (the relay token) and a stray ANTHROPIC_API_KEY
+    sends both x-api-key and Authorization: the valid relay token wins, whichever it is in."""
+    token, base = token_of(relayd)
+    provider.default = Reply(body=anthropic_message("claude-opus-4"))
+    client = kept(
+        anthropic.Anthropic(
+            base_url=base,
+            api_key="sk-ant-users-own",
+            default_headers={"authorization": f"Bearer {token}"},
+            max_retries=0,
+        )
+    )
+    message = client.messages.create(
+        model="reasoning", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert message.content[0].text == "pong"  # type: ignore[union-attr]
+    assert provider.seen[-1].x_api_key_matches and not provider.seen[-1].has_auth
+    swapped = {"x-api-key": token, "authorization": "Bearer sk-ant-users-own"}
+    assert httpx.get(base + "/v1/models", headers=swapped).status_code == 200
+
+
+# ---- pass-through: every path, every header, the key where the family expects it ----------
+
+
+def test_anthropic_style_requests_get_x_api_key_on_every_path(
+    relayd: RunningDaemon, provider: FakeProvider
+) -> None:
+    """The anthropic SDK's models.list() and count_tokens carry anthropic-version: upstream they
+    get x-api-key (Anthropic refuses a Bearer key), not only /v1/messages does."""
+    client = anthropic_tcp(relayd)
+    listed = {"data": [{"id": "claude-x", "type": "model"}], "has_more": False}
+    provider.default = Reply(body=listed)
+    assert [model.id for model in client.models.list()] == ["claude-x"]
+    seen = provider.seen[-1]
+    assert seen.path.startswith("/api/v1/models") and seen.x_api_key_matches
+    assert not seen.has_auth
+    provider.default = Reply(body={"input_tokens": 12})
+    counted = client.messages.count_tokens(
+        model="coding", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert counted.input_tokens == 12
+    seen = provider.seen[-1]
+    assert seen.path == "/api/v1/messages/count_tokens" and seen.x_api_key_matches
+    assert seen.body["model"] == MODELS["coding"]
+
+
+def test_provider_headers_and_paths_pass_unchanged(
+    relayd: RunningDaemon, provider: FakeProvider
+) -> None:
+    """anthropic-beta, anthropic-version, OpenAI-Beta, Idempotency-Key and any x- header reach
+    the provider as sent; /v1/responses/compact passes like any path, query and all."""
+    token, base = token_of(relayd)
+    sent = {
+        "anthropic-beta": "context-1m-2025-08-07,interleaved-thinking-2025-05-14",
+        "anthropic-version": "2023-06-01",
+        "openai-beta": "responses=experimental",
+        "idempotency-key": "idem-123",
+        "x-stainless-retry-count": "0",
+        "authorization": f"Bearer {token}",
+    }
+    response = httpx.post(
+        base + "/v1/responses/compact?beta=true", headers=sent, json={"model": "default"}
+    )
+    assert response.status_code == 200
+    seen = provider.seen[-1]
+    assert seen.path == "/api/v1/responses/compact?beta=true"
+    for name in ("anthropic-beta", "anthropic-version", "openai-beta", "idempotency-key"):
+        assert seen.headers[name] == sent[name]
+    assert seen.headers["x-stainless-retry-count"] == "0"
+    assert seen.x_api_key_matches and not seen.has_auth  # anthropic-version: that family's
+    assert token not in json.dumps(seen.headers)
+    assert seen.body == {"model": MODELS["default"]}  # the alias: the one rewrite
+
+
+# ---- the recipes ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_codex_recipe_is_a_custom_provider_that_works(
+    relayd: RunningDaemon, provider: FakeProvider, tmp_path: Path
+) -> None:
+    """`relay env --tool codex` prints Codex's config.toml provider (wire_api = "responses",
+    env_key naming a variable) and the export of that variable; no OPENAI_BASE_URL."""
+    out = ctl(relayd, tmp_path, "relay", "env", "--tool", "codex")
+    assert out.returncode == 0, out.stderr
+    toml_part, _, shell_part = out.stdout.partition("# and in the shell")
+    config = tomllib.loads(toml_part)
+    name = config["model_provider"]
+    block = config["model_providers"][name]
+    assert block["wire_api"] == "responses" and config["model"] in MODELS
+    assert "OPENAI_BASE_URL" not in out.stdout
+    exported = env_of(shell_part)
+    token = exported[block["env_key"]]
+    client = kept(openai.OpenAI(base_url=block["base_url"], api_key=token, max_retries=0))
+    provider.default = Reply(body={"id": "resp_1", "object": "response", "output": []})
+    client.responses.create(model=config["model"], input="hi")
+    seen = provider.seen[-1]
+    assert seen.path == "/api/v1/responses" and seen.auth_matches
+    assert seen.body["model"] == MODELS[config["model"]]
+
+
+@pytest.mark.slow
+def test_codex_write_merges_into_its_config_with_a_backup(
+    relayd: RunningDaemon, tmp_path: Path
+) -> None:
+    """--write merges the provider into $CODEX_HOME/config.toml, keeps the user's other keys
+    and comments, leaves config.toml.bak, and prints only the export."""
+    codex_home = tmp_path / "codex"
+    codex_home.mkdir()
+    before = '# mine\napproval_policy = "never"\n\n[mcp_servers.x]\ncommand = "y"\n'
+    (codex_home / "config.toml").write_text(before)
+    env = {
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "HOME": str(tmp_path),
+        "CODEX_HOME": str(codex_home),
+    }
+    out = relayd.ctl("relay", "env", "--tool", "codex", "--write", env=env, timeout_s=60)
+    assert out.returncode == 0, out.stderr
+    assert (codex_home / "config.toml.bak").read_text() == before
+    written = (codex_home / "config.toml").read_text()
+    assert "# mine" in written
+    config = tomllib.loads(written)
+    assert config["approval_policy"] == "never" and config["mcp_servers"]["x"]["command"] == "y"
+    block = config["model_providers"][config["model_provider"]]
+    assert list(env_of(out.stdout)) == [block["env_key"]]
+    assert env_of(out.stdout)[block["env_key"]] not in written  # the token stays out of it
+    again = relayd.ctl("relay", "env", "--tool", "codex", "--write", env=env, timeout_s=60)
+    assert again.returncode == 0 and tomllib.loads((codex_home / "config.toml").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("tool", "api"),
+    [("openclaw", "openai-completions"), ("openclaw-anthropic", "anthropic-messages")],
+)
+def test_openclaw_recipe_lists_the_aliases_as_models(
+    relayd: RunningDaemon, provider: FakeProvider, tmp_path: Path, tool: str, api: str
+) -> None:
+    """OpenClaw refuses a custom provider without `models`: the entry lists settings.json's
+    aliases, and its baseUrl and apiKey work with that API's SDK."""
+    out = ctl(relayd, tmp_path, "relay", "env", "--tool", tool)
+    assert out.returncode == 0, out.stderr
+    document = json.loads(out.stdout.split("\n", 1)[1])
+    entry = document["models"]["providers"]["taogpud"]
+    assert entry["api"] == api
+    assert [model["id"] for model in entry["models"]] == list(MODELS)
+    for model in entry["models"]:
+        assert model["input"] == ["text"] and model["contextWindow"] > model["maxTokens"] > 0
+    if api == "anthropic-messages":
+        provider.default = Reply(body=anthropic_message("m"))
+        client = kept(anthropic.Anthropic(base_url=entry["baseUrl"], api_key=entry["apiKey"]))
+        client.messages.create(model="coding", max_tokens=8, messages=[])
+        assert provider.seen[-1].x_api_key_matches
+    else:
+        sdk = kept(openai.OpenAI(base_url=entry["baseUrl"], api_key=entry["apiKey"]))
+        sdk.chat.completions.create(model="coding", messages=[])
+        assert provider.seen[-1].auth_matches
+    assert provider.seen[-1].body["model"] == MODELS["coding"]
+
+
+@pytest.mark.slow
+def test_openclaw_write_merges_into_openclaw_json(relayd: RunningDaemon, tmp_path: Path) -> None:
+    """--write merges the provider into ~/.openclaw/openclaw.json beside what is there."""
+    config = tmp_path / ".openclaw" / "openclaw.json"
+    config.parent.mkdir()
+    before = {"agents": {"defaults": {"workspace": "w"}}, "models": {"providers": {"x": {}}}}
+    config.write_text(json.dumps(before))
+    out = ctl(relayd, tmp_path, "relay", "env", "--tool", "openclaw", "--write")
+    assert out.returncode == 0, out.stderr
+    after = json.loads(config.read_text())
+    assert after["agents"] == before["agents"] and "x" in after["models"]["providers"]
+    assert after["models"]["providers"]["taogpud"]["api"] == "openai-completions"
+    assert json.loads(config.with_name("openclaw.json.bak").read_text()) == before
+    assert config.stat().st_mode & 0o777 == 0o600  # it holds the token
+
+
+@pytest.mark.slow
+def test_generic_and_sdk_recipes_work_as_printed(
+    relayd: RunningDaemon, provider: FakeProvider, tmp_path: Path
+) -> None:
+    """openai, anthropic, claude-code and the generic OpenAI-compatible recipe: each client
+    made from nothing but the printed variables completes a request."""
+    generic = env_of(ctl(relayd, tmp_path, "relay", "env", "--tool", "generic").stdout)
+    assert generic["OPENAI_API_BASE"] == generic["OPENAI_BASE_URL"]
+    kept(openai.OpenAI(base_url=generic["OPENAI_API_BASE"], api_key=generic["OPENAI_API_KEY"]))
+    sdk = env_of(ctl(relayd, tmp_path, "relay", "env", "--tool", "openai").stdout)
+    client = kept(openai.OpenAI(base_url=sdk["OPENAI_BASE_URL"], api_key=sdk["OPENAI_API_KEY"]))
+    client.chat.completions.create(model="default", messages=[])
+    assert provider.seen[-1].auth_matches
+    claude = env_of(ctl(relayd, tmp_path, "relay", "env", "--tool", "claude-code").stdout)
+    provider.default = Reply(body=anthropic_message("m"))
+    cc = kept(
+        anthropic.Anthropic(
+            base_url=claude["ANTHROPIC_BASE_URL"], auth_token=claude["ANTHROPIC_AUTH_TOKEN"]
+        )
+    )
+    cc.messages.create(model="default", max_tokens=8, messages=[])
+    assert provider.seen[-1].x_api_key_matches
+    tokens = {generic["OPENAI_API_KEY"], sdk["OPENAI_API_KEY"], claude["ANTHROPIC_AUTH_TOKEN"]}
+    assert len(tokens) == 1
+
+
+# ---- the token: never revoked behind the user's back, one file per daemon ------------------
+
+
+@pytest.mark.slow
+def test_relay_env_never_revokes_a_working_token(relayd: RunningDaemon, tmp_path: Path) -> None:
+    """A token fetched under one HOME keeps working when `relay env` runs under another one
+    that has no copy of it: env says how to get one instead of replacing it silently."""
+    first = ctl(relayd, tmp_path / "a", "relay", "env", "--tool", "openai")
+    assert first.returncode == 0, first.stderr
+    token = env_of(first.stdout)["OPENAI_API_KEY"]
+    base = env_of(first.stdout)["OPENAI_BASE_URL"]
+    elsewhere = ctl(relayd, tmp_path / "b", "relay", "env", "--tool", "openai")
+    assert elsewhere.returncode != 0
+    assert "relay token" in elsewhere.stderr and "tgr_" not in elsewhere.stdout
+    answer = httpx.get(base + "/models", headers={"authorization": f"Bearer {token}"})
+    assert answer.status_code == 200
+    again = ctl(relayd, tmp_path / "a", "relay", "env", "--tool", "openai")
+    assert env_of(again.stdout)["OPENAI_API_KEY"] == token
+
+
+@pytest.mark.slow
+def test_the_token_file_is_per_daemon(
+    daemon_factory: Any, provider: FakeProvider, tmp_path: Path
+) -> None:
+    """Two daemons, one user: each daemon's token is kept apart, and env prints its own."""
+    one = start_relay(daemon_factory, provider.base_url)
+    two = start_relay(daemon_factory, provider.base_url)
+    tokens = []
+    for daemon in (one, two):
+        out = ctl(daemon, tmp_path, "relay", "token", "--json")
+        assert out.returncode == 0, out.stderr
+        tokens.append(Path(json.loads(out.stdout)["path"]))
+    assert tokens[0] != tokens[1] and tokens[0].exists() and tokens[1].exists()
+    for daemon, path in zip((one, two), tokens, strict=True):
+        printed = env_of(ctl(daemon, tmp_path, "relay", "env", "--tool", "openai").stdout)
+        assert printed["OPENAI_API_KEY"] == path.read_text().strip()
+        models = printed["OPENAI_BASE_URL"] + "/models"
+        auth = {"authorization": f"Bearer {printed['OPENAI_API_KEY']}"}
+        assert httpx.get(models, headers=auth).status_code == 200
+    assert_no_key(*(path.read_text() for path in tokens))
