@@ -296,20 +296,14 @@ def default_quota_bytes(budget_bytes: int) -> int:
     return max(budget_bytes // 4, 1)
 
 
-def checked_dtype(descr: str) -> str:
-    """The .npy header's descr as numpy's dtype string ("<f4"), if it is a plain number type;
-    else BadArray naming it. Numpy parses it here, in the daemon: an unknown or an object
-    dtype never reaches a worker."""
-    import numpy as np
-
-    try:
-        dtype = np.dtype(descr)
-    except (TypeError, ValueError, KeyError, SyntaxError, OverflowError) as exc:
-        raise BadArray(f".npy descr {descr!r} is not a dtype numpy knows ({exc})") from None
+def checked_dtype(dtype: Any) -> str:
+    """The .npy header's dtype (numpy's reader made it from the descr) as numpy's dtype string
+    ("<f4"), if it is a plain number type; else BadArray naming it. Judged here, in the
+    daemon: an object dtype never reaches a worker."""
     if dtype.hasobject or dtype.kind not in NUMERIC_KINDS:
         raise BadArray(
-            f".npy descr {descr!r} is {dtype}: only plain numbers are taken (booleans, integers, "
-            "floats, complex), not objects, structures, strings or dates"
+            f".npy descr {dtype.descr!r} is {dtype}: only plain numbers are taken (booleans, "
+            "integers, floats, complex), not objects, structures, strings or dates"
         )
     return str(dtype.str)
 
@@ -345,8 +339,8 @@ def check_dtypes(task: str, job_dtype: str | None, refs: Mapping[str, HasDtype])
 def _read_header(head: bytes) -> tuple[tuple[int, ...], str, int]:
     """(shape, dtype, header length) of an upload, or the 400 that says what is wrong."""
     try:
-        shape, descr, header_bytes = shm.parse_header(head)
-        return shape, checked_dtype(descr), header_bytes
+        shape, dtype, header_bytes = shm.parse_header(head)
+        return shape, checked_dtype(dtype), header_bytes
     except BadArray as exc:
         raise RequestError(str(exc), "send the bytes numpy.save() writes") from None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import io
 import json
 import shutil
 import socket
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.lib.format as npy_format
 import pytest
 from conftest import RunningDaemon, start_daemon
 from hypothesis import HealthCheck, given, settings
@@ -91,6 +93,45 @@ def test_a_descr_numpy_does_not_know_is_a_400(daemon: RunningDaemon) -> None:
     status, body = upload_raw(daemon.socket_path, npy + b"\0" * 16)
     assert_error_shape(status, body, 400, "invalid_request")
     assert "'<q9zz'" in body["message"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ("'descr': '<f4', 'fortran_order': False, 'shape': '123'", "shape is not valid: '123'"),
+        ("'descr': '<f4', 'fortran_order': False, 'shape': (2.9,)", "shape is not valid"),
+        ("'descr': '<f4', 'fortran_order': False, 'shape': [2]", "shape is not valid: [2]"),
+        ("'descr': '<f4', 'fortran_order': 0, 'shape': (2,)", "fortran_order is not a valid"),
+        ("'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1", "correct keys"),
+        ("'descr': '<f4', 'shape': (2,)", "correct keys"),
+        ("'descr': 4, 'fortran_order': False, 'shape': (2,)", "descr is not a valid dtype"),
+    ],
+)
+def test_a_header_numpy_refuses_is_a_400_naming_the_problem(
+    daemon: RunningDaemon, fields: str, problem: str
+) -> None:
+    """numpy's own reader decides what a valid header is: one it refuses to load is refused
+    with its reason, never reinterpreted (shape '123' was taken as (1, 2, 3), (2.9,) as (2,))."""
+    npy = npy_with_header("{" + fields + ", }", bytes(24))
+    with pytest.raises(ValueError, match=problem.split(":", maxsplit=1)[0]):
+        np.load(io.BytesIO(npy))  # numpy itself refuses it, for this reason
+    status, body = upload_raw(daemon.socket_path, npy)
+    assert_error_shape(status, body, 400, "invalid_request")
+    assert problem in body["message"]
+
+
+def test_a_version_2_and_a_version_3_header_are_taken_as_numpy_writes_them(
+    daemon: RunningDaemon,
+) -> None:
+    """The wider header length of .npy 2.0 and 3.0 (numpy writes them for large headers)."""
+    array = np.arange(6, dtype=">i2").reshape(2, 3)
+    out = io.BytesIO()
+    npy_format.write_array_header_2_0(out, npy_format.header_data_from_array_1_0(array))
+    for version in (2, 3):  # 3.0 differs only in its encoding (utf-8), and has no writer
+        npy = out.getvalue()[:6] + bytes([version]) + out.getvalue()[7:] + array.tobytes()
+        status, body = upload_raw(daemon.socket_path, npy)
+        assert status == 201, body
+        assert (body["shape"], body["dtype"]) == ([2, 3], ">i2")
 
 
 def test_a_header_that_exhausts_the_parser_is_a_400(daemon: RunningDaemon) -> None:

@@ -12,8 +12,8 @@ sweep what a killed one left behind.
 
 from __future__ import annotations
 
-import ast
 import hashlib
+import io
 import mmap
 import os
 import secrets
@@ -59,39 +59,36 @@ def namespace_of(state_dir: Path) -> str:
     return hashlib.sha256(str(state_dir.absolute()).encode()).hexdigest()[:12]
 
 
-def parse_header(head: bytes) -> tuple[tuple[int, ...], str, int]:
-    """(shape, dtype, header length) of a .npy v1/v2/v3 image; no object arrays, C order."""
-    if len(head) < 10 or not head.startswith(NPY_MAGIC):
-        raise BadArray("the body is not a .npy file (it must start with \\x93NUMPY)")
-    major = head[6]
-    size_bytes = 2 if major == 1 else 4
-    if major not in (1, 2, 3):
-        raise BadArray(f".npy format version {major} is not supported")
-    start = 8 + size_bytes
-    length = int.from_bytes(head[8:start], "little")
-    if len(head) < start + length:
-        raise BadArray(".npy header is truncated")
-    shape, dtype = _header_fields(head[start : start + length])
-    return shape, dtype, start + length
+def parse_header(head: bytes) -> tuple[tuple[int, ...], Any, int]:
+    """(shape, numpy dtype, header length) of a .npy image, read by numpy's own header reader
+    (numpy.lib.format): a header numpy would not load is refused with numpy's reason, never
+    reinterpreted. C order only. The dtype is not judged here (arrays.checked_dtype)."""
+    from numpy.lib import format as npy_format
 
-
-def _header_fields(text: bytes) -> tuple[tuple[int, ...], str]:
+    stream = io.BytesIO(head)
     try:
-        fields = ast.literal_eval(text.decode("latin1"))
-        shape = tuple(int(n) for n in fields["shape"])
-        dtype = str(fields["descr"])
-        fortran = bool(fields["fortran_order"])
-    except (ValueError, SyntaxError, KeyError, TypeError) as exc:
-        raise BadArray(f".npy header cannot be read: {exc}") from exc
+        reader = _HEADER_READERS.get(npy_format.read_magic(stream))
+        if reader is None:
+            raise BadArray(f".npy format version {head[6]}.{head[7]} is not supported")
+        shape, fortran, dtype = getattr(npy_format, reader)(stream)
+    except ValueError as exc:  # numpy's every refusal: magic, keys, shape, descr, length
+        raise BadArray(f".npy header refused by numpy: {exc}") from None
     except (RecursionError, MemoryError):  # e.g. thousands of unary minus signs
         raise BadArray(".npy header cannot be read: it nests too deeply") from None
     if fortran:
         raise BadArray("Fortran-ordered arrays are not supported; save with np.ascontiguousarray")
-    if not isinstance(fields["descr"], str) or dtype.startswith("|O"):
-        raise BadArray("only plain numeric dtypes are supported (no object or structured arrays)")
-    if any(n < 0 for n in shape):
-        raise BadArray("negative dimension in .npy header")
-    return shape, dtype
+    if any(n < 0 for n in shape):  # numpy's reader takes these; no array has them
+        raise BadArray(f"negative dimension in .npy header: shape {shape}")
+    return shape, dtype, stream.tell()
+
+
+# numpy.lib.format's public readers by version. 3.0 is 2.0 with a utf-8 header, which only
+# structured dtypes' field names need (refused anyway): ASCII reads the same in latin-1.
+_HEADER_READERS = {
+    (1, 0): "read_array_header_1_0",
+    (2, 0): "read_array_header_2_0",
+    (3, 0): "read_array_header_2_0",
+}
 
 
 def npy_header(shape: tuple[int, ...], dtype_str: str) -> bytes:
