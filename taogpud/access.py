@@ -18,6 +18,7 @@ import pwd
 from typing import Any
 
 from taogpud.errors import NotPermitted
+from taogpud.i18n import Text
 from taogpud.jobs import JobErrorView, JobRecord, Peer
 
 ADMIN_GROUP = "taogpu-admin"
@@ -37,8 +38,14 @@ def check_access(job: JobRecord, peer: Peer, action: str) -> None:
     if job.peer.uid is None or may_touch(job.peer.uid, peer):
         return
     raise NotPermitted(
-        f"job {job.id} belongs to uid {job.peer.uid}; uid {peer.uid} may not {action} it",
-        f"only the job's owner, root or a member of group {ADMIN_GROUP} may",
+        Text(
+            "job {job_id} belongs to uid {owner}; uid {uid} may not {action} it",
+            job_id=job.id,
+            owner=job.peer.uid,
+            uid=peer.uid,
+            action=action,
+        ),
+        Text("only the job's owner, root or a member of group {group} may", group=ADMIN_GROUP),
     )
 
 

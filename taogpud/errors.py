@@ -26,7 +26,10 @@ recorded on the job (`out_of_device_memory`, `task_failed`, `worker_crashed`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from taogpud.i18n import Text, render
 
 # The one error shape is the wire's (clients read it too); the `as` re-exports it from here.
 from taogpud.wire import ErrorBody as ErrorBody  # noqa: PLC0414
@@ -36,13 +39,16 @@ class TaogpudError(Exception):
     code = "internal_error"
     http_status = 500
 
-    def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+    def __init__(self, message: str | Text, hint: str | Text = "") -> None:
+        super().__init__(str(message))
+        self.message = str(message)  # English: logs, traces and the default answer
+        self.hint = str(hint)
+        self._texts = (message, hint)  # for a person: `body(language)` translates a Text
 
-    def body(self) -> ErrorBody:
-        return ErrorBody(self.code, self.message, self.hint)
+    def body(self, language: str | None = None) -> ErrorBody:
+        """The one error shape, its message and hint in `language` (None: English)."""
+        message, hint = self._texts
+        return ErrorBody(self.code, render(message, language), render(hint, language))
 
 
 @dataclass(frozen=True)
@@ -54,9 +60,52 @@ class Problem:
     message: str
     fix: str
     severity: str = "error"  # "error" | "warning"
+    # message and fix for a person, translated where shown (`in_language`); None: as above
+    texts: tuple[Text, Text] | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, file: str, key: str, message: Text, fix: Text, severity: str = "error") -> Problem:
+        """A problem whose message and fix a person may read in their own language."""
+        return cls(file, key, str(message), str(fix), severity, (message, fix))
+
+    def in_language(self, language: str | None) -> Problem:
+        """This problem with its message and fix in `language` (English where not known)."""
+        if self.texts is None or language is None:
+            return self
+        message, fix = self.texts
+        return replace(self, message=message.render(language), fix=fix.render(language))
+
+    def cleaned(self, clean: Callable[[str], str]) -> Problem:
+        """This problem with `clean` applied to every text it shows (the key's redaction)."""
+        texts = (
+            None
+            if self.texts is None
+            else (self.texts[0].cleaned(clean), self.texts[1].cleaned(clean))
+        )
+        return replace(
+            self,
+            file=clean(self.file),
+            key=clean(self.key),
+            message=clean(self.message),
+            fix=clean(self.fix),
+            texts=texts,
+        )
 
     def __str__(self) -> str:
-        return f"{self.file}: {self.key}: {self.message} (fix: {self.fix})"
+        return self.line(None)
+
+    def line(self, language: str | None) -> str:
+        """`file: key: message (fix: …)`, in `language` (None: English)."""
+        shown = self.in_language(language)
+        frame = Text(
+            "{file}: {key}: {severity}{message} (fix: {fix})",
+            file=shown.file,
+            key=shown.key,
+            severity=Text("warning: ") if self.severity == "warning" else "",
+            message=shown.message,
+            fix=shown.fix,
+        )
+        return frame.render(language)
 
     def as_dict(self) -> dict[str, str]:
         return {
@@ -78,7 +127,15 @@ class ConfigError(TaogpudError):
         self.problems = problems
         first = str(problems[0]) if problems else "invalid configuration"
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        super().__init__(first + more, hint="run `taogpuctl config validate` to see every problem")
+        super().__init__(
+            first + more, hint=Text("run `taogpuctl config validate` to see every problem")
+        )
+
+    def render(self, language: str | None) -> str:
+        """Every problem, one after another, in `language` (None: the English message)."""
+        if language is None or not self.problems:
+            return self.message
+        return "; ".join(problem.line(language) for problem in self.problems)
 
 
 class BackendUnavailable(TaogpudError):

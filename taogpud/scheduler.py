@@ -33,6 +33,7 @@ from taogpud.errors import (
     StateDiskFull,
     TaskDisabled,
 )
+from taogpud.i18n import Text
 from taogpud.jobs import JobErrorView, JobRecord, JobState, OutputView, Peer, new_job_id
 from taogpud.pool import protocol as msg
 from taogpud.pool.interface import Pool, Worker
@@ -117,7 +118,8 @@ class Scheduler:
         client's own memory instead of the array store."""
         if not self.accepting:
             raise Draining(
-                "taogpud is stopping and takes no new jobs", "submit again once it is back"
+                Text("taogpud is stopping and takes no new jobs"),
+                Text("submit again once it is back"),
             )
         self.store.check_writable()  # a full disk refuses new jobs before any is made
         task = tasks.get(request.task)
@@ -214,9 +216,11 @@ class Scheduler:
     def _check_enabled(self, task: tasks.Task) -> None:
         if task.name == KERNEL_TASK_NAME and not self.policy.allow_user_kernels:
             raise TaskDisabled(
-                "the kernel task (CUDA C from clients) is off on this host",
-                "an administrator can set allow_user_kernels = true under [backend.cuda] "
-                "in config.toml",
+                Text("the kernel task (CUDA C from clients) is off on this host"),
+                Text(
+                    "an administrator can set allow_user_kernels = true under [backend.cuda] "
+                    "in config.toml"
+                ),
             )
 
     def _check_backend(self, task: tasks.Task) -> None:
@@ -243,8 +247,8 @@ class Scheduler:
             raise error(refusal.message, refusal.hint)
         if len(self._queue) >= self.policy.queue_limit:
             raise QueueFull(
-                f"the queue is full ({self.policy.queue_limit} jobs waiting)",
-                "retry later, or raise scheduling.queue_limit in config.toml",
+                Text("the queue is full ({n} jobs waiting)", n=self.policy.queue_limit),
+                Text("retry later, or raise scheduling.queue_limit in config.toml"),
             )
 
     # -- the job state machine ------------------------------------------------------------
@@ -428,7 +432,10 @@ class Scheduler:
     def get(self, job_id: str) -> JobRecord:
         job = self.store.get(job_id)
         if job is None:
-            raise JobNotFound(f"no job with id {job_id!r}", "list jobs with `taogpuctl list`")
+            raise JobNotFound(
+                Text("no job with id {job_id}", job_id=repr(job_id)),
+                Text("list jobs with `taogpuctl list`"),
+            )
         return job
 
     def time_out(self, job_id: str) -> None:

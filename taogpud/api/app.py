@@ -18,6 +18,7 @@ from taogpud.api import trace as trace_api
 from taogpud.api.edge import CLIENT_GONE, ApiEdge
 from taogpud.daemon.state import DaemonState
 from taogpud.errors import ErrorBody, TaogpudError
+from taogpud.i18n import accepted_language
 from taogpud.logging import get_logger
 from taogpud.unix_socket import peer_in
 
@@ -55,9 +56,11 @@ def error_response(status: int, body: ErrorBody) -> JSONResponse:
     return JSONResponse(body.as_dict(), status_code=status)
 
 
-async def _taogpud_error(_: Request, exc: Exception) -> JSONResponse:
+async def _taogpud_error(request: Request, exc: Exception) -> JSONResponse:
+    """The error in the one shape; its message and hint in the request's Accept-Language."""
     assert isinstance(exc, TaogpudError)
-    return error_response(exc.http_status, exc.body())
+    language = accepted_language(request.headers.get("accept-language"))
+    return error_response(exc.http_status, exc.body(language))
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

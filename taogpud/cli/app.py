@@ -56,6 +56,7 @@ from taogpud.client import (
     is_finished,
 )
 from taogpud.errors import ConfigError, Problem
+from taogpud.i18n import user_language
 from taogpud.relay.cli import relay_app, relay_check
 
 if TYPE_CHECKING:
@@ -449,7 +450,7 @@ def config_validate_command(
     settings: SettingsFlag = None, config: ConfigFlag = None, json_out: JsonFlag = False
 ) -> int:
     """Check the two config files offline; exit 2 on errors."""
-    _, problems = load_config_problems(settings, config)
+    _snapshot, problems = load_config_problems(settings, config)
     errors = [problem for problem in problems if problem.severity == "error"]
     warnings = [problem for problem in problems if problem.severity != "error"]
     files = cli_files.checked_files(settings, config, os.environ)
@@ -465,9 +466,11 @@ def config_validate_command(
     else:
         for line in cli_files.checked_lines(files):
             emit_line(line)
+        language = user_language()
         for problem in problems:
-            emit_line(problem_line(problem.as_dict()))
-        emit_line(f"config {'invalid' if errors else 'ok'}: {count_problems(errors, warnings)}")
+            emit_line(problem_line(problem.in_language(language).as_dict()))
+        verdict = _("config invalid: {counts}") if errors else _("config ok: {counts}")
+        emit_line(verdict.format(counts=count_problems(errors, warnings)))
     return EXIT_USAGE if errors else EXIT_OK
 
 

@@ -10,6 +10,7 @@ import os
 
 from taogpud.cli import EXIT_FAILED, EXIT_NOT_IN_GROUP, EXIT_UNREACHABLE, EXIT_USAGE
 from taogpud.client import ApiError, DaemonUnreachable, NotInGroup
+from taogpud.i18n import _
 
 
 class CliError(Exception):
@@ -35,11 +36,15 @@ def explain(exc: Exception) -> tuple[str, str, int]:
     from taogpud.errors import ConfigError  # here: its dataclasses are no status call's cost
 
     if isinstance(exc, ConfigError):
-        return exc.message, exc.hint, EXIT_USAGE
+        from taogpud.i18n import user_language
+
+        language = user_language()
+        return exc.render(language), exc.body(language).hint, EXIT_USAGE
     if os.environ.get("TAOGPUCTL_DEBUG"):
         raise exc
-    hint = "a bug in taogpuctl or taogpud; rerun with TAOGPUCTL_DEBUG=1 for the traceback"
-    return f"internal error: {type(exc).__name__}: {exc}", hint, EXIT_FAILED
+    hint = _("a bug in taogpuctl or taogpud; rerun with TAOGPUCTL_DEBUG=1 for the traceback")
+    text = _("internal error: {kind}: {error}")
+    return text.format(kind=type(exc).__name__, error=exc), hint, EXIT_FAILED
 
 
 def explain_api_error(exc: ApiError) -> tuple[str, str, int]:

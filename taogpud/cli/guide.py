@@ -21,6 +21,7 @@ import typer
 
 from taogpud.cli.options import ParamOption, SeedOption, SizeOption
 from taogpud.cli.output import emit_json, emit_line, warn
+from taogpud.i18n import _
 
 # evidence key → the nvidia-smi query that reads the same fact on the host
 NVIDIA_SMI = {
@@ -75,8 +76,11 @@ def warn_if_other_files(
             continue
         used = paths.get(name)
         if used is None or not Path(used).exists() or not same_file(Path(used), given):
-            shown = used or "its embedded defaults"
-            warn(f"the daemon runs with {shown}, not {given}: this job says nothing about {given}")
+            shown = used or _("its embedded defaults")
+            text = _(
+                "the daemon runs with {used}, not {given}: this job says nothing about {given}"
+            )
+            warn(text.format(used=shown, given=given))
 
 
 def same_file(left: Path, right: Path) -> bool:
@@ -94,7 +98,8 @@ def emit_evidence(job: dict[str, Any], json_out: bool) -> None:
         return
     emit_line(f"job {job['id']} device={job.get('device') or '-'} backend={job.get('backend')}")
     if not evidence:
-        emit_line(f"  no NVML evidence: the job ran on {job.get('backend')}, not a CUDA GPU")
+        text = _("no NVML evidence: the job ran on {backend}, not a CUDA GPU")
+        emit_line("  " + text.format(backend=job.get("backend")))
         return
     width = max(len(key) for key in evidence)
     for key, value in evidence.items():

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from taogpud.client import Job, is_finished
+from taogpud.i18n import N_, _
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -69,6 +70,7 @@ def emit_line(text: str) -> None:
 def emit_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """A rich table on a terminal, plain aligned columns otherwise."""
     cells = [[format_cell(value) for value in row] for row in rows]
+    columns = [heading(column) for column in columns]
     if not plain(sys.stdout) and console().is_terminal:
         from rich import box
         from rich.table import Table
@@ -92,6 +94,43 @@ def emit_mapping(mapping: dict[str, Any], indent: str = "") -> None:
         emit_line(f"{indent}{key}: {compact_json(value)}")
 
 
+# Table headings as a person reads them (the same names are --json keys, which stay).
+HEADINGS = {
+    name: name
+    for name in (
+        N_("id"),
+        N_("task"),
+        N_("status"),
+        N_("backend"),
+        N_("device"),
+        N_("fallback"),
+        N_("queue_ms"),
+        N_("run_ms"),
+        N_("index"),
+        N_("pid"),
+        N_("state"),
+        N_("running"),
+        N_("slots"),
+        N_("jobs_done"),
+        N_("restarts"),
+        N_("name"),
+        N_("description"),
+        N_("params"),
+        N_("uuid"),
+        N_("total"),
+        N_("used"),
+        N_("free"),
+        N_("util"),
+        N_("worker"),
+        N_("owner"),
+    )
+}
+
+
+def heading(column: str) -> str:
+    return _(HEADINGS[column]) if column in HEADINGS else column
+
+
 def compact_json(value: Any) -> str:
     """A string as it is, anything else as compact JSON."""
     if isinstance(value, str):
@@ -105,7 +144,7 @@ def format_cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, bool):
-        return "yes" if value else "no"
+        return _("yes") if value else _("no")
     if isinstance(value, float):
         return f"{value:.2f}"
     return str(value)
@@ -120,16 +159,17 @@ def milliseconds(value: Any) -> str:
 
 
 def warn(text: str) -> None:
+    line = _("WARNING: {text}").format(text=text)
     if plain(sys.stderr):
-        print(f"WARNING: {text}", file=sys.stderr)
+        print(line, file=sys.stderr)
     else:
-        console(to_stderr=True).print(f"WARNING: {text}", style="bold yellow")
+        console(to_stderr=True).print(line, style="bold yellow")
 
 
 def error_line(message: str, hint: str = "") -> str:
     """`taogpuctl: <message> (hint: ...)`, always one line."""
     line = f"taogpuctl: {one_line(message)}"
-    return f"{line} (hint: {one_line(hint)})" if hint else line
+    return _("{line} (hint: {hint})").format(line=line, hint=one_line(hint)) if hint else line
 
 
 def report_error(message: str, hint: str = "") -> None:
@@ -147,29 +187,52 @@ def one_line(text: str) -> str:
 
 def summary_line(job: Job) -> str:
     """The line the setup guide's check prints: where it ran and how long it took."""
+    # The key=value part is the guide's grep (`device=gpu:0 backend=cuda`): never translated.
     return (
-        f"job {job['id']} {job['status']} task={job['task']} "
+        _("job {job_id} {status}").format(job_id=job["id"], status=state_word(job["status"]))
+        + f" task={job['task']} "
         f"device={job.get('device') or '-'} backend={job.get('backend') or '-'} "
         f"fallback={str(bool(job.get('fallback'))).lower()} "
         f"queue={milliseconds(job.get('queue_ms'))} run={milliseconds(job.get('run_ms'))}"
     )
 
 
+# A job's state as a person reads it; the state names themselves (--json, the API) stay.
+STATE_WORDS = {
+    "queued": N_("queued"),
+    "running": N_("running"),
+    "succeeded": N_("succeeded"),
+    "failed": N_("failed"),
+    "cancelled": N_("cancelled"),
+    "timed_out": N_("timed_out"),
+    "interrupted": N_("interrupted"),
+}
+
+
+def state_word(status: str) -> str:
+    return _(STATE_WORDS[status]) if status in STATE_WORDS else status
+
+
 def warn_if_fallback(job: Job) -> None:
     if job.get("fallback"):
-        reason = job.get("fallback_reason") or "no reason recorded"
-        warn(f"job {job['id']} ran on the CPU fallback ({job.get('device')}), not a GPU: {reason}")
+        reason = job.get("fallback_reason") or _("no reason recorded")
+        text = _("job {job_id} ran on the CPU fallback ({device}), not a GPU: {reason}")
+        warn(text.format(job_id=job["id"], device=job.get("device"), reason=reason))
 
 
 def job_problem(job: Job) -> tuple[str, str]:
     """Why a job did not succeed, as (message, hint)."""
     if not is_finished(job):
-        hint = f"wait longer: taogpuctl wait {job['id']} --timeout S"
-        return f"job {job['id']} is still {job['status']}", hint
+        hint = _("wait longer: taogpuctl wait {job_id} --timeout S").format(job_id=job["id"])
+        still = _("job {job_id} is still {status}")
+        return still.format(job_id=job["id"], status=state_word(job["status"])), hint
     error = job.get("error") or {}
     code, message = error.get("code", job["status"]), error.get("message", "")
     detail = message if code == job["status"] else f"{code}: {message}"
-    return f"job {job['id']} {job['status']}: {detail}", str(error.get("hint") or "")
+    ended = _("job {job_id} {status}: {detail}")
+    return ended.format(job_id=job["id"], status=state_word(job["status"]), detail=detail), str(
+        error.get("hint") or ""
+    )
 
 
 def readable_job(job: Job) -> Job:
@@ -221,8 +284,10 @@ class Progress:
             self._live.stop()
         if exc_type is KeyboardInterrupt and self._last_job is not None:
             job_id = self._last_job["id"]
-            hint = f"taogpuctl wait {job_id}, or taogpuctl cancel {job_id}"
-            report_error(f"stopped waiting; job {job_id} is still {self._last_job['status']}", hint)
+            hint = _("taogpuctl wait {job_id}, or taogpuctl cancel {job_id}").format(job_id=job_id)
+            stopped = _("stopped waiting; job {job_id} is still {status}")
+            status = state_word(self._last_job["status"])
+            report_error(stopped.format(job_id=job_id, status=status), hint)
 
     def update(self, job: Job) -> None:
         print_line = self._live is None and self._should_print(job)
@@ -233,9 +298,14 @@ class Progress:
             print(self.describe(job), file=sys.stderr)
 
     def describe(self, job: Job) -> str:
-        where = f" on {job['device']}" if job.get("device") else ""
-        state = "done" if is_finished(job) else job["status"]
-        return f"job {job['id']} {state}{where} ({time.monotonic() - self._started:.1f}s)"
+        state = _("done") if is_finished(job) else state_word(job["status"])
+        seconds = f"{time.monotonic() - self._started:.1f}"
+        if job.get("device"):
+            text = _("job {job_id} {state} on {device} ({seconds}s)")
+            return text.format(job_id=job["id"], state=state, device=job["device"], seconds=seconds)
+        return _("job {job_id} {state} ({seconds}s)").format(
+            job_id=job["id"], state=state, seconds=seconds
+        )
 
     def _should_print(self, job: Job) -> bool:
         """A plain line per state still in progress; the finished one is the summary's job."""
@@ -247,7 +317,7 @@ def _live_line(stderr: Console) -> Any:
     """rich's spinner line on a terminal; None where rich sees none (a forced, dumb one)."""
     from rich.status import Status
 
-    return Status("submitting…", console=stderr) if stderr.is_terminal else None
+    return Status(_("submitting…"), console=stderr) if stderr.is_terminal else None
 
 
 # --- catalog and config --------------------------------------------------------------------
@@ -261,7 +331,7 @@ def describe_params(task: dict[str, Any]) -> str:
     for name, field in (schema.get("properties") or {}).items():
         kinds = [field.get("type")] if "type" in field else field.get("anyOf", [])
         kind = "|".join(str(k.get("type") if isinstance(k, dict) else k) for k in kinds)
-        default = " (required)" if name in required else default_text(field.get("default"))
+        default = _(" (required)") if name in required else default_text(field.get("default"))
         parts.append(f"{name}:{kind}{default}")
     return " ".join(parts)
 
@@ -269,26 +339,32 @@ def describe_params(task: dict[str, Any]) -> str:
 def default_text(default: Any) -> str:
     """`=1000000`, `=float32`, `=[1,2]`; no default at all reads `(optional)`, not `=None`."""
     if default is None:
-        return " (optional)"
+        return _(" (optional)")
     return f"={compact_json(default)}"
 
 
 def problem_line(problem: dict[str, str]) -> str:
     """`file: key: message (fix: ...)`; a warning says so after the key."""
-    severity = "warning: " if problem.get("severity") == "warning" else ""
-    return (
-        f"{problem.get('file', '?')}: {problem.get('key', '?')}: {severity}"
-        f"{problem.get('message', '')} (fix: {problem.get('fix', '')})"
+    severity = _("warning: ") if problem.get("severity") == "warning" else ""
+    return _("{file}: {key}: {severity}{message} (fix: {fix})").format(  # as Problem.line
+        file=problem.get("file", "?"),
+        key=problem.get("key", "?"),
+        severity=severity,
+        message=problem.get("message", ""),
+        fix=problem.get("fix", ""),
     )
 
 
 def count_problems(errors: Sequence[object], warnings: Sequence[object]) -> str:
     """`2 errors, 1 warning`."""
+    from taogpud.i18n import ngettext
 
-    def plural(n: int, word: str) -> str:
-        return f"{n} {word}{'' if n == 1 else 's'}"
-
-    return f"{plural(len(errors), 'error')}, {plural(len(warnings), 'warning')}"
+    return ", ".join(
+        (
+            ngettext("{n} error", "{n} errors", len(errors)).format(n=len(errors)),
+            ngettext("{n} warning", "{n} warnings", len(warnings)).format(n=len(warnings)),
+        )
+    )
 
 
 def flatten(document: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -310,15 +386,21 @@ def ping_lines(result: dict[str, Any]) -> list[str]:
     if result.get("ok"):
         model = result.get("answered_model") or result.get("model")
         attempts = result.get("attempts", 1)
-        tries = f", {attempts} attempts" if attempts and attempts > 1 else ""
-        return [
-            f"{CHECK_MARKS['pass']} api ping ok: {model} answered in "
-            f"{milliseconds(result.get('latency_ms'))} at {result.get('url')} "
-            f"(key from {result.get('key_source')}{tries})"
-        ]
-    lines = [f"{CHECK_MARKS['fail']} api ping {result.get('status')}: {result.get('detail')}"]
+        tries = _(", {n} attempts").format(n=attempts) if attempts and attempts > 1 else ""
+        text = _("api ping ok: {model} answered in {latency} at {url} (key from {source}{tries})")
+        latency = milliseconds(result.get("latency_ms"))
+        source = result.get("key_source")
+        answer = text.format(
+            model=model, latency=latency, url=result.get("url"), source=source, tries=tries
+        )
+        return [f"{CHECK_MARKS['pass']} {answer}"]
+    failed = _("api ping {status}: {detail}")
+    lines = [
+        f"{CHECK_MARKS['fail']} "
+        + failed.format(status=result.get("status"), detail=result.get("detail"))
+    ]
     if result.get("hint"):
-        lines.append(f"  fix: {result['hint']}")
+        lines.append("  " + _("fix: {fix}").format(fix=result["hint"]))
     return lines
 
 
@@ -330,13 +412,18 @@ def check_lines(checks: Sequence[dict[str, str]]) -> list[str]:
         mark = CHECK_MARKS.get(check["status"], "?")
         lines.append(f"{mark} {check['name'].ljust(width)}  {check['detail']}")
         if check.get("hint"):
-            label = "fix" if check["status"] in ("fail", "warn") else "note"
-            lines.append(f"  {' ' * width}  {label}: {check['hint']}")
+            label = _("fix: {fix}") if check["status"] in ("fail", "warn") else _("note: {fix}")
+            lines.append(f"  {' ' * width}  " + label.format(fix=check["hint"]))
     counts = dict.fromkeys(CHECK_MARKS, 0)
     for check in checks:
         counts[check["status"]] = counts.get(check["status"], 0) + 1
+    tally = _("doctor: {failed} failed, {warned} warned, {passed} passed, {skipped} skipped")
     lines.append(
-        f"doctor: {counts['fail']} failed, {counts['warn']} warned, {counts['pass']} passed, "
-        f"{counts['skip']} skipped"
+        tally.format(
+            failed=counts["fail"],
+            warned=counts["warn"],
+            passed=counts["pass"],
+            skipped=counts["skip"],
+        )
     )
     return lines

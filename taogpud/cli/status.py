@@ -11,6 +11,7 @@ from typing import Any
 
 from taogpud.cli.output import emit_json, emit_line, emit_table, format_cell, warn
 from taogpud.client import Client
+from taogpud.i18n import _
 
 WORKER_COLUMNS = ("device", "index", "pid", "state", "running", "slots", "jobs_done", "restarts")
 
@@ -27,27 +28,52 @@ def show_status(socket_path: Path | None, json_out: bool) -> None:
     workers = view["workers"]
     emit_table(WORKER_COLUMNS, [[worker.get(c) for c in WORKER_COLUMNS] for worker in workers])
     if view["fallback"]:
-        warn(f"running on CPU fallback workers, not a GPU: {view.get('fallback_reason')}")
+        text = _("running on CPU fallback workers, not a GPU: {reason}")
+        warn(text.format(reason=view.get("fallback_reason")))
 
 
 def status_lines(view: dict[str, Any]) -> list[str]:
     """The lines above the worker table."""
+    first = _(
+        "state {state}  backend {backend}  fallback {fallback}  config generation {generation}"
+    )
+    second = _(
+        "running {running}/{cap} (max_concurrent_tasks)  queued {queued}/{queue_limit}  "
+        "strategy {strategy}  jobs total {total}"
+    )
     lines = [
-        f"state {view['state']}  backend {view['backend']}  "
-        f"fallback {format_cell(view['fallback'])}  config generation {view['config_generation']}",
-        f"running {view['running']}/{view['max_concurrent_tasks']} (max_concurrent_tasks)  "
-        f"queued {view['queued']}/{view.get('queue_limit', '-')}  "
-        f"strategy {view.get('strategy', '-')}  jobs total {view.get('jobs_total', '-')}",
+        first.format(
+            state=view["state"],
+            backend=view["backend"],
+            fallback=format_cell(view["fallback"]),
+            generation=view["config_generation"],
+        ),
+        second.format(
+            running=view["running"],
+            cap=view["max_concurrent_tasks"],
+            queued=view["queued"],
+            queue_limit=view.get("queue_limit", "-"),
+            strategy=view.get("strategy", "-"),
+            total=view.get("jobs_total", "-"),
+        ),
     ]
     if view.get("arrays"):
-        arrays = view["arrays"]
-        lines.append(
-            f"uploads {_mib(arrays['used_bytes'])}/{_mib(arrays['budget_bytes'])} MiB  "
-            f"in progress {_mib(arrays.get('reserved_bytes', 0))} MiB  "
-            f"yours pending {_mib(arrays['your_pending_bytes'])}/"
-            f"{_mib(arrays['user_quota_bytes'])} MiB (quota; past it your oldest unused go)"
-        )
+        lines.append(arrays_line(view["arrays"]))
     return lines
+
+
+def arrays_line(arrays: dict[str, Any]) -> str:
+    text = _(
+        "uploads {used}/{budget} MiB  in progress {reserved} MiB  "
+        "yours pending {pending}/{quota} MiB (quota; past it your oldest unused go)"
+    )
+    return text.format(
+        used=_mib(arrays["used_bytes"]),
+        budget=_mib(arrays["budget_bytes"]),
+        reserved=_mib(arrays.get("reserved_bytes", 0)),
+        pending=_mib(arrays["your_pending_bytes"]),
+        quota=_mib(arrays["user_quota_bytes"]),
+    )
 
 
 def _mib(nbytes: int) -> str:

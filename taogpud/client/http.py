@@ -18,6 +18,7 @@ from typing import NoReturn
 import httptools
 
 from taogpud.client.transport import MalformedResponse, Part, RequestBody
+from taogpud.i18n import http_tag, user_language
 
 RECV_BYTES = 256 * 1024
 ONE_SEND_BYTES = 64 * 1024  # a smaller body is joined to the head: one send, one segment
@@ -67,6 +68,9 @@ class UnixHTTPConnection:
         self._timeout_s = timeout_s
         self._buffer = bytearray(RECV_BYTES)
         self._view = memoryview(self._buffer)
+        # The user's language, for the daemon's human message and hint (codes stay English).
+        tag = http_tag(user_language())
+        self._language = f"Accept-Language: {tag}\r\n" if tag else ""
 
     def close(self) -> None:
         if self.sock is not None:
@@ -96,7 +100,7 @@ class UnixHTTPConnection:
     ) -> tuple[int, bytes]:
         sock = self._connected(timeout_s)
         parts = _parts(body)
-        head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n"
+        head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\n{self._language}"
         if body is not None:
             length = sum(memoryview(part).nbytes for part in parts)
             head += f"Content-Type: {content_type}\r\nContent-Length: {length}\r\n"

@@ -16,6 +16,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, PydanticUndefined
 
 from taogpud.errors import Problem
+from taogpud.i18n import Text
 
 if TYPE_CHECKING:
     from taogpud.config.loading import FileKind, Layer
@@ -27,8 +28,11 @@ _SHOWN_CHARS = 80
 
 def unknown_key(kind: FileKind[Any], path: KeyPath, key: str, valid: list[str]) -> Problem:
     match = did_you_mean(key, valid)
-    fix = f'did you mean "{match}"?' if match else "remove it; valid here: " + ", ".join(valid)
-    return Problem(kind.label, kind.key(path, key), "unknown key", fix)
+    if match:
+        fix = Text('did you mean "{match}"?', match=match)
+    else:
+        fix = Text("remove it; valid here: {valid}", valid=", ".join(valid))
+    return Problem.of(kind.label, kind.key(path, key), Text("unknown key"), fix)
 
 
 def did_you_mean(key: str, valid: Sequence[str]) -> str | None:
@@ -112,8 +116,12 @@ def _extra_key(
     valid = list(section.model_fields) if section is not None else []
     match = did_you_mean(name, valid)
     var = layer.override_var(path) or kind.env_prefix + "*"
-    fix = f'did you mean "{match}"?' if match else "valid here: " + ", ".join(valid)
-    return Problem(kind.label, kind.key(path, name), f"unknown key (set by {var})", fix)
+    if match:
+        fix = Text('did you mean "{match}"?', match=match)
+    else:
+        fix = Text("valid here: {valid}", valid=", ".join(valid))
+    message = Text("unknown key (set by {var})", var=var)
+    return Problem.of(kind.label, kind.key(path, name), message, fix)
 
 
 def _problem_for(
@@ -124,16 +132,32 @@ def _problem_for(
     var = layer.override_var(path)
     secret = info is not None and info.annotation is SecretStr
     given = _show(dig(layer.merged, path), whole=info is None or section_type(info) is None)
-    origin = f"{var} gives {given}" if var else f"got {given}"
-    if secret:  # the API key: never echoed, not even when it is the wrong type
-        origin = f"{var} is invalid" if var else "the value (not shown) is invalid"
+    origin = _origin(var, given, secret)
     ctx = error.get("ctx", {})
     if "fix" in ctx:
         fix = str(ctx["fix"]) + (f" (in {var})" if var else "")
-        return Problem(kind.label, key, f"{origin}: {error['msg']}", fix)
+        return Problem(kind.label, key, f"{origin}: {error['msg']}", fix)  # our validators' own
     allowed = _allowed_text(kind, info)
-    fix = f"correct or unset {var}" if var else f"set {key} to {allowed}{_default_note(info)}"
-    return Problem(kind.label, key, f"{origin}, expected {allowed}", fix)
+    if var:
+        fixed = Text("correct or unset {var}", var=var)
+    else:
+        note = _default_note(info)
+        fixed = Text("set {key} to {allowed}{note}", key=key, allowed=allowed, note=note)
+    message = Text("{origin}, expected {allowed}", origin=origin, allowed=allowed)
+    return Problem.of(kind.label, key, message, fixed)
+
+
+def _origin(var: str | None, given: str, secret: bool) -> Text:
+    """Where the wrong value came from and what it was (the API key: never shown)."""
+    if secret:
+        return (
+            Text("{var} is invalid", var=var) if var else Text("the value (not shown) is invalid")
+        )
+    return (
+        Text("{var} gives {given}", var=var, given=given)
+        if var
+        else Text("got {given}", given=given)
+    )
 
 
 def _allowed_text(kind: FileKind[Any], info: FieldInfo | None) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -216,10 +215,7 @@ def scrub(
             text = text.replace(secret, REDACTED)
         return text
 
-    return [
-        replace(p, file=clean(p.file), key=clean(p.key), message=clean(p.message), fix=clean(p.fix))
-        for p in problems
-    ]
+    return [p.cleaned(clean) for p in problems]
 
 
 def _plain(value: str | SecretStr | None) -> str:

@@ -42,6 +42,7 @@ from taogpud.daemon.shm_server import ShmServer
 from taogpud.daemon.state import DaemonState, DaemonStatus, Limits, Phase
 from taogpud.daemon.state_lock import StateDirLocked, lock_state_dir
 from taogpud.errors import BackendUnavailable, ConfigError, StateDiskFull
+from taogpud.i18n import _, user_language
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.pool import shm
 from taogpud.pool.environ import keep_from_children
@@ -378,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         snapshot = config.load(args.settings, args.config)
     except ConfigError as exc:
-        return _refuse(notifier, f"config error: {exc}", EXIT_CONFIG)
+        # A person at a terminal reads it in their language; STATUS= and the log, English.
+        return _refuse(notifier, "config error: " + exc.render(None), EXIT_CONFIG, exc)
     if unusable := _configure_logging(snapshot):
         return _refuse(notifier, unusable, EXIT_CONFIG)
     tlog.set_secrets(snapshot.api_key.get_secret_value() if snapshot.api_key else None)
@@ -421,9 +423,15 @@ def _configure_logging(snapshot: config.ConfigSnapshot) -> str | None:
     return None
 
 
-def _refuse(notifier: systemd.Notifier, line: str, code: int) -> int:
-    """A start that failed: one line on stderr (the journal keeps it) and in STATUS=."""
-    print(f"taogpud: {line}", file=sys.stderr)
+def _refuse(
+    notifier: systemd.Notifier, line: str, code: int, error: ConfigError | None = None
+) -> int:
+    """A start that failed: one line on stderr (the journal keeps it) and in STATUS=.
+    A config error read at a terminal is in its user's language; the journal's stays English."""
+    shown = line
+    if error is not None and sys.stderr.isatty():
+        shown = _("config error: {error}").format(error=error.render(user_language()))
+    print(f"taogpud: {shown}", file=sys.stderr)
     notifier.status(f"failed to start: {line}")
     notifier.close()
     return code

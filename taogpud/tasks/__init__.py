@@ -24,6 +24,7 @@ import structlog
 from pydantic import BaseModel, ValidationError
 
 from taogpud.errors import InvalidParams, UnknownTask
+from taogpud.i18n import Text
 from taogpud.tasks.base import JobCancelled, Task, TaskContext, TaskOutput
 
 __all__ = [
@@ -52,11 +53,13 @@ def get(name: str) -> Task:
     if task is not None:
         return task
     close = difflib.get_close_matches(name, list(tasks), n=3, cutoff=0.6)
-    guess = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    raise UnknownTask(
-        f"no task named {name!r}{guess}",
-        hint=f"known tasks: {', '.join(tasks)} (`taogpuctl tasks` lists them)",
-    )
+    if close:
+        guess = " or ".join(repr(c) for c in close)
+        message = Text("no task named {name}; did you mean {guess}?", name=repr(name), guess=guess)
+    else:
+        message = Text("no task named {name}", name=repr(name))
+    hint = Text("known tasks: {tasks} (`taogpuctl tasks` lists them)", tasks=", ".join(tasks))
+    raise UnknownTask(message, hint=hint)
 
 
 def all_tasks() -> list[Task]:

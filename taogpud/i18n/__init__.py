@@ -1,0 +1,151 @@
+"""The user's language: gettext catalogs for what taogpud says to a person.
+
+Machine-readable text never comes through here: `--json`, error codes, trace and journal
+lines, metrics and the API's JSON keys are English, byte for byte, in every locale.
+
+- `_("text")` translates now, into this process's user's language: `TAOGPUD_LANG` forces one,
+  else the first of `LC_ALL`, `LC_MESSAGES`, `LANG` that is set (C's own order).
+- `N_("text")` only marks a string for extraction: a constant translated where it is shown.
+- `Text("job {job_id} not found", job_id=…)`: a message whose language is chosen later, by
+  whoever shows it (the daemon answers in the request's `Accept-Language`); `str()` is English.
+
+English is the source language and the fallback for anything without an entry. Catalogs are
+`locale/<lang>/LC_MESSAGES/taogpud.po`, compiled to `.mo` by `make i18n` (Babel);
+`scripts/i18n_check.py` (in `make check`) fails on a missing entry or a placeholder that
+differs from the English one. Terms: `locale/GLOSSARY.md`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import gettext
+
+DOMAIN = "taogpud"
+LOCALE_DIR = Path(__file__).parent / "locale"
+# The catalogs shipped, and what each is asked for by: zh, zh-CN, zh-Hans, zh_CN.UTF-8.
+SUPPORTED = {"zh_CN": ("zh", "zh_cn", "zh_hans", "zh_hans_cn", "zh_sg")}
+USER_VARIABLES = ("LC_ALL", "LC_MESSAGES", "LANG")
+
+
+def catalog_for(tag: str | None) -> str | None:
+    """The shipped catalog a locale name or language tag asks for; None is English.
+
+    `zh_CN.UTF-8`, `zh-CN`, `zh-Hans`, `zh` → "zh_CN"; `C`, `POSIX`, `en_US.UTF-8` → None.
+    """
+    if not tag:
+        return None
+    base = tag.split(".")[0].split("@")[0].replace("-", "_").lower()
+    for name, asked_by in SUPPORTED.items():
+        if base in asked_by:
+            return name
+    return None
+
+
+def user_language(environ: Mapping[str, str] | None = None) -> str | None:
+    """This process's user's catalog (None: English), from the environment."""
+    env = os.environ if environ is None else environ
+    forced = env.get("TAOGPUD_LANG")
+    if forced:
+        return catalog_for(forced)
+    for name in USER_VARIABLES:
+        if env.get(name):
+            return catalog_for(env[name])
+    return None
+
+
+def accepted_language(header: str | None) -> str | None:
+    """The catalog an `Accept-Language` header prefers (highest q first), None: English."""
+    if not header:
+        return None
+    ranked: list[tuple[float, int, str]] = []
+    for position, item in enumerate(header.split(",")):
+        tag, _sep, params = item.strip().partition(";")
+        weight = 1.0
+        if params.strip().startswith("q="):
+            try:
+                weight = float(params.strip()[2:])
+            except ValueError:
+                weight = 0.0
+        ranked.append((-weight, position, tag.strip()))
+    for weight, _position, tag in sorted(ranked):
+        if weight < 0 and tag.lower().startswith("en"):
+            return None  # English asked for before any catalog we have
+        if weight < 0 and catalog_for(tag):
+            return catalog_for(tag)
+    return None
+
+
+def http_tag(language: str | None) -> str | None:
+    """The `Accept-Language` value a client sends for a catalog: "zh_CN" → "zh-CN"."""
+    return None if language is None else language.replace("_", "-")
+
+
+@functools.cache
+def translations(language: str | None) -> gettext.NullTranslations:
+    import gettext  # here: a client that only reads the environment never pays for it
+
+    if language is None:
+        return gettext.NullTranslations()
+    return gettext.translation(DOMAIN, LOCALE_DIR, languages=[language], fallback=True)
+
+
+def _(message: str) -> str:
+    """`message` in the user's language (itself where the catalog has no entry)."""
+    return translations(user_language()).gettext(message)
+
+
+def N_(message: str) -> str:
+    """Marks `message` for the catalog without translating it here."""
+    return message
+
+
+def in_language(message: str, language: str | None) -> str:
+    return translations(language).gettext(message)
+
+
+class Text:
+    """A message with named placeholders, put into a language when it is shown.
+
+    `str(text)` is English (logs, traces, `--json`); `text.render(lang)` is for a person.
+    """
+
+    __slots__ = ("params", "template")
+
+    def __init__(self, template: str, /, **params: object) -> None:
+        self.template = template
+        self.params = params
+
+    def render(self, language: str | None) -> str:
+        """In `language`; a value that is itself a Text is put in the same language."""
+        values = {name: render(value, language) for name, value in self.params.items()}
+        return in_language(self.template, language).format(**values)
+
+    def cleaned(self, clean: Callable[[str], str]) -> Text:
+        """This text with `clean` applied to each value put into it (never to the template)."""
+        values = {
+            name: value.cleaned(clean) if isinstance(value, Text) else clean(str(value))
+            for name, value in self.params.items()
+        }
+        return Text(self.template, **values)
+
+    def __str__(self) -> str:
+        return self.template.format(**self.params)
+
+    def __repr__(self) -> str:
+        return f"Text({self.template!r}, **{self.params!r})"
+
+
+def render(message: object, language: str | None) -> str:
+    """A message for a person in `language`: a `Text` translated, anything else as str()."""
+    return message.render(language) if isinstance(message, Text) else str(message)
+
+
+def ngettext(singular: str, plural: str, n: int) -> str:
+    """`singular` or `plural` by `n`, in the user's language (Chinese has one form)."""
+    return translations(user_language()).ngettext(singular, plural, n)
