@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv check test test-gpu gpu-check gpu-wheels gpu-replica demo bench deb clean
+.PHONY: venv check i18n test test-gpu gpu-check gpu-wheels gpu-replica demo bench deb clean
 
 venv: $(STAMP)
 
@@ -17,6 +17,12 @@ check: venv
 	$(VENV)/bin/ruff check taogpud tests bench scripts packaging
 	$(VENV)/bin/ruff format --check taogpud tests bench scripts packaging
 	$(VENV)/bin/mypy
+	$(PY) -m scripts.i18n --check
+
+# The message catalogs (taogpud/i18n): extract the marked strings, merge them into each
+# language's .po, compile the .mo the package ships. Translate in the .po, then run it again.
+i18n: venv
+	$(PY) -m scripts.i18n
 
 test: check
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=10

@@ -38,6 +38,8 @@ STOP_TIMEOUT_S = 60.0
 CTL_TIMEOUT_S = 90.0
 # What picks taogpuctl's socket and files besides its flags: a harness run never inherits them.
 CONTROL_ENV = ("TAOGPUD_SOCKET", "TAOGPUD_SETTINGS", "TAOGPUD_CONFIG", "OPENCLAW_CONFIG")
+# What chooses the language a person reads (taogpud.i18n): not inherited by a test's children.
+LANGUAGE_ENV = ("TAOGPUD_LANG", "LC_ALL", "LC_MESSAGES", "LANGUAGE", "LANG")
 KEY_ENV = "TAOTOKEN_API_KEY"
 KEYS_GIVEN: set[str] = set()  # every API key handed to a daemon here: no log may contain one
 
@@ -179,9 +181,11 @@ def ctl_command(socket_path: Path | None = None) -> list[str]:
 
 
 def ctl_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment without the control variables and the API key, then `env`."""
-    child_env = {k: v for k, v in os.environ.items() if k not in (*CONTROL_ENV, KEY_ENV)}
-    return same_code_env({**child_env, **(env or {})})
+    """This process's environment without the control variables, the API key and the
+    user's language (children speak English unless `env` gives one), then `env`."""
+    dropped = (*CONTROL_ENV, KEY_ENV, *LANGUAGE_ENV)
+    child_env = {k: v for k, v in os.environ.items() if k not in dropped}
+    return same_code_env({**child_env, "LANG": "C.UTF-8", **(env or {})})
 
 
 def taogpuctl(

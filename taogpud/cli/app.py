@@ -56,7 +56,7 @@ from taogpud.client import (
     is_finished,
 )
 from taogpud.errors import ConfigError, Problem
-from taogpud.i18n import user_language
+from taogpud.i18n import _, user_language
 from taogpud.relay.cli import relay_app, relay_check
 
 if TYPE_CHECKING:

@@ -1,0 +1,175 @@
+"""taogpud in the user's language: zh-CN where the locale says so, English otherwise, and
+everything machine-readable (--json, codes, the trace) the same bytes in every locale."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from babel.messages.catalog import Message
+
+from scripts import i18n as catalogs
+from taogpud import testing
+from taogpud.i18n import Text, accepted_language, catalog_for, user_language
+
+ZH = {"LANG": "zh_CN.UTF-8"}
+EN = {"LANG": "C.UTF-8"}
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[testing.RunningDaemon]:
+    with testing.running() as running:
+        yield running
+
+
+# --- no daemon needed ----------------------------------------------------------------------
+
+
+def test_the_language_comes_from_the_usual_variables_in_the_usual_order() -> None:
+    """TAOGPUD_LANG forces one; else LC_ALL, LC_MESSAGES, LANG, the first set; C is English."""
+    assert user_language({"LANG": "zh_CN.UTF-8"}) == "zh_CN"
+    assert user_language({"LC_ALL": "C", "LANG": "zh_CN.UTF-8"}) is None
+    assert user_language({"LC_MESSAGES": "zh_CN.UTF-8", "LANG": "en_US.UTF-8"}) == "zh_CN"
+    assert user_language({"TAOGPUD_LANG": "zh-CN", "LC_ALL": "C"}) == "zh_CN"
+    assert user_language({"TAOGPUD_LANG": "en", "LANG": "zh_CN.UTF-8"}) is None
+    assert user_language({}) is None
+    assert [catalog_for(tag) for tag in ("zh", "zh-Hans", "zh_CN.gb18030", "fr_FR")] == [
+        "zh_CN",
+        "zh_CN",
+        "zh_CN",
+        None,
+    ]
+
+
+def test_accept_language_picks_the_first_catalog_by_weight() -> None:
+    """The highest q first; English asked for first stays English; no header is English."""
+    assert accepted_language("zh-CN,zh;q=0.9,en;q=0.8") == "zh_CN"
+    assert accepted_language("en-US,zh;q=0.5") is None
+    assert accepted_language("fr, zh-Hans;q=0.3") == "zh_CN"
+    assert accepted_language("en;q=0.2, zh;q=0.9") == "zh_CN"
+    assert accepted_language(None) is None
+
+
+def test_a_text_is_english_in_logs_and_translated_for_a_person() -> None:
+    """str() of a Text is the English; render() translates the template and nested Texts."""
+    text = Text("{origin}, expected {allowed}", origin=Text("got {given}", given="7"), allowed="x")
+    assert str(text) == "got 7, expected x"
+    assert text.render("zh_CN") == "实际为 7，应为 x"
+    assert Text("not in the catalog {x}", x=1).render("zh_CN") == "not in the catalog 1"
+
+
+def test_the_catalog_is_complete_and_compiled() -> None:
+    """What `make check` runs: every marked string translated, placeholders kept, .mo current."""
+    assert catalogs.check() == []
+
+
+def test_the_catalog_check_catches_a_placeholder_that_would_crash() -> None:
+    """A translation whose {names} differ from the English fails the check (str.format would
+    raise KeyError at run time), and so does an empty one."""
+    wrong = Message("job {job_id} {status}", "作业 {id} {status}")
+    assert any("placeholders" in p for p in catalogs.entry_problems("zh_CN", wrong))
+    empty = Message("job {job_id} {status}", "")
+    assert list(catalogs.entry_problems("zh_CN", empty)) == [
+        "zh_CN: 'job {job_id} {status}': no translation"
+    ]
+
+
+# --- against a daemon ----------------------------------------------------------------------
+
+
+def test_the_main_flows_speak_chinese_under_a_chinese_locale(
+    daemon: testing.RunningDaemon, tmp_path: Path
+) -> None:
+    """submit, show --evidence, status, a refused submit and doctor, under LANG=zh_CN.UTF-8:
+    the zh-CN text, with the guide's `device=… backend=…` grep left as it is."""
+    submitted = daemon.ctl("submit", "vector_add", "--size", "1000", "--wait", env=ZH)
+    assert submitted.returncode == 0, submitted.stderr
+    assert "成功 task=vector_add device=cpu:" in submitted.stdout
+    assert " backend=cpu fallback=false" in submitted.stdout
+    job_id = submitted.stdout.split()[1]
+
+    evidence = daemon.ctl("show", job_id, "--evidence", env=ZH)
+    assert "没有 NVML 证据：该作业在 cpu 上运行，不是 CUDA GPU" in evidence.stdout
+
+    status = daemon.ctl("status", env=ZH)
+    assert status.returncode == 0, status.stderr
+    assert "后端 cpu" in status.stdout and "兜底 否" in status.stdout
+    assert any(line.startswith("设备") for line in status.stdout.splitlines())  # table heading
+
+    refused = daemon.ctl("submit", "vector_ad", env=ZH)
+    assert refused.returncode == 2
+    assert "没有名为 'vector_ad' 的任务；是否想写 'vector_add'？ [unknown_task]" in refused.stderr
+    assert "（提示：已有任务：" in refused.stderr
+
+    doctor = daemon.ctl("doctor", env=ZH)
+    assert "doctor：" in doctor.stdout and "项通过" in doctor.stdout
+
+
+def test_a_config_error_names_file_key_and_fix_in_chinese(tmp_path: Path) -> None:
+    """`config validate` on a file with a misspelt key: the did-you-mean in zh-CN."""
+    settings = tmp_path / "settings.json"
+    settings.write_text(json.dumps({"gpu": {"memoryFracton": 0.5}}))
+    result = testing.taogpuctl("config", "validate", "--settings", str(settings), env=ZH)
+    assert result.returncode == 2
+    assert 'settings.json：gpu.memoryFracton：未知的键（修复：是否想写 "memoryFraction"？）' in (
+        result.stdout
+    )
+    assert "配置无效：1 个错误" in result.stdout
+
+
+def test_the_daemon_refuses_a_bad_config_in_chinese_at_a_terminal(tmp_path: Path) -> None:
+    """A start-up refusal read at a terminal is in the user's language; into a file (the
+    journal) it stays English."""
+    pair = testing.write_pair(tmp_path, {"gpu": {"memoryFracton": 0.5}}, {"runtime": {}})
+    command = [sys.executable, "-m", "taogpud", *pair.flags(), "--state-dir", str(tmp_path / "s")]
+    env = testing.same_code_env({**os.environ, **ZH, "TAOGPUD_LANG": ""})
+    main, child = pty.openpty()
+    proc = subprocess.Popen(command, stdin=child, stdout=child, stderr=child, env=env)
+    os.close(child)
+    seen = _read_all(main)
+    assert proc.wait(timeout=30) == 2
+    assert "taogpud: 配置错误：" in seen
+    assert 'settings.json：gpu.memoryFracton：未知的键（修复：是否想写 "memoryFraction"？）' in seen
+    into_file = subprocess.run(
+        command, check=False, capture_output=True, text=True, env=env, timeout=30
+    )
+    assert into_file.returncode == 2
+    assert "settings.json: gpu.memoryFracton: unknown key" in into_file.stderr
+    assert "config error: " in into_file.stderr
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode()
+
+
+def test_json_and_the_trace_are_the_same_bytes_in_every_locale(
+    daemon: testing.RunningDaemon,
+) -> None:
+    """--json answers and error bodies are English byte for byte under zh-CN; the trace of
+    what a zh-CN user did holds no Chinese."""
+    job_id = json.loads(daemon.ctl("submit", "noop", "--wait", "--json").stdout)["id"]
+    for args in (("show", job_id, "--json"), ("tasks", "--json"), ("submit", "nope", "--json")):
+        english, chinese = daemon.ctl(*args, env=EN), daemon.ctl(*args, env=ZH)
+        assert english.stdout == chinese.stdout, args
+        assert english.returncode == chinese.returncode
+    chinese_job = daemon.ctl("submit", "noop", "--wait", "--json", env=ZH)
+    chinese_id = json.loads(chinese_job.stdout)["id"]
+    trace = daemon.stdout_text()
+    assert chinese_id in trace
+    assert not any("\u4e00" <= char <= "\u9fff" for char in trace)
