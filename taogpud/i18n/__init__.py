@@ -97,7 +97,7 @@ def translations(language: str | None) -> gettext.NullTranslations:
 
 def _(message: str) -> str:
     """`message` in the user's language (itself where the catalog has no entry)."""
-    return translations(user_language()).gettext(message)
+    return in_language(message, user_language())
 
 
 def N_(message: str) -> str:
@@ -106,7 +106,8 @@ def N_(message: str) -> str:
 
 
 def in_language(message: str, language: str | None) -> str:
-    return translations(language).gettext(message)
+    # English needs no catalog: a command in English never imports gettext
+    return message if language is None else translations(language).gettext(message)
 
 
 class Text:
@@ -148,4 +149,7 @@ def render(message: object, language: str | None) -> str:
 
 def ngettext(singular: str, plural: str, n: int) -> str:
     """`singular` or `plural` by `n`, in the user's language (Chinese has one form)."""
-    return translations(user_language()).ngettext(singular, plural, n)
+    language = user_language()
+    if language is None:
+        return singular if n == 1 else plural
+    return translations(language).ngettext(singular, plural, n)
