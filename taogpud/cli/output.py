@@ -359,11 +359,9 @@ def count_problems(errors: Sequence[object], warnings: Sequence[object]) -> str:
     """`2 errors, 1 warning`."""
     from taogpud.i18n import ngettext
 
-    return ", ".join(
-        (
-            ngettext("{n} error", "{n} errors", len(errors)).format(n=len(errors)),
-            ngettext("{n} warning", "{n} warnings", len(warnings)).format(n=len(warnings)),
-        )
+    return _("{errors}, {warnings}").format(
+        errors=ngettext("{n} error", "{n} errors", len(errors)).format(n=len(errors)),
+        warnings=ngettext("{n} warning", "{n} warnings", len(warnings)).format(n=len(warnings)),
     )
 
 
