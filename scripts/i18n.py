@@ -41,7 +41,19 @@ def extracted() -> Catalog:
     )
     for filename, lineno, message, _comments, context in found:
         template.add(message, None, [(f"taogpud/{filename}", lineno)], context=context)
+    for text in command_help():
+        template.add(text, None, [("taogpud/cli (help)", 0)])
     return template
+
+
+def command_help() -> list[str]:
+    """taogpuctl's help texts, read off the click tree typer builds (taogpud/cli/helptext.py)."""
+    import typer
+
+    from taogpud.cli.app import app
+    from taogpud.cli.helptext import help_texts
+
+    return list(dict.fromkeys(help_texts(typer.main.get_command(app))))
 
 
 def catalogs() -> Iterator[Path]:

@@ -173,3 +173,14 @@ def test_json_and_the_trace_are_the_same_bytes_in_every_locale(
     trace = daemon.stdout_text()
     assert chinese_id in trace
     assert not any("\u4e00" <= char <= "\u9fff" for char in trace)
+
+
+def test_help_is_in_the_users_language() -> None:
+    """`--help` of a command: its docstring and its options' help in zh-CN, the flags as they
+    are; in English, the English docstring."""
+    chinese = testing.taogpuctl("submit", "--help", env={**ZH, "COLUMNS": "200"})
+    assert chinese.returncode == 0, chinese.stderr
+    assert "提交作业；加 --wait 时显示进度和运行位置。" in chinese.stdout
+    assert "--wait" in chinese.stdout and "等待它结束。" in chinese.stdout
+    english = testing.taogpuctl("submit", "--help", env={**EN, "COLUMNS": "200"})
+    assert "Submit a job; with --wait, show its progress and where it ran." in english.stdout

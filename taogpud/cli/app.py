@@ -21,6 +21,7 @@ from taogpud.cli import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 from taogpud.cli import conventions as cli_conventions
 from taogpud.cli import files as cli_files
 from taogpud.cli import guide as cli_guide
+from taogpud.cli import helptext as cli_helptext
 from taogpud.cli import logs as cli_logs
 from taogpud.cli import top as cli_top
 from taogpud.cli import words as cli_words
@@ -652,6 +653,7 @@ def run_app(argv: Sequence[str]) -> int:
     """Run one command through typer; every failure becomes one stderr line and an exit code."""
     command = typer.main.get_command(asked_app(argv))
     cli_conventions.install(command, argv)
+    cli_helptext.translate(command)
     try:
         result = command.main(args=list(argv), prog_name="taogpuctl", standalone_mode=False)
     except Exception as exc:
