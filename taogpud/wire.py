@@ -87,13 +87,14 @@ DOCTOR = Route("GET", "/v1/doctor")
 RELAY_TOKEN = Route("POST", "/v1/relay/token")
 RELAY_REVOKE = Route("DELETE", "/v1/relay/token")
 RELAY_STATUS = Route("GET", "/v1/relay/status")
+MCP_CALL = Route("POST", "/v1/mcp/calls")  # `taogpuctl mcp` tells of a tool call: its trace line
 
 # Every route the app serves itself (api/*.py and relay/routes.py declare theirs from these).
 ROUTES = (
     HEALTH, INFO, STATUS, DEVICES, TASKS, METRICS, OPENAPI, UPLOAD_ARRAY,
     SUBMIT_JOB, LIST_JOBS, GET_JOB, WAIT_JOB, CANCEL_JOB, JOB_OUTPUT, JOB_EVENTS, TRACE,
     CONFIG, CONFIG_STATUS, RELOAD_CONFIG, CHANNEL_PING, DOCTOR,
-    RELAY_TOKEN, RELAY_REVOKE, RELAY_STATUS,
+    RELAY_TOKEN, RELAY_REVOKE, RELAY_STATUS, MCP_CALL,
 )  # fmt: skip
 
 # The relay (taogpud.relay) answers every path under this prefix on the Unix socket, in
@@ -111,6 +112,7 @@ MAX_AFFINITY_CHARS = 200
 MAX_JOB_TIMEOUT_S = 7 * 86400.0  # a job's own timeout_s
 MAX_RETRIES = 10  # a job's max_retries (runs again after a worker crash or a restart)
 MAX_LIST_LIMIT = 10_000  # GET /v1/jobs?limit=
+MCP_TOOL_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"  # a tool name an mcp.call line holds
 
 
 # --- the error body --------------------------------------------------------------------------

@@ -9,17 +9,25 @@ structured results against what the daemon itself answers.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 
 from taogpud import testing
+from taogpud.agents.results import MAX_LOG_CHARS, MAX_LOG_LINES, job_logs
+from taogpud.client import ApiError, Client
 from taogpud.testing import RunningDaemon
+from tests.test_access_users import User, as_user, shared_daemon, users, value
+from tests.test_access_users import pytestmark as needs_real_users
 
-FIRST_TOOLS = {"gpu_status", "run_task", "job"}
+__all__ = ["shared_daemon", "users"]  # the real users' fixtures, from test_access_users.py
+
+TOOLS = {"gpu_status", "run_task", "job", "job_logs", "cancel_job"}  # run_program: issue 37
 
 Scenario = Callable[[ClientSession], Awaitable[Any]]
 
@@ -69,7 +77,7 @@ def test_the_tools_are_listed_with_their_schemas(daemon: RunningDaemon) -> None:
         return (await session.list_tools()).tools
 
     tools = {tool.name: tool for tool in with_session(daemon, scenario)}
-    assert set(tools) >= FIRST_TOOLS
+    assert set(tools) == TOOLS
     for tool in tools.values():
         assert tool.description and len(tool.description) > 40, tool.name
         assert tool.input_schema["type"] == "object"
@@ -82,6 +90,8 @@ def test_the_tools_are_listed_with_their_schemas(daemon: RunningDaemon) -> None:
     assert run_task["properties"]["wait_s"]["maximum"] == 600
     assert tools["job"].input_schema["required"] == ["job_id"]
     assert "evidence" in tools["job"].output_schema["properties"]
+    assert tools["job_logs"].input_schema["properties"]["lines"]["maximum"] == MAX_LOG_LINES
+    assert tools["cancel_job"].input_schema["required"] == ["job_id"]
 
 
 def test_gpu_status_gives_the_devices_backend_and_caps(daemon: RunningDaemon) -> None:
@@ -191,3 +201,154 @@ def test_mcp_without_the_sdk_names_the_extra(daemon: RunningDaemon, tmp_path: An
     )
     assert done.returncode == 2, done.stderr
     assert "taogpud[mcp]" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_job_logs_answers_the_tail_and_says_what_it_left_out(daemon: RunningDaemon) -> None:
+    """job_logs: the job's last trace lines (queued, running, succeeded), at most `lines` of
+    them, and whether older ones were left out."""
+    with daemon.client() as client:
+        done = client.run("noop", {})
+
+    async def scenario(session: ClientSession) -> tuple[CallToolResult, CallToolResult]:
+        whole = await session.call_tool("job_logs", {"job_id": done["id"]})
+        tail = await session.call_tool("job_logs", {"job_id": done["id"], "lines": 1})
+        return whole, tail
+
+    whole, tail = (structured(result) for result in with_session(daemon, scenario))
+    events = [line["event"] for line in whole["lines"]]
+    assert events == ["job.queued", "job.running", "job.succeeded"] and not whole["truncated"]
+    assert [line["event"] for line in tail["lines"]] == ["job.succeeded"]
+    assert tail["truncated"] is True and tail["job_id"] == done["id"]
+
+
+def test_job_logs_keeps_within_its_character_bound() -> None:
+    """However long the lines, the answer holds at most MAX_LOG_CHARS of them, the newest
+    kept, and says the rest were left out; one line longer than the bound is cut, not sent."""
+    events = [{"event": "job.failed", "n": n, "error": "x" * 10_000} for n in range(20)]
+    logs = job_logs("j1", events, 20)
+    kept = [line["n"] for line in logs.lines]
+    assert kept == list(range(20 - len(kept), 20)) and 0 < len(kept) < 20
+    assert logs.truncated is True and len(logs.model_dump_json()) < MAX_LOG_CHARS + 2_000
+    huge = job_logs("j1", [{"event": "job.failed", "error": "y" * (3 * MAX_LOG_CHARS)}], 5)
+    assert huge.truncated is True and len(huge.model_dump_json()) < MAX_LOG_CHARS + 2_000
+    assert huge.lines[0]["event"] == "job.failed" and huge.lines[0]["cut_chars"] > MAX_LOG_CHARS
+
+
+def test_cancel_job_cancels_the_users_own_job(daemon: RunningDaemon) -> None:
+    """cancel_job on a job run_task left running: it ends cancelled, as the daemon says too."""
+
+    async def scenario(session: ClientSession) -> dict[str, Any]:
+        run = structured(
+            await session.call_tool(
+                "run_task", {"task": "sleep", "params": {"ms": 60_000}, "wait_s": 0}
+            )
+        )
+        return structured(await session.call_tool("cancel_job", {"job_id": run["id"]}))
+
+    cancelled = with_session(daemon, scenario)
+    assert cancelled["status"] == "cancelled" and cancelled["finished"] is True
+    with daemon.client() as client:
+        assert client.get(cancelled["id"])["status"] == "cancelled"
+
+
+def test_each_call_is_a_trace_line_with_its_user_tool_and_job(daemon: RunningDaemon) -> None:
+    """Every tool call is one `mcp.call` line in the daemon's trace: the caller's uid (from
+    SO_PEERCRED), the tool, the job it ran or named, and how it ended."""
+
+    async def scenario(session: ClientSession) -> str:
+        await session.call_tool("gpu_status", {})
+        run = structured(await session.call_tool("run_task", {"task": "noop"}))
+        await session.call_tool("run_task", {"task": "vectr_add"})
+        return str(run["id"])
+
+    job_id = with_session(daemon, scenario)
+    daemon.wait_for_event(lambda e: e.get("event") == "mcp.call" and e.get("ok") is False)
+    calls = daemon.events("mcp.call")
+    assert [(c["tool"], c["ok"], c.get("job_id")) for c in calls] == [
+        ("gpu_status", True, None),
+        ("run_task", True, job_id),
+        ("run_task", False, None),
+    ]
+    assert {c["uid"] for c in calls} == {0} and calls[2]["error_code"] == "unknown_task"
+    assert all(c["pid"] > 0 for c in calls)  # the MCP server's own process
+    assert "mcp.call tool=run_task ok=true" in daemon.ctl("logs", job_id).stdout
+    with daemon.client() as client:
+        assert client.mcp_call("job", job_id="f" * 17, ok=False, error_code="job_not_found") == {
+            "event": "mcp.call",
+            "uid": 0,
+            "job_id": None,
+        }
+    named = daemon.wait_for_event(lambda e: e.get("tool") == "job")
+    assert named["named_job_id"] == "f" * 17 and "job_id" not in named  # no job of theirs
+
+
+def test_the_trace_endpoint_refuses_a_tool_name_it_cannot_log(daemon: RunningDaemon) -> None:
+    """POST /v1/mcp/calls takes a tool name of lower-case words only: anything else is a 422
+    in the one error shape, naming the field, and writes no line."""
+    with daemon.client() as client, pytest.raises(ApiError) as refused:
+        client.mcp_call("gpu status\n{", ok=True)
+    assert (refused.value.http_status, refused.value.code) == (422, "invalid_request")
+    assert "tool" in refused.value.message
+    assert daemon.events("mcp.call") == []
+
+
+# --- another user's job: the daemon's rules, whoever the agent is ----------------------------
+
+
+def as_agent_of(user: User, socket_path: Path, calls: list[tuple[str, dict[str, Any]]]) -> Any:
+    """The tools of `taogpuctl mcp` called by `user`: the same server object the command
+    serves, in a child that is that user (the interpreter here may not be one the user can
+    start, tests/test_access_users.py), reached in-process by the SDK's own client."""
+    from mcp import Client as McpClient
+
+    from taogpud.agents.server import build_server
+
+    def action() -> list[dict[str, Any]]:
+        async def main() -> list[dict[str, Any]]:
+            async with McpClient(build_server(str(socket_path))) as session:
+                answers = [await session.call_tool(tool, args) for tool, args in calls]
+            return [{"is_error": a.is_error, "content": a.structured_content} for a in answers]
+
+        return anyio.run(main)
+
+    return value(as_user(user, action))
+
+
+@needs_real_users
+def test_another_users_job_is_refused_to_the_agent(
+    users: dict[str, User], shared_daemon: Callable[..., Any]
+) -> None:
+    """carol's agent sees alice's job exists but not what it holds, and may neither cancel it
+    nor read its lines: tool errors with the daemon's forbidden; alice's agent cancels it."""
+    daemon = shared_daemon()
+    sock = daemon.socket_path
+
+    def alice_submits() -> Any:
+        with Client(sock, timeout_s=30) as client:
+            return client.submit("sleep", {"ms": 60_000})
+
+    job_id = value(as_user(users["alice"], alice_submits))["id"]
+    shown, cancel, logs = as_agent_of(
+        users["carol"],
+        sock,
+        [
+            ("job", {"job_id": job_id}),
+            ("cancel_job", {"job_id": job_id}),
+            ("job_logs", {"job_id": job_id}),
+        ],
+    )
+    assert shown["is_error"] is False and shown["content"]["record"]["params"] == {}
+    for refused in (cancel, logs):
+        assert refused["is_error"] is True
+        assert (refused["content"]["code"], refused["content"]["http_status"]) == ("forbidden", 403)
+        assert str(users["carol"].uid) in refused["content"]["message"]
+        assert refused["content"]["hint"]
+    with daemon.client() as client:
+        assert client.get(job_id)["status"] in ("queued", "running")  # untouched
+    (own,) = as_agent_of(users["alice"], sock, [("cancel_job", {"job_id": job_id})])
+    assert own["is_error"] is False and own["content"]["status"] == "cancelled"
+    daemon.wait_for_event(lambda e: e.get("uid") == users["alice"].uid and e.get("tool"))
+    lines = {(e["uid"], e["tool"]): e for e in daemon.events("mcp.call")}
+    assert lines[(users["alice"].uid, "cancel_job")]["job_id"] == job_id
+    assert lines[(users["carol"].uid, "cancel_job")]["named_job_id"] == job_id
+    assert "job_id" not in lines[(users["carol"].uid, "cancel_job")]

@@ -91,7 +91,7 @@ def call_every_method(client: Client) -> None:
     client.config(), client.reload_config(), client.config_status()
     client.channel_ping("coding", timeout_s=1.0), client.doctor(ping=False, timeout_s=1.0)
     client.relay_token(), client.relay_revoke(), client.relay_revoke(7), client.relay_status()
-    client.relay_models()
+    client.relay_models(), client.mcp_call("job", ok=False, job_id=odd, error_code="x")
     client.submit("noop"), client.submit("noop", wait_s=0.5), client.run("noop")
     client.get(odd), client.list_jobs("queued", 5), client.cancel(job_id)
     client.wait(job_id, timeout_s=1.0), client.upload_array(b"\x93NUMPY")
@@ -115,7 +115,7 @@ def test_every_request_the_client_sends_is_a_wire_route() -> None:
     with recording_client(requests) as client:
         call_every_method(client)
     unmatched = [line for line in requests if route_of(*line) is None]
-    assert len(requests) == 24 and unmatched == []  # one per call above
+    assert len(requests) == 25 and unmatched == []  # one per call above
     assert ("GET", "/v1/jobs/a%2F..%2Fb%3Fc") in requests
     used = {route_of(*line) for line in requests}
     assert used >= set(wire.ROUTES) - {wire.METRICS, wire.OPENAPI, wire.TRACE, wire.JOB_EVENTS}

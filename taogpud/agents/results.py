@@ -5,6 +5,7 @@ tests feed these the daemon's own JSON.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -176,3 +177,46 @@ def evidence_facts(job: Job) -> tuple[list[dict[str, Any]], str]:
         return [], f"no NVML evidence: the job ran on {job['backend']}, not a CUDA GPU"
     facts = [{"key": k, "value": v, "nvidia_smi": NVIDIA_SMI.get(k)} for k, v in evidence.items()]
     return facts, "what NVML saw while the job ran; each fact's nvidia-smi query shows it too"
+
+
+MAX_LOG_LINES = 200  # job_logs' `lines` at most
+MAX_LOG_CHARS = 32_000  # the lines job_logs answers, as JSON, at most: an agent's context is dear
+
+
+class JobLogs(BaseModel):
+    job_id: str
+    lines: list[dict[str, Any]] = Field(description="its trace lines, oldest first")
+    truncated: bool = Field(description="true: older lines (or a line's end) were left out")
+
+
+def job_summary(job: Job) -> JobSummary:
+    return JobSummary(**summary_fields(job))
+
+
+def job_lines(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The job's own lines: without the `mcp.call` lines that name it (job_logs' own among
+    them: reading the tail must not push the job's lines out of it)."""
+    return [event for event in events if event.get("event") != "mcp.call"]
+
+
+def job_logs(job_id: str, events: list[dict[str, Any]], lines: int) -> JobLogs:
+    """The last `lines` events, then the newest of them that fit MAX_LOG_CHARS; a single
+    line longer than that is cut to its event and time, with its length."""
+    tail = events[-lines:]
+    truncated = len(events) > len(tail)
+    kept: list[dict[str, Any]] = []
+    used = 0
+    for event in reversed(tail):
+        size = len(json.dumps(event, default=str))
+        if used + size > MAX_LOG_CHARS:
+            truncated = True
+            if not kept:  # even the newest line alone is too long
+                kept.append({**_line_head(event), "cut_chars": size})
+            break
+        kept.append(event)
+        used += size
+    return JobLogs(job_id=job_id, lines=kept[::-1], truncated=truncated)
+
+
+def _line_head(event: dict[str, Any]) -> dict[str, Any]:
+    return {key: event[key] for key in ("timestamp", "event", "status") if key in event}

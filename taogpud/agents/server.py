@@ -17,6 +17,7 @@ content is the daemon's own {code, message, hint}, with the HTTP status beside t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
@@ -26,18 +27,22 @@ from taogpud import __version__, wire
 from taogpud.agents import results
 from taogpud.cli.failures import CliError
 from taogpud.client import ApiError, Client, DaemonUnreachable, NotInGroup
+from taogpud.client.stream import stream_lines
+from taogpud.trace_ring import RING_LINES
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
     from mcp_types import CallToolResult
 
 T = TypeVar("T")
+log = logging.getLogger("taogpud.agents")  # stderr, under the SDK's logging set-up
 
 MAX_RUN_WAIT_S = 600.0  # run_task's longest wait: an agent's turn should not hang longer
 INSTRUCTIONS = (
     "taogpud runs GPU compute jobs for everyone on this host, as your user. gpu_status shows "
     "the devices, the backend (and any CPU fallback) and the caps; run_task runs a built-in "
-    "task or a `kernel` job and answers where it ran; job shows a job and its NVML evidence."
+    "task or a `kernel` job and answers where it ran; job shows a job and its NVML evidence; "
+    "job_logs its trace lines; cancel_job stops one of your jobs."
 )
 JobId = Annotated[str, Field(min_length=1, max_length=64, description="a job id, or a prefix")]
 
@@ -76,18 +81,33 @@ class Daemon:
     def __init__(self, socket_path: str | None) -> None:
         self.socket_path = socket_path
 
-    def call(self, action: Callable[[Client], T]) -> T:
-        """`action` on a fresh client; a failure the daemon (or the socket) explains becomes
-        the tool's error result. The SDK hands a CallToolResult back as it is, whatever the
-        tool's declared result (its output schema holds for results that are not errors)."""
-        try:
-            with Client(self.socket_path) as client:
-                return action(client)
-        except (ApiError, DaemonUnreachable, CliError) as exc:
-            return cast(T, tool_error(error_fields(exc)))
+    def call(self, tool: str, action: Callable[[Client], T], job_id: str | None = None) -> T:
+        """`action` on a fresh client, then the call's `mcp.call` trace line (the job it
+        answers, else `job_id`, the one it named). A failure the daemon (or the socket)
+        explains becomes the tool's error result: the SDK hands a CallToolResult back as it
+        is, whatever the tool's declared result (whose schema holds for the rest)."""
+        with Client(self.socket_path) as client:
+            try:
+                result = action(client)
+            except (ApiError, DaemonUnreachable, CliError, OSError) as exc:
+                fields = error_fields(exc)
+                if not isinstance(exc, DaemonUnreachable | OSError):
+                    tell(client, tool, job_id, fields["code"])
+                return cast(T, tool_error(fields))
+            tell(client, tool, getattr(result, "id", None) or job_id, None)
+            return result
 
 
-def error_fields(exc: ApiError | DaemonUnreachable | CliError) -> dict[str, Any]:
+def tell(client: Client, tool: str, job_id: str | None, error_code: str | None) -> None:
+    """The daemon's trace line for this call; a daemon that cannot take it is said on stderr
+    (the agent's log of this server), and the call's own answer still goes back."""
+    try:
+        client.mcp_call(tool, ok=error_code is None, job_id=job_id, error_code=error_code)
+    except (ApiError, DaemonUnreachable) as exc:
+        log.warning("the daemon did not take the mcp.call line of %s: %s", tool, exc)
+
+
+def error_fields(exc: ApiError | DaemonUnreachable | CliError | OSError) -> dict[str, Any]:
     """{code, message, hint, http_status}: the daemon's own, or what the client says."""
     if isinstance(exc, ApiError):
         return {
@@ -99,7 +119,15 @@ def error_fields(exc: ApiError | DaemonUnreachable | CliError) -> dict[str, Any]
     if isinstance(exc, DaemonUnreachable):
         code = "not_in_group" if isinstance(exc, NotInGroup) else "daemon_unreachable"
         return {"code": code, "message": exc.message, "hint": exc.hint, "http_status": 0}
-    return {"code": "invalid_request", "message": exc.message, "hint": exc.hint, "http_status": 0}
+    if isinstance(exc, CliError):
+        return {
+            "code": "invalid_request",
+            "message": exc.message,
+            "hint": exc.hint,
+            "http_status": 0,
+        }
+    hint = "is taogpud running? `taogpuctl status` says"  # a stream's socket (job_logs)
+    return {"code": "daemon_unreachable", "message": str(exc), "hint": hint, "http_status": 0}
 
 
 def tool_error(fields: dict[str, Any]) -> CallToolResult:
@@ -120,7 +148,7 @@ def tools(daemon: Daemon) -> list[Callable[..., Any]]:
         """The GPUs (name, UUID, memory free and cap, jobs running, worker health), the
         backend and whether jobs fall back to the CPU, the queue, the caps and the task
         names run_task takes. Call it first to see what this host can run now."""
-        return daemon.call(read_gpu_status)
+        return daemon.call("gpu_status", read_gpu_status)
 
     def run_task(
         task: Annotated[str, Field(description="a task name from gpu_status, or `kernel`")],
@@ -160,7 +188,7 @@ def tools(daemon: Daemon) -> list[Callable[..., Any]]:
             )
             return results.run_task_result(job)
 
-        return daemon.call(run)
+        return daemon.call("run_task", run)
 
     def job(job_id: JobId) -> results.JobWithEvidence:
         """One job's record: state, device, backend, fallback, timings, result or error, and
@@ -170,9 +198,39 @@ def tools(daemon: Daemon) -> list[Callable[..., Any]]:
         def show(client: Client) -> results.JobWithEvidence:
             return results.job_with_evidence(client.get(full_id(client, job_id)))
 
-        return daemon.call(show)
+        return daemon.call("job", show, job_id)
 
-    return [gpu_status, run_task, job]
+    def job_logs(
+        job_id: JobId,
+        lines: Annotated[
+            int,
+            Field(ge=1, le=results.MAX_LOG_LINES, description="the last N lines at most"),
+        ] = 50,
+    ) -> results.JobLogs:
+        """The tail of one job's trace: a line per state change (queued, running, where it
+        ran, how it ended, its error), oldest first, bounded in lines and in size; says when
+        older lines were left out. The daemon keeps recent lines in memory only."""
+
+        def read(client: Client) -> results.JobLogs:
+            full = full_id(client, job_id)
+            # all of the job's lines the daemon holds (it reads its whole ring for any limit),
+            # so that the tail is the job's own even after many mcp.call lines naming it
+            path = wire.JOB_EVENTS.url({"limit": RING_LINES}, job_id=full)
+            events = list(stream_lines(client.socket_path, path, client.timeout_s))
+            return results.job_logs(full, results.job_lines(events), lines)
+
+        return daemon.call("job_logs", read, job_id)
+
+    def cancel_job(job_id: JobId) -> results.JobSummary:
+        """Cancel one of your user's jobs, queued or running; answers it as it ended
+        (cancelled, or its end if it finished first). Another user's job is refused."""
+
+        def cancel(client: Client) -> results.JobSummary:
+            return results.job_summary(client.cancel(full_id(client, job_id)))
+
+        return daemon.call("cancel_job", cancel, job_id)
+
+    return [gpu_status, run_task, job, job_logs, cancel_job]
 
 
 def read_gpu_status(client: Client) -> results.GpuStatus:

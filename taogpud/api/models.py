@@ -20,6 +20,7 @@ Routes (all JSON unless said; errors are always {code, message, hint}):
     GET  /v1/config/status                ConfigStatusView
     POST /v1/channel/ping?model=&timeout_s=  channel.PingResult  (the guide's ping; ok says how)
     GET  /v1/doctor?ping=&probe=&timeout_s=  DoctorView   (the daemon-side checks; ok: none failed)
+    POST /v1/mcp/calls     body: McpCallModel → McpCallView  (one `mcp.call` trace line)
     GET  /v1/openapi.json                 the OpenAPI document
     GET  /metrics                         Prometheus text
 """
@@ -43,6 +44,8 @@ __all__ = [
     "HealthView",
     "InfoView",
     "JobRequestModel",
+    "McpCallModel",
+    "McpCallView",
     "ReloadModel",
     "StatusView",
     "WorkerView",
@@ -221,3 +224,24 @@ class DoctorView(BaseModel):
     ok: bool  # no check failed
     checks: list[CheckView]
     daemon: dict[str, Any]  # who answered: version, pid, backend, fallback, key_source, paths, …
+
+
+class McpCallModel(BaseModel):
+    """One MCP tool call, as `taogpuctl mcp` tells of it (POST /v1/mcp/calls)."""
+
+    model_config = ConfigDict(title="McpCall", extra="forbid")
+
+    tool: str = Field(pattern=wire.MCP_TOOL_PATTERN, description="the tool's name, e.g. run_task")
+    ok: bool = Field(description="false: the call ended in a tool error")
+    job_id: str | None = Field(
+        default=None, min_length=1, max_length=64, description="the job it ran or named"
+    )
+    error_code: str | None = Field(
+        default=None, pattern=r"^[a-z0-9_]{1,64}$", description="the tool error's code"
+    )
+
+
+class McpCallView(BaseModel):
+    event: Literal["mcp.call"] = "mcp.call"
+    uid: int | None = Field(description="the caller, from SO_PEERCRED")
+    job_id: str | None = Field(description="the job, when it is one the caller may act on")

@@ -16,6 +16,7 @@ from taogpud.cli.output import emit_line
 # a job line's fields shown in `logs`, in this order, after its time and event
 LOG_FIELDS: tuple[str, ...] = ("status", "task", "backend", "device", "fallback", "queue_ms")
 LOG_FIELDS += ("run_ms", "worker_pid", "error_code", "error", "fallback_reason")
+LOG_FIELDS += ("tool", "ok")  # an mcp.call line naming the job (docs/agents.md)
 
 
 def trace_command(

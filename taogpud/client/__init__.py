@@ -188,6 +188,14 @@ class Client:
         route = wire.RELAY_MODELS
         return self._request(route.method, route.path, wait_s=PING_WAIT_S)
 
+    def mcp_call(
+        self, tool: str, *, ok: bool, job_id: str | None = None, error_code: str | None = None
+    ) -> dict[str, Any]:
+        """Tell the daemon of one MCP tool call (`taogpuctl mcp`), for its `mcp.call` trace
+        line: {event, uid, job_id} as written (job_id None unless the job is the caller's)."""
+        body = {"tool": tool, "ok": ok, "job_id": job_id, "error_code": error_code}
+        return self._dict(wire.MCP_CALL, None, body)
+
     # --- jobs -----------------------------------------------------------------------------
 
     def submit(
