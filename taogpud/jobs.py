@@ -87,7 +87,10 @@ _id_bits = random.Random(secrets.randbits(64))  # ids need to be unique, not sec
 
 
 def new_job_id() -> str:
-    """Sortable by creation time, unique without coordination: ms clock + 24 random bits.
-    (Access to a job goes by the caller's uid, never by knowing its id, so the bits come
+    """Unique without coordination: 24 random bits, then the ms clock (ids of different
+    milliseconds never clash). The random bits come first so that the 6 characters a person
+    types tell apart jobs made together (a clock first made every job of one second share 8);
+    what needs the order of creation sorts by `created_at` (the store's column), never by
+    id. (Access to a job goes by the caller's uid, never by knowing its id, so the bits come
     from a seeded generator: a system call per id showed in the daemon's profile.)"""
-    return f"{time.time_ns() // 1_000_000:011x}{_id_bits.getrandbits(24):06x}"
+    return f"{_id_bits.getrandbits(24):06x}{time.time_ns() // 1_000_000:011x}"

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from taogpud import __version__
+from taogpud.cli.conventions import FULL_ID_LENGTH, short_ids
 from taogpud.cli.words import humanize, remember
+from taogpud.jobs import new_job_id
+from taogpud.testing import RunningDaemon
 from tests.test_cli import Ctl, assert_one_error_line, json_out, taogpuctl
 
 
@@ -119,12 +122,15 @@ def test_tasks_show_no_python_none(ctl: Ctl) -> None:
     assert "size:integer=1000000" in result.stdout
 
 
-def test_job_id_prefixes(ctl: Ctl) -> None:
+def test_job_id_prefixes(daemon: RunningDaemon) -> None:
     """A unique prefix finds the job (show, wait, result, cancel); one shared by two jobs is
     an error listing both; an unknown one stays the daemon's 'no job' (exit 2)."""
-    first = json_out(ctl("submit", "noop", "--wait", "--json"))["id"]
-    second = json_out(ctl("submit", "noop", "--wait", "--json"))["id"]
-    common = next(n for n in range(len(first)) if first[n] != second[n])
+    ctl = daemon.ctl
+    with daemon.client() as client:  # 17 ids: two of them share a first character
+        ids = [client.submit("noop", {}, wait_s=5)["id"] for _ in range(17)]
+    pairs = [(a, b) for a in ids for b in ids if a < b]
+    first, second = max(pairs, key=lambda pair: shared_length(*pair))  # the closest two
+    common = shared_length(first, second)
     shown = ctl("show", second[: common + 1], "--json")
     assert shown.returncode == 0, shown.stderr
     assert json_out(shown)["id"] == second
@@ -134,6 +140,43 @@ def test_job_id_prefixes(ctl: Ctl) -> None:
     assert f"job id prefix {first[:common]} is ambiguous" in ambiguous
     assert first in ambiguous and second in ambiguous
     assert "job_not_found" in assert_one_error_line(ctl("show", "fffff"), 2)
+
+
+def shared_length(a: str, b: str) -> int:
+    return next(n for n in range(len(a)) if a[n] != b[n])
+
+
+def test_ids_made_together_differ_within_six_characters() -> None:
+    """Ids made in one burst (the same millisecond, the same second) tell themselves apart by
+    their first 6 characters: the prefix a person types is unique when it is needed. (They
+    began with a clock: jobs of one second shared their first 8.)"""
+    ids = [new_job_id() for _ in range(200)]
+    assert len({job_id[:6] for job_id in ids}) >= 199  # 24 random bits: a clash is ~1 in 1,000
+    assert all(len(job_id) == FULL_ID_LENGTH and int(job_id, 16) >= 0 for job_id in ids)
+
+
+def test_short_ids_are_six_or_as_long_as_unique() -> None:
+    """The short form: 6 characters, longer (as git's) where two shown ids share more."""
+    ids = ["1a2b3c4d5e6f70809", "1a2b3c4d5e6f70819", "ffffff00000000000"]
+    assert short_ids(ids) == {
+        "1a2b3c4d5e6f70809": "1a2b3c4d5e6f7080",
+        "1a2b3c4d5e6f70819": "1a2b3c4d5e6f7081",
+        "ffffff00000000000": "ffffff",
+    }
+
+
+def test_list_shows_the_short_ids_that_find_the_jobs(daemon: RunningDaemon) -> None:
+    """`taogpuctl list` shows each id in its short form (6 characters, more only where two
+    shown ids share them), and that form is what `show` finds the job by."""
+    with daemon.client() as client:
+        ids = {client.submit("noop", {}, wait_s=5)["id"] for _ in range(5)}
+    listed = daemon.ctl("list")
+    assert listed.returncode == 0, listed.stderr
+    shown = [line.split()[0] for line in listed.stdout.splitlines()[1:]]
+    assert sorted(shown) == sorted(short_ids(sorted(ids)).values())
+    assert all(len(short) >= 6 for short in shown)
+    found = json_out(daemon.ctl("show", shown[0], "--json"))["id"]
+    assert found in ids and found.startswith(shown[0])
 
 
 def test_wait_still_running_is_124_and_failed_is_1(ctl: Ctl) -> None:

@@ -66,15 +66,16 @@ def test_elapsed_reads_like_a_clock() -> None:
 
 
 def test_top_once_on_the_cpu_daemon(daemon: Any) -> None:
-    """`top --once` against the CPU daemon: its workers, a running sleep in a slot, no NVML
-    columns, and the header saying why there are no NVML fields when there is no driver."""
+    """`top --once` against the CPU daemon: its workers, a running sleep in a slot (its id in
+    the short form), no NVML columns, and the header saying why there are no NVML fields when
+    there is no driver."""
     ctl: Ctl = daemon.ctl
     job_id = ctl("submit", "sleep", "--param", "ms=20000").stdout.strip()
     daemon.wait_running(job_id)
     result = ctl("top", "--once")
     assert result.returncode == 0, result.stderr
     assert "cpu:0" in result.stdout and "cpu:1" in result.stdout
-    assert any(job_id in line and "sleep" in line for line in result.stdout.splitlines())
+    assert any(job_id[:6] + " " in line and "sleep" in line for line in result.stdout.splitlines())
     assert "util" not in result.stdout
     if not nvml.inventory().available:
         assert "NVML: " in result.stdout

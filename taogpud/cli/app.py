@@ -25,7 +25,7 @@ from taogpud.cli import helptext as cli_helptext
 from taogpud.cli import logs as cli_logs
 from taogpud.cli import top as cli_top
 from taogpud.cli import words as cli_words
-from taogpud.cli.conventions import resolve_id
+from taogpud.cli.conventions import resolve_id, short_ids
 from taogpud.cli.failures import CliError, explain
 from taogpud.cli.options import ParamOption, SeedOption, SizeOption
 from taogpud.cli.output import (
@@ -302,7 +302,9 @@ def list_command(
         emit_json(jobs)
         return
     columns = ("id", "task", "status", "backend", "device", "fallback", "queue_ms", "run_ms")
-    emit_table(columns, [[job.get(column) for column in columns] for job in jobs])
+    short = short_ids([job["id"] for job in jobs])
+    rows = [[short[job["id"]], *(job.get(column) for column in columns[1:])] for job in jobs]
+    emit_table(columns, rows)
 
 
 @app.command("cancel")

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Sequence
@@ -26,7 +27,8 @@ from taogpud.cli.hot import COMPLETE_VAR as COMPLETE_VAR  # noqa: PLC0414 (named
 from taogpud.client import ApiError, Client
 
 EXIT_STILL_RUNNING = 124  # the wait's --timeout passed before the job finished
-FULL_ID_LENGTH = 17  # jobs.new_job_id(): 11 hex of milliseconds + 6 random hex
+FULL_ID_LENGTH = 17  # jobs.new_job_id(): 6 random hex + 11 hex of milliseconds
+SHORT_ID_LENGTH = 6  # what tables show (docker's 12, git's 7: 24 random bits here)
 AMBIGUOUS_SHOWN = 10
 _HEX = re.compile(r"^[0-9a-f]+$")
 
@@ -139,6 +141,25 @@ def resolve_id(client: Client, given: str) -> str:
             raise AmbiguousId(given, candidates) from None
         return candidates[0]
     return given
+
+
+def short_ids(ids: Sequence[str]) -> dict[str, str]:
+    """Each id's short form among `ids`: its first SHORT_ID_LENGTH characters, or as many
+    more as set it apart from the others shown (as git abbreviates). A prefix shared with a
+    job not shown is still refused as ambiguous by resolve_id, never taken for the wrong one."""
+    ordered = sorted(set(ids))
+    shared = [_common_length(a, b) for a, b in itertools.pairwise(ordered)]
+    lengths = [max([0, *shared[max(i - 1, 0) : i + 1]]) + 1 for i in range(len(ordered))]
+    return {
+        job_id: job_id[: max(length, SHORT_ID_LENGTH)]
+        for job_id, length in zip(ordered, lengths, strict=True)
+    }
+
+
+def _common_length(a: str, b: str) -> int:
+    return next(
+        (n for n, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def _could_be_prefix(given: str) -> bool:

@@ -12,6 +12,7 @@ the layout is tested on fed data; the command only fetches and redraws.
 
 from __future__ import annotations
 
+import functools
 import pwd
 import time
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from taogpud.cli.conventions import short_ids
 from taogpud.cli.output import gibibytes
 
 if TYPE_CHECKING:  # rich is imported when a frame is drawn: taogpuctl's start skips it
@@ -41,6 +43,11 @@ class Snapshot:
     gpus: dict[int, Any]  # NVML index → nvml.GpuDevice
     nvml_reason: str | None  # why there are no NVML fields (no driver), else None
     now: float
+
+    @functools.cached_property
+    def short_ids(self) -> dict[str, str]:
+        """The jobs' ids as tables show them (taogpuctl.cli.conventions.short_ids)."""
+        return short_ids([str(job["id"]) for job in (*self.running, *self.queued)])
 
 
 def top_command(
@@ -135,7 +142,7 @@ def device_table(snapshot: Snapshot) -> Table:
                 str(worker.get("pid") or "-") if first else "",
                 str(worker.get("state") or "-") if first else "",
                 f"{slot + 1}/{slots}",
-                *job_cells(in_slot, snapshot.now),
+                *job_cells(in_slot, snapshot),
             )
     return table
 
@@ -152,12 +159,13 @@ def nvml_cells(worker: dict[str, Any], gpus: dict[int, Any]) -> list[str]:
     return [f"{worker['device']} {gpu.name}", util, memory, temp, power]
 
 
-def job_cells(job: dict[str, Any] | None, now: float) -> list[str]:
-    """job id, user, task, elapsed; an idle slot reads `idle`."""
+def job_cells(job: dict[str, Any] | None, snapshot: Snapshot) -> list[str]:
+    """job id (short), user, task, elapsed; an idle slot reads `idle`."""
     if job is None:
         return ["idle", "", "", ""]
-    started = job.get("started_at") or job.get("created_at") or now
-    return [str(job["id"]), user_name(job), str(job["task"]), elapsed(now - started)]
+    started = job.get("started_at") or job.get("created_at") or snapshot.now
+    short = snapshot.short_ids[str(job["id"])]
+    return [short, user_name(job), str(job["task"]), elapsed(snapshot.now - started)]
 
 
 def queue_table(snapshot: Snapshot) -> Table:
@@ -173,7 +181,8 @@ def queue_table(snapshot: Snapshot) -> Table:
     table.title_justify = "left"
     for job in queued[:QUEUE_SHOWN]:
         waiting = elapsed(snapshot.now - (job.get("created_at") or snapshot.now))
-        table.add_row(job["id"], user_name(job), job["task"], str(job.get("priority", 0)), waiting)
+        short = snapshot.short_ids[str(job["id"])]
+        table.add_row(short, user_name(job), job["task"], str(job.get("priority", 0)), waiting)
     if len(queued) > QUEUE_SHOWN:
         table.add_row(f"… {len(queued) - QUEUE_SHOWN} more", "", "", "", "")
     return table
