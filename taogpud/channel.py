@@ -179,6 +179,11 @@ class Scrubber:
         self._forms = sorted((form for form in forms if len(form) >= 4), key=len, reverse=True)
         self._key = value
 
+    @property
+    def forms(self) -> tuple[str, ...]:
+        """Every text the key is replaced in, longest first (the relay scrubs them as bytes)."""
+        return tuple(self._forms)
+
     def __call__(self, text: str) -> str:
         for form in self._forms:
             text = text.replace(form, REDACTED)

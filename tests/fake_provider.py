@@ -5,6 +5,9 @@ records what it received. It checks the Authorization and x-api-key headers itse
 only whether they matched: the key is never stored, printed or compared outside the server.
 A reply with `events` is a server-sent-event stream, chunked, one chunk per event as the
 real providers send them; `break_after` drops the connection mid-stream (no last chunk).
+A reply with `echo` repeats the credentials it got, as a provider's debugging echo might: in
+its body or events (for `@AUTH@` and `@XKEY@`) and in its headers, each event that holds one
+written as two chunks split inside it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class Reply:
     event_delay_s: float = 0.0  # between two events
     break_after: int | None = None  # drop the connection after this many events
     echo_auth: bool = False  # a 401 that repeats the credentials it got, as real ones do
+    echo: bool = False  # @AUTH@ / @XKEY@ in body and events: the credentials; echo headers too
 
 
 OK = Reply()
@@ -196,7 +200,34 @@ class FakeProvider:
                     message = f"Incorrect API key provided: {auth} / {x_api_key}"
                     reply = Reply(401, {"error": {"message": message, "type": "auth_error"}})
                 asked = body.get("model") if isinstance(body, dict) else None
+                self.echoed = {
+                    b"@AUTH@": (auth or "").encode(),
+                    b"@XKEY@": (x_api_key or "").encode(),
+                }
                 self._send(reply, asked if isinstance(asked, str) else "claude-sonnet")
+
+            def _echo(self, reply: Reply, data: bytes) -> bytes:
+                for mark, value in self.echoed.items() if reply.echo else ():
+                    data = data.replace(mark, value)
+                return data
+
+            def _echo_headers(self, reply: Reply) -> None:
+                if reply.echo:
+                    self.send_header("X-Echo-Authorization", self.echoed[b"@AUTH@"].decode())
+                    self.send_header("X-Echo-Api-Key", self.echoed[b"@XKEY@"].decode())
+                    self.send_header("Location", "/api/v1/?key=" + self.echoed[b"@XKEY@"].decode())
+
+            def _write_chunks(self, reply: Reply, event: bytes) -> None:
+                """One event as one chunk, or, holding an echoed credential, as two chunks
+                split in the middle of it (apart in time, so they arrive apart)."""
+                echoed = self._echo(reply, event)
+                value = next((v for m, v in self.echoed.items() if v and m in event), b"")
+                middle = echoed.find(value) + len(value) // 2 if reply.echo and value else 0
+                for part in (echoed[:middle], echoed[middle:]) if middle else (echoed,):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                    self.wfile.flush()
+                    if middle:
+                        time.sleep(0.05)
 
             def _send(self, reply: Reply, model: str) -> None:
                 time.sleep(reply.delay_s)
@@ -209,12 +240,14 @@ class FakeProvider:
                     payload = json.dumps(reply.body).encode()
                 else:
                     payload = reply.body
+                payload = self._echo(reply, payload)
                 try:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(payload)))
                     for name, value in reply.headers.items():
                         self.send_header(name, value)
+                    self._echo_headers(reply)
                     self.end_headers()
                     self.wfile.write(payload)
                 except OSError:
@@ -229,13 +262,13 @@ class FakeProvider:
                     self.send_header("Transfer-Encoding", "chunked")
                     for name, value in reply.headers.items():
                         self.send_header(name, value)
+                    self._echo_headers(reply)
                     self.end_headers()
                     for index, event in enumerate(reply.events or ()):
                         if reply.break_after is not None and index >= reply.break_after:
                             end = "broken"
                             break
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
-                        self.wfile.flush()
+                        self._write_chunks(reply, event)
                         time.sleep(reply.event_delay_s)
                     else:
                         self.wfile.write(b"0\r\n\r\n")

@@ -5,8 +5,9 @@
     TcpRelay     the loopback listener: the Host must be its own, the caller a relay token
 
 Answers of the relay itself use the API's one error shape {code, message, hint}; answers of
-the provider go to the client as they came (an error body with the key scrubbed from it), a
-stream piece by piece as it arrives. A client that hangs up cancels the upstream request.
+the provider go to the client as they came, a stream piece by piece as it arrives, with the
+key scrubbed from every header and every body (scrub.py: an error body is read whole and its
+masked forms go too). A client that hangs up cancels the upstream request.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from taogpud.errors import ErrorBody
 from taogpud.logging import get_logger, request_trace_enabled
 from taogpud.relay import upstream
 from taogpud.relay.limits import Limiter
+from taogpud.relay.scrub import KeyBytes
 from taogpud.relay.tokens import TokenStore
 from taogpud.relay.tools import tool_of
 from taogpud.relay.usage import MAX_JSON_BYTES, StreamUsage, Tokens, UseKey, UseTable, usage_of_json
@@ -79,10 +81,11 @@ class Exchange:
 
 @dataclass(frozen=True)
 class Channel:
-    """What every request of one config snapshot shares: settings, key scrubber, proxy."""
+    """What every request of one config snapshot shares: settings, key scrubbers, proxy."""
 
     settings: ChannelSettings
-    scrub: Scrubber
+    scrub: Scrubber  # texts: the relay's messages, a provider's error body
+    key_bytes: KeyBytes  # bytes: the provider's headers and bodies
     proxy: str | None
     host: str  # the trace's `channel`: the base URL's host, without any credentials
 
@@ -129,9 +132,11 @@ class Relay:
         cached = self._channel
         if cached is None or cached[0] is not snapshot:
             settings = ChannelSettings.from_snapshot(snapshot)
+            scrub = Scrubber(settings.api_key)
             channel = Channel(
                 settings,
-                Scrubber(settings.api_key),
+                scrub,
+                KeyBytes(scrub.forms),
                 upstream.proxy_for(settings.base_url),
                 _channel_host(settings.base_url),
             )
@@ -210,7 +215,7 @@ class Relay:
         exchange.attempts = opened.attempts
         response = opened.response
         try:
-            await _relay_response(response, send, exchange, family, scrub)
+            await _relay_response(response, send, exchange, family, channel)
         finally:
             response.close()  # a whole answer's connection is back in the pool already
 
@@ -336,10 +341,10 @@ async def _disconnect(receive: Receive) -> None:
 
 
 async def _relay_response(
-    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, family: str, scrub: Scrubber
+    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, family: str, channel: Channel
 ) -> None:
     if response.status >= 400:
-        await _relay_error_answer(response, send, exchange, scrub)
+        await _relay_error_answer(response, send, exchange, channel)
         return
     content_type = response.headers.get("content-type", "")
     exchange.stream = content_type.startswith("text/event-stream")
@@ -348,35 +353,49 @@ async def _relay_response(
         {
             "type": "http.response.start",
             "status": response.status,
-            "headers": _response_headers(response, keep_length=not exchange.stream),
+            "headers": _response_headers(response, channel.key_bytes, not exchange.stream),
         }
     )
     if exchange.stream:
-        await _relay_stream(response, send, exchange, family, scrub)
+        await _relay_stream(response, send, exchange, family, channel)
     else:
-        await _relay_body(response, send, exchange)
+        await _relay_body(response, send, exchange, channel.key_bytes)
 
 
-async def _relay_body(response: aiohttp.ClientResponse, send: Send, exchange: Exchange) -> None:
+async def _relay_body(
+    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, key_bytes: KeyBytes
+) -> None:
     kept: list[bytes] = []  # for its usage; a huge answer (embeddings) is not kept
+    scrub = key_bytes.stream()
     async for piece in response.content.iter_any():
-        _count_out(exchange, piece)
-        if exchange.bytes_out <= MAX_JSON_BYTES:
-            kept.append(piece)
-        await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await _send_piece(send, exchange, scrub.feed(piece), kept)
+    await _send_piece(send, exchange, scrub.end(), kept)
     if exchange.bytes_out <= MAX_JSON_BYTES:
         usage_of_json(b"".join(kept), exchange.tokens)
     exchange.end()
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+async def _send_piece(send: Send, exchange: Exchange, piece: bytes, kept: list[bytes]) -> None:
+    if not piece:
+        return
+    _count_out(exchange, piece)
+    if exchange.bytes_out <= MAX_JSON_BYTES:
+        kept.append(piece)
+    await send({"type": "http.response.body", "body": piece, "more_body": True})
+
+
 async def _relay_stream(
-    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, family: str, scrub: Scrubber
+    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, family: str, channel: Channel
 ) -> None:
     usage = StreamUsage(exchange.tokens)
     provider_error = False
+    scrub = channel.key_bytes.stream()
     try:
-        async for piece in response.content.iter_any():
+        async for came in response.content.iter_any():
+            piece = scrub.feed(came)
+            if not piece:
+                continue  # all of it held back: it may be the start of the key
             _count_out(exchange, piece)
             usage.feed(piece)
             provider_error = provider_error or b"event: error" in piece or b'"error"' in piece
@@ -384,12 +403,15 @@ async def _relay_stream(
     except (aiohttp.ClientError, TimeoutError) as exc:  # the provider failed mid-stream
         exchange.code = "upstream_broken"
         if not provider_error:
-            said = scrub(f"the provider's stream broke: {type(exc).__name__}")
-            event = _error_event(family, said)
+            said = channel.scrub(f"the provider's stream broke: {type(exc).__name__}")
+            event = scrub.end() + _error_event(family, said)
             exchange.bytes_out += len(event)
             await send({"type": "http.response.body", "body": event, "more_body": True})
+    tail = scrub.end()  # empty unless the stream ended on what could start the key
+    exchange.bytes_out += len(tail)
+    usage.feed(tail)
     exchange.end()
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    await send({"type": "http.response.body", "body": tail, "more_body": False})
 
 
 def _error_event(family: str, message: str) -> bytes:
@@ -402,7 +424,7 @@ def _error_event(family: str, message: str) -> bytes:
 
 
 async def _relay_error_answer(
-    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, scrub: Scrubber
+    response: aiohttp.ClientResponse, send: Send, exchange: Exchange, channel: Channel
 ) -> None:
     """The provider's error, whole, with the key scrubbed out (providers echo what they got)."""
     raw = b""
@@ -410,9 +432,9 @@ async def _relay_error_answer(
         raw += piece
         if len(raw) > MAX_ERROR_BYTES:
             break
-    body = scrub(raw[:MAX_ERROR_BYTES].decode("utf-8", "replace")).encode()
+    body = channel.scrub(raw[:MAX_ERROR_BYTES].decode("utf-8", "replace")).encode()
     exchange.status = response.status
-    headers = _response_headers(response, keep_length=False)
+    headers = _response_headers(response, channel.key_bytes, keep_length=False)
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     _count_out(exchange, body)
@@ -427,10 +449,10 @@ def _count_out(exchange: Exchange, piece: bytes) -> None:
 
 
 def _response_headers(
-    response: aiohttp.ClientResponse, keep_length: bool
+    response: aiohttp.ClientResponse, key_bytes: KeyBytes, keep_length: bool
 ) -> list[tuple[bytes, bytes]]:
-    """The provider's headers, less hop-by-hop ones, cookies and any CORS header: a page in a
-    browser must not be let read the relay's answers."""
+    """The provider's headers, less hop-by-hop ones, cookies and any CORS header (a page in a
+    browser must not be let read the relay's answers), the key scrubbed from the rest."""
     kept: list[tuple[bytes, bytes]] = []
     for name, value in response.raw_headers:
         lower = name.lower()
@@ -438,7 +460,7 @@ def _response_headers(
             continue
         if lower in DROPPED_RESPONSE_HEADERS and not (keep_length and lower == b"content-length"):
             continue
-        kept.append((lower, value))
+        kept.append((key_bytes.whole(lower), key_bytes.whole(value)))
     return kept
 
 
