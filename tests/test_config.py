@@ -153,6 +153,7 @@ def test_seed_values_are_the_model_defaults(files: Files) -> None:
         "scheduling.queue_limit",
         "memory.upload_quota_mb",  # issue 17: each user's pending uploads
         "memory.array_budget_mb",  # issue 34: all uploads together, in progress included
+        "reload.quiet_s",  # issue 34: a save applied once the files are quiet
         "scheduling.drain_timeout_s",
         "scheduling.job_timeout_s",
         "scheduling.executor",  # issue 10: the executor and its [ray] table

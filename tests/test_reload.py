@@ -11,11 +11,23 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon, deep_merge, to_toml
 from traces import FINISHED_EVENTS
 
 from taogpud.client import Client
 from taogpud.testing import ctl_command, write_text
+
+DEFAULT_QUIET_S = 2.0  # reload.quiet_s
+# This module's daemons apply a watched save after 0.5 s of quiet, as before there was a key:
+# its saves are each whole, and 20 reloads at the default would add half a minute. The
+# default has its own test (the last).
+QUICK_RELOAD = {"TAOGPUD_CONFIG__RELOAD__QUIET_S": "0.5"}
+
+
+@pytest.fixture
+def daemon(daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
+    return daemon_factory(env=QUICK_RELOAD)
 
 
 def ctl(daemon: RunningDaemon) -> list[str]:
@@ -157,7 +169,7 @@ def test_cap_raised_and_lowered_under_a_stream_of_jobs(
     daemon_factory: Callable[..., RunningDaemon],
 ) -> None:
     """While sleep jobs stream in, max_concurrent_tasks 2 → 4 → 1 each holds once live."""
-    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 2}})
+    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 2}}, env=QUICK_RELOAD)
     stop = threading.Event()
     submitted: list[str] = []
 
@@ -289,3 +301,38 @@ def test_invalid_reload_through_the_cli_exits_2(daemon: RunningDaemon) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "runtime.device_type" in result.stdout
+
+
+def test_a_file_saved_in_two_writes_a_second_apart_is_applied_whole(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """An editor writes config.toml in place in two steps 1 s apart, the first half valid on
+    its own ([scheduling] not there yet). The reload waits until the files have been quiet
+    for reload.quiet_s (its default), so the one new generation holds both halves. Before,
+    the first half was applied half a second after it was written, then the whole."""
+    daemon = daemon_factory()  # the default quiet period, not this module's short one
+    text = to_toml(
+        deep_merge(
+            CPU_CONFIG,
+            {"memory": {"upload_quota_mb": 2}, "scheduling": {"max_concurrent_tasks": 3}},
+        )
+    )
+    cut = text.index("[scheduling]")
+    with daemon.client() as client:
+        with daemon.config_path.open("w") as file:
+            file.write(text[:cut])
+            file.flush()
+            first_half_at = time.monotonic()
+            time.sleep(1.0)
+            file.write(text[cut:])
+        gap_s = time.monotonic() - first_half_at
+        if gap_s >= DEFAULT_QUIET_S:  # then applying the first half would be right
+            pytest.skip(f"the host held this test {gap_s:.1f} s between the two writes")
+        status = wait_generation(client, 2)
+        assert client.status()["max_concurrent_tasks"] == 3
+    assert {change["key"] for change in status["last_reload"]["changes"]} == {
+        "config.toml: memory.upload_quota_mb",
+        "config.toml: scheduling.max_concurrent_tasks",
+    }
+    assert [event["generation"] for event in daemon.events("config.reloaded")] == [2]
+    assert daemon.events("config.reload_failed") == []

@@ -412,6 +412,17 @@ class ServerSection(BaseModel):
     head_timeout_s: Number = Field(10, gt=0)  # a request head not complete by then: closed
 
 
+class ReloadSection(BaseModel):
+    """taogpud extension: how a save the watcher sees is applied (daemon/reload.py)."""
+
+    model_config = _SECTION
+    # A save is applied once both files have been still this long. Longer than an editor's
+    # two-step save (an in-place write in two parts about a second apart, whose first part
+    # can be valid on its own), short enough that a save is live in seconds. SIGHUP and
+    # `taogpuctl config reload` do not wait.
+    quiet_s: Number = Field(2.0, ge=0, le=8)
+
+
 class ConfigFile(_LayeredSettings):
     """config.toml, snake_case as in the file."""
 
@@ -424,6 +435,7 @@ class ConfigFile(_LayeredSettings):
     ray: RaySection = RaySection()
     relay: RelaySection = RelaySection()
     server: ServerSection = ServerSection()
+    reload: ReloadSection = ReloadSection()
 
 
 # ---- the snapshot -------------------------------------------------------------------------

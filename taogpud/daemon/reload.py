@@ -13,9 +13,13 @@ to the two paths.
 
 A file written in place, in steps, can parse halfway (a config.toml cut before its
 [scheduling] table is valid, with the defaults): a change the watcher saw is applied only
-once both files have stood still for SETTLE_S (the same size, mtime and digest on a
-second read). The safe way to edit is still an atomic rename (write a temporary file in
-the same folder, then `mv` it over the old one), which no reader ever sees half-done.
+once both files have stood still (the same size, mtime and digest) for `reload.quiet_s`,
+2 s by default: longer than an editor's two-step save, whose parts come about a second
+apart. Our own quiet period, not watchfiles' `step` (its quiet time) set to 2 s: its
+quiet is over every file of the watched folders (the filter runs after), so a log written
+beside the config would hold a save back, and its stop event is checked once a step.
+The safe way to edit is still an atomic rename (write a temporary file in the same
+folder, then `mv` it over the old one), which no reader ever sees half-done.
 SIGHUP and POST /v1/config/reload are an operator saying the files are ready: no wait.
 """
 
@@ -46,7 +50,7 @@ from taogpud.wire import ChangeView, ReloadView
 WATCH_STEP_MS = 50  # quiet time after a change before it is acted on
 WATCH_DEBOUNCE_MS = 400  # the most changes are grouped for (a file written in steps)
 WARM_TIMEOUT_S = 300.0
-SETTLE_S = 0.5  # a watched change is applied once the files stood still this long
+SETTLE_POLL_S = 0.1  # how often the files are read while they settle
 MAX_SETTLE_S = 10.0  # a file rewritten forever is read as it is after this long
 
 log = tlog.get_logger("taogpud.reload")
@@ -191,18 +195,18 @@ class Reloader:
         )
 
     async def _settled(self) -> None:
-        """Wait until the files read the same twice, SETTLE_S apart (see the module's doc)."""
+        """Wait until the files have not changed for reload.quiet_s (see the module's doc)."""
         paths = self.watched_paths()
+        quiet_s = self.status.snapshot.config.reload.quiet_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + MAX_SETTLE_S
-        before = _fingerprints(paths)
-        while True:
-            await asyncio.sleep(SETTLE_S)
+        seen, changed_at = _fingerprints(paths), loop.time()
+        while loop.time() - changed_at < quiet_s and loop.time() < deadline:
+            await asyncio.sleep(SETTLE_POLL_S)
             now = _fingerprints(paths)
-            if now == before or loop.time() >= deadline:
-                return
-            log.debug("config.settling", files=[str(p) for p in paths])
-            before = now
+            if now != seen:
+                log.debug("config.settling", files=[str(p) for p in paths])
+                seen, changed_at = now, loop.time()
 
     def watched_paths(self) -> list[Path]:
         snapshot = self.status.snapshot
