@@ -107,8 +107,10 @@ def test_the_main_flows_speak_chinese_under_a_chinese_locale(
     assert "没有名为 'vector_ad' 的任务；是否想写 'vector_add'？ [unknown_task]" in refused.stderr
     assert "（提示：已有任务：" in refused.stderr
 
-    doctor = daemon.ctl("doctor", env=ZH)
+    doctor = daemon.ctl("doctor", "--no-ping", env=ZH)
     assert "doctor：" in doctor.stdout and "项通过" in doctor.stdout
+    assert "不是 WSL（原生 Linux 内核）" in doctor.stdout  # a check's detail, from the daemon
+    assert "gpu.backend 为 cpu：不使用 cuda_arch" in doctor.stdout
 
 
 def test_a_config_error_names_file_key_and_fix_in_chinese(tmp_path: Path) -> None:
@@ -164,7 +166,13 @@ def test_json_and_the_trace_are_the_same_bytes_in_every_locale(
     """--json answers and error bodies are English byte for byte under zh-CN; the trace of
     what a zh-CN user did holds no Chinese."""
     job_id = json.loads(daemon.ctl("submit", "noop", "--wait", "--json").stdout)["id"]
-    for args in (("show", job_id, "--json"), ("tasks", "--json"), ("submit", "nope", "--json")):
+    cases = (
+        ("show", job_id, "--json"),
+        ("tasks", "--json"),
+        ("submit", "nope", "--json"),
+        ("doctor", "--no-ping", "--no-probe", "--json"),
+    )
+    for args in cases:
         english, chinese = daemon.ctl(*args, env=EN), daemon.ctl(*args, env=ZH)
         assert english.stdout == chinese.stdout, args
         assert english.returncode == chinese.returncode

@@ -12,6 +12,7 @@ from taogpud.api.models import CheckView, DoctorView
 from taogpud.api.peer import peer_of
 from taogpud.doctor import report_ok
 from taogpud.doctor.run import Options, daemon_checks, daemon_facts
+from taogpud.i18n import accepted_language
 
 router = APIRouter(tags=["doctor"])
 
@@ -30,8 +31,9 @@ async def doctor(
 ) -> DoctorView:
     """Always 200 when the checks ran: `ok` is false when any check failed."""
     checks = await daemon_checks(daemon, peer_of(request), Options(ping, probe, timeout_s))
+    language = accepted_language(request.headers.get("accept-language"))  # detail and hint
     return DoctorView(
         ok=report_ok(checks),
-        checks=[CheckView(**check.as_dict()) for check in checks],
+        checks=[CheckView(**check.as_dict(language)) for check in checks],
         daemon=daemon_facts(daemon),
     )

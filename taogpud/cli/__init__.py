@@ -45,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
 def run(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure becomes one stderr line and an exit code."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if "--json" in args:  # a document for a program: English end to end, the daemon's too
+        from taogpud.i18n import english_only
+
+        english_only()
     from taogpud.cli import hot
 
     code = hot.run(args)

@@ -620,7 +620,7 @@ def doctor_command(
     if json_out:
         emit_json({"ok": ok, "checks": [check.as_dict() for check in checks], "daemon": daemon})
     else:
-        for line in check_lines([check.as_dict() for check in checks]):
+        for line in check_lines([check.as_dict(user_language()) for check in checks]):
             emit_line(line)
     return EXIT_OK if ok else EXIT_FAILED
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from taogpud import nvml
 from taogpud.config.rules import check_pair
+from taogpud.i18n import Text, render
 from taogpud.jobs import JobRecord, JobState
 from taogpud.logging import get_logger
 
@@ -72,11 +73,17 @@ _RANK: dict[CheckStatus, int] = {"skip": 0, "pass": 1, "warn": 2, "fail": 3}
 class Check:
     name: str
     status: CheckStatus
-    detail: str
-    hint: str = ""
+    detail: str | Text  # a Text is put into the reader's language where it is shown
+    hint: str | Text = ""
 
-    def as_dict(self) -> dict[str, str]:
-        return {"name": self.name, "status": self.status, "detail": self.detail, "hint": self.hint}
+    def as_dict(self, language: str | None = None) -> dict[str, str]:
+        """The check as the API and --json show it: English unless `language` is given."""
+        return {
+            "name": self.name,
+            "status": self.status,
+            "detail": render(self.detail, language),
+            "hint": render(self.hint, language),
+        }
 
 
 def worst(statuses: Iterable[CheckStatus]) -> CheckStatus:
@@ -101,8 +108,8 @@ def guarded(name: str, check: Callable[..., Check], *args: Any) -> Check:
         return Check(
             name,
             "fail",
-            f"the check itself failed: {type(exc).__name__}: {exc}",
-            "a bug in taogpud; the log has the traceback",
+            Text("the check itself failed: {kind}: {error}", kind=type(exc).__name__, error=exc),
+            Text("a bug in taogpud; the log has the traceback"),
         )
 
 
@@ -160,16 +167,20 @@ class Target:
 def check_api_channel(result: PingResult | None, skipped_because: str = "") -> Check:
     name = "api_channel"
     if result is None:
-        return Check(name, "skip", f"not run ({skipped_because})" if skipped_because else "not run")
-    tries = f", {result.attempts} attempts" if result.attempts > 1 else ""
+        if skipped_because:
+            return Check(name, "skip", Text("not run ({why})", why=skipped_because))
+        return Check(name, "skip", Text("not run"))
+    tries = Text(", {n} attempts", n=result.attempts) if result.attempts > 1 else ""
     if result.ok:
-        model = result.answered_model or result.model
-        return Check(
-            name,
-            "pass",
-            f"{model} answered in {result.latency_ms or 0:.0f} ms at {result.url} "
-            f"(key from {result.key_source}{tries})",
+        answered = Text(
+            "{model} answered in {ms} ms at {url} (key from {source}{tries})",
+            model=result.answered_model or result.model,
+            ms=format(result.latency_ms or 0, ".0f"),
+            url=result.url,
+            source=result.key_source,
+            tries=tries,
         )
+        return Check(name, "pass", answered)
     return Check(name, "fail", f"{result.status}: {result.detail}", result.hint)
 
 
@@ -244,7 +255,9 @@ def check_probe(
         (status, text, "`taogpuctl status` shows the workers") for status, text in problems
     ]
     if not findings:
-        return Check(name, "fail", "no worker to probe", "`taogpuctl status` shows the workers")
+        return Check(
+            name, "fail", Text("no worker to probe"), Text("`taogpuctl status` shows the workers")
+        )
     status = worst(status for status, _, _ in findings)
     detail = "; ".join(text for _, text, _ in findings)
     reasons = dict.fromkeys(

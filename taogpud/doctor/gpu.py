@@ -18,12 +18,13 @@ from pathlib import Path
 from taogpud import nvml
 from taogpud.backends.cuda.kernels import same_arch
 from taogpud.doctor import Check, CheckStatus, Target, guarded, worst
+from taogpud.i18n import Text
 from taogpud.install_hints import install_hint
 
 GIB = 1024**3
 RECOMMENDED_CUDA_MAJOR = 12  # the guide's recommendation
 CUPY_INSTALL_HINT = install_hint("cuda")
-DRIVER_HINT = (
+DRIVER_HINT = Text(
     "install the NVIDIA driver so that `nvidia-smi` lists the GPU (in a container, pass the GPU "
     "in; on WSL2, install the Windows driver only), or set gpu.backend to cpu"
 )
@@ -100,39 +101,66 @@ def check_cuda_driver(target: Target, inventory: nvml.Inventory, runtime: CudaRu
     name = "cuda_driver"
     if not inventory.available:
         if not target.wants_cuda:
-            text = f"{inventory.reason}; gpu.backend is {target.backend}, so none is needed"
+            text = Text(
+                "{reason}; gpu.backend is {backend}, so none is needed",
+                reason=inventory.reason,
+                backend=target.backend,
+            )
             return Check(name, "skip", text)
-        return Check(name, "fail", f"gpu.backend is cuda but {inventory.reason}", DRIVER_HINT)
-    driver = (
-        f"driver {inventory.driver_version or '?'} supports "
-        f"CUDA {inventory.cuda_driver_version or '?'}"
+        text = Text("gpu.backend is cuda but {reason}", reason=inventory.reason)
+        return Check(name, "fail", text, DRIVER_HINT)
+    driver = Text(
+        "driver {version} supports CUDA {cuda}",
+        version=inventory.driver_version or "?",
+        cuda=inventory.cuda_driver_version or "?",
     )
     if runtime.version is None:
-        text = f"{driver}, but {runtime.reason}"
+        text = Text("{driver}, but {reason}", driver=driver, reason=runtime.reason)
         if not target.wants_cuda:
-            return Check(name, "skip", f"{text} (gpu.backend is {target.backend})")
+            skipped = Text("{text} (gpu.backend is {backend})", text=text, backend=target.backend)
+            return Check(name, "skip", skipped)
         return Check(name, "fail", text, CUPY_INSTALL_HINT)
-    status, text, hint = _compare_cuda(target, inventory.cuda_driver_version, runtime)
-    return Check(name, status, f"{driver}; {text}", hint)
+    status, found, hint = _compare_cuda(target, inventory.cuda_driver_version, runtime)
+    return Check(name, status, Text("{driver}; {found}", driver=driver, found=found), hint)
 
 
 def _compare_cuda(
     target: Target, driver_cuda: str | None, runtime: CudaRuntime
-) -> tuple[CheckStatus, str, str]:
-    wanted = f"CuPy ({runtime.package or 'cupy'}) is built for CUDA {runtime.version}"
+) -> tuple[CheckStatus, Text, str | Text]:
+    wanted = Text(
+        "CuPy ({package}) is built for CUDA {version}",
+        package=runtime.package or "cupy",
+        version=runtime.version,
+    )
     have, need = _version(driver_cuda), _version(runtime.version)
     if have is None or need is None:
-        return "warn", wanted, "compare with `nvidia-smi`"
+        return "warn", wanted, Text("compare with `nvidia-smi`")
     if have[0] < need[0]:
-        hint = f"upgrade the driver, or install the CuPy for CUDA {have[0]}: {CUPY_INSTALL_HINT}"
-        return target.severity(), f"{wanted}: the driver is too old for it", hint
+        hint = Text(
+            "upgrade the driver, or install the CuPy for CUDA {major}: {how}",
+            major=have[0],
+            how=CUPY_INSTALL_HINT,
+        )
+        return (
+            target.severity(),
+            Text("{wanted}: the driver is too old for it", wanted=wanted),
+            hint,
+        )
     if have < need:
-        text = f"{wanted}: a little newer than the driver (minor-version compatibility covers most)"
-        return "warn", text, "upgrade the driver to be safe"
+        text = Text(
+            "{wanted}: a little newer than the driver (minor-version compatibility covers most)",
+            wanted=wanted,
+        )
+        return "warn", text, Text("upgrade the driver to be safe")
     if need[0] < RECOMMENDED_CUDA_MAJOR:
-        return "warn", wanted, f"the guide recommends CUDA 12.x: {CUPY_INSTALL_HINT}"
+        return "warn", wanted, Text("the guide recommends CUDA 12.x: {how}", how=CUPY_INSTALL_HINT)
     if need[0] > RECOMMENDED_CUDA_MAJOR:
-        return "pass", f"{wanted} (the guide recommends 12.x; this driver runs {need[0]}.x)", ""
+        text = Text(
+            "{wanted} (the guide recommends 12.x; this driver runs {major}.x)",
+            wanted=wanted,
+            major=need[0],
+        )
+        return "pass", text, ""
     return "pass", wanted, ""
 
 
@@ -158,24 +186,29 @@ def configured_cards(
 def check_cuda_arch(target: Target, inventory: nvml.Inventory) -> Check:
     name = "cuda_arch"
     if not target.wants_cuda:
-        return Check(name, "skip", f"gpu.backend is {target.backend}: cuda_arch is not used")
+        text = Text("gpu.backend is {backend}: cuda_arch is not used", backend=target.backend)
+        return Check(name, "skip", text)
     if not inventory.devices:
-        return Check(name, "skip", "no GPU visible to compare with (see cuda_driver)")
+        return Check(name, "skip", Text("no GPU visible to compare with (see cuda_driver)"))
     found, missing = configured_cards(target, inventory)
     if missing:
         return Check(
             name,
             "fail",
-            f"backend.cuda.device_id lists {', '.join(map(str, missing))} but CUDA sees "
-            f"{len(nvml.cuda_order(inventory, target.cuda_visible_devices))} GPU(s)",
-            "set backend.cuda.device_id to GPUs that exist (`nvidia-smi -L`)",
+            Text(
+                "backend.cuda.device_id lists {missing} but CUDA sees {n} GPU(s)",
+                missing=", ".join(map(str, missing)),
+                n=len(nvml.cuda_order(inventory, target.cuda_visible_devices)),
+            ),
+            Text("set backend.cuda.device_id to GPUs that exist (`nvidia-smi -L`)"),
         )
     cards = ", ".join(f"gpu:{index} {card.name} is {card.arch}" for index, card in found)
     if target.cuda_arch == "auto":
         return Check(name, "pass", f'cuda_arch = "auto": {cards}')
     wrong = [(i, card) for i, card in found if not same_arch(target.cuda_arch, card.arch or "")]
     if not wrong:
-        return Check(name, "pass", f'cuda_arch = "{target.cuda_arch}" matches: {cards}')
+        text = Text('cuda_arch = "{arch}" matches: {cards}', arch=target.cuda_arch, cards=cards)
+        return Check(name, "pass", text)
     arches = sorted({card.arch or "?" for _, card in found})
     detail = "; ".join(
         f'cuda_arch = "{target.cuda_arch}" but gpu:{index} ({card.name}) has compute capability '
@@ -192,17 +225,18 @@ def check_cuda_arch(target: Target, inventory: nvml.Inventory) -> Check:
 def check_gpu_memory(target: Target, inventory: nvml.Inventory, own_pids: set[int]) -> Check:
     name = "gpu_memory"
     if not target.wants_cuda:
-        return Check(name, "skip", f"gpu.backend is {target.backend}: no GPU memory is used")
+        text = Text("gpu.backend is {backend}: no GPU memory is used", backend=target.backend)
+        return Check(name, "skip", text)
     if not inventory.devices:
-        return Check(name, "skip", "no GPU visible (see cuda_driver)")
+        return Check(name, "skip", Text("no GPU visible (see cuda_driver)"))
     found, _ = configured_cards(target, inventory)
     if not found:
-        return Check(name, "skip", "none of the configured GPUs is visible (see cuda_arch)")
+        return Check(name, "skip", Text("none of the configured GPUs is visible (see cuda_arch)"))
     lines = [_memory_line(target, index, card, own_pids) for index, card in found]
     status = worst(status for status, _ in lines)
-    hint = ""
+    hint: str | Text = ""
     if status == "warn":
-        hint = (
+        hint = Text(
             "free that memory (the processes above), or lower gpu.memoryFraction; until then "
             "jobs that do not fit what is free wait in the queue"
         )
@@ -248,19 +282,23 @@ def check_wsl(proc_version: str, target: Target) -> Check:
     name = "wsl"
     text = proc_version.lower()
     if "microsoft" not in text:
-        return Check(name, "pass", "not WSL (a native Linux kernel)")
+        return Check(name, "pass", Text("not WSL (a native Linux kernel)"))
     if "wsl2" in text or "microsoft-standard" in text:
         return Check(
             name,
             "pass",
-            "WSL2: GPU work goes through the Windows driver; about 4 % below native Linux "
-            "is normal",
-            "install the NVIDIA driver on Windows only, never a Linux driver inside WSL "
-            "(libcuda comes from /usr/lib/wsl/lib)",
+            Text(
+                "WSL2: GPU work goes through the Windows driver; about 4 % below native Linux "
+                "is normal"
+            ),
+            Text(
+                "install the NVIDIA driver on Windows only, never a Linux driver inside WSL "
+                "(libcuda comes from /usr/lib/wsl/lib)"
+            ),
         )
     return Check(
         name,
         target.severity(),
-        "WSL1: it has no GPU access",
-        "convert the distribution: `wsl --set-version <distro> 2` (from Windows)",
+        Text("WSL1: it has no GPU access"),
+        Text("convert the distribution: `wsl --set-version <distro> 2` (from Windows)"),
     )

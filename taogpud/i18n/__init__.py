@@ -47,8 +47,20 @@ def catalog_for(tag: str | None) -> str | None:
     return None
 
 
+_english_only = False  # set by `english_only()`: this process answers machines
+
+
+def english_only() -> None:
+    """From now on this process speaks English whatever the locale (`taogpuctl --json`: a
+    document for a program, the daemon's words in it included)."""
+    global _english_only  # noqa: PLW0603 - one switch for the process, set once at its start
+    _english_only = True
+
+
 def user_language(environ: Mapping[str, str] | None = None) -> str | None:
     """This process's user's catalog (None: English), from the environment."""
+    if environ is None and _english_only:
+        return None
     env = os.environ if environ is None else environ
     forced = env.get("TAOGPUD_LANG")
     if forced:
