@@ -73,8 +73,8 @@ _RANK: dict[CheckStatus, int] = {"skip": 0, "pass": 1, "warn": 2, "fail": 3}
 class Check:
     name: str
     status: CheckStatus
-    detail: str | Text  # a Text is put into the reader's language where it is shown
-    hint: str | Text = ""
+    detail: str  # a Text (taogpud.i18n) is put into the reader's language where it is shown
+    hint: str = ""
 
     def as_dict(self, language: str | None = None) -> dict[str, str]:
         """The check as the API and --json show it: English unless `language` is given."""

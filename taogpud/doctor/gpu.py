@@ -126,7 +126,7 @@ def check_cuda_driver(target: Target, inventory: nvml.Inventory, runtime: CudaRu
 
 def _compare_cuda(
     target: Target, driver_cuda: str | None, runtime: CudaRuntime
-) -> tuple[CheckStatus, Text, str | Text]:
+) -> tuple[CheckStatus, str, str]:
     wanted = Text(
         "CuPy ({package}) is built for CUDA {version}",
         package=runtime.package or "cupy",
@@ -234,7 +234,7 @@ def check_gpu_memory(target: Target, inventory: nvml.Inventory, own_pids: set[in
         return Check(name, "skip", Text("none of the configured GPUs is visible (see cuda_arch)"))
     lines = [_memory_line(target, index, card, own_pids) for index, card in found]
     status = worst(status for status, _ in lines)
-    hint: str | Text = ""
+    hint = ""
     if status == "warn":
         hint = Text(
             "free that memory (the processes above), or lower gpu.memoryFraction; until then "

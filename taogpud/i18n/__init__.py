@@ -122,20 +122,26 @@ def in_language(message: str, language: str | None) -> str:
     return message if language is None else translations(language).gettext(message)
 
 
-class Text:
+class Text(str):
     """A message with named placeholders, put into a language when it is shown.
 
-    `str(text)` is English (logs, traces, `--json`); `text.render(lang)` is for a person.
+    It is the English text itself (a str: logs, traces, `--json`, and any code that only reads
+    it), and keeps its template and values so that `text.render(lang)` can speak to a person.
     """
 
-    __slots__ = ("params", "template")
+    template: str
+    params: dict[str, object]
 
-    def __init__(self, template: str, /, **params: object) -> None:
-        self.template = template
-        self.params = params
+    def __new__(cls, template: str, /, **params: object) -> Text:
+        english = template.format(**{name: str(value) for name, value in params.items()})
+        text = super().__new__(cls, english)
+        text.template, text.params = template, params
+        return text
 
     def render(self, language: str | None) -> str:
         """In `language`; a value that is itself a Text is put in the same language."""
+        if language is None:
+            return str.__str__(self)
         values = {name: render(value, language) for name, value in self.params.items()}
         return in_language(self.template, language).format(**values)
 
@@ -146,9 +152,6 @@ class Text:
             for name, value in self.params.items()
         }
         return Text(self.template, **values)
-
-    def __str__(self) -> str:
-        return self.template.format(**self.params)
 
     def __repr__(self) -> str:
         return f"Text({self.template!r}, **{self.params!r})"
