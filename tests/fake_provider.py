@@ -109,6 +109,59 @@ def anthropic_stream(model: str, words: int = 3) -> tuple[bytes, ...]:
     return tuple(events)
 
 
+def responses_stream(model: str, words: int = 3, pad: int = 0) -> tuple[bytes, ...]:
+    """A Responses API stream as OpenAI sends it (what Codex reads): response.created, the
+    message item and its text deltas, response.completed carrying the whole response and its
+    usage. `pad`: that many more characters of text in the last delta (a long turn)."""
+    deltas = [f"w{i} " for i in range(words)]
+    deltas[-1] += "x" * pad
+    text = "".join(deltas)
+    usage = {"input_tokens": 11, "output_tokens": words, "total_tokens": 11 + words}
+    done = responses_object(model, text, usage)
+    item = done["output"][0]
+    part = item["content"][0]
+    where = {"item_id": item["id"], "output_index": 0}
+    steps: list[tuple[str, dict[str, Any]]] = [
+        (
+            "response.created",
+            {"response": {**done, "status": "in_progress", "output": [], "usage": None}},
+        ),
+        ("response.output_item.added", {"output_index": 0, "item": {**item, "content": []}}),
+        (
+            "response.content_part.added",
+            {**where, "content_index": 0, "part": {**part, "text": ""}},
+        ),
+    ]
+    steps += [
+        ("response.output_text.delta", {**where, "content_index": 0, "delta": delta})
+        for delta in deltas
+    ]
+    steps += [
+        ("response.output_text.done", {**where, "content_index": 0, "text": text}),
+        ("response.content_part.done", {**where, "content_index": 0, "part": part}),
+        ("response.output_item.done", {"output_index": 0, "item": item}),
+        ("response.completed", {"response": done}),
+    ]
+    return tuple(_responses_event(index, name, data) for index, (name, data) in enumerate(steps))
+
+
+def responses_object(model: str, text: str, usage: dict[str, int] | None) -> dict[str, Any]:
+    message = {
+        "id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }  # fmt: skip
+    return {
+        "id": "resp_1", "object": "response", "created_at": 1, "model": model,
+        "status": "completed", "output": [message], "usage": usage, "parallel_tool_calls": True,
+        "tool_choice": "auto", "tools": [],
+    }  # fmt: skip
+
+
+def _responses_event(sequence: int, name: str, data: dict[str, Any]) -> bytes:
+    payload = json.dumps({"type": name, "sequence_number": sequence, **data})
+    return f"event: {name}\ndata: {payload}\n\n".encode()
+
+
 def anthropic_message(model: str) -> dict[str, Any]:
     return {
         "id": "msg_1", "type": "message", "role": "assistant", "model": model,

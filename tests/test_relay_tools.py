@@ -18,7 +18,14 @@ import httpx
 import openai
 import pytest
 from conftest import RunningDaemon
-from fake_provider import FakeProvider, Reply, anthropic_message, fake_provider
+from fake_provider import (
+    FakeProvider,
+    Reply,
+    anthropic_message,
+    fake_provider,
+    openai_stream,
+    responses_stream,
+)
 from test_relay import (
     _CLIENTS,
     KEY,
@@ -26,8 +33,10 @@ from test_relay import (
     anthropic_tcp,
     assert_no_key,
     kept,
+    relay_lines,
     start_relay,
     token_of,
+    unix_get,
 )
 
 
@@ -310,3 +319,89 @@ def test_the_token_file_is_per_daemon(
         auth = {"authorization": f"Bearer {printed['OPENAI_API_KEY']}"}
         assert httpx.get(models, headers=auth).status_code == 200
     assert_no_key(*(path.read_text() for path in tokens))
+
+
+# ---- usage in every shape, and the trace that tells the truth -------------------------------
+
+
+def test_a_streamed_responses_turn_is_counted_and_limited(
+    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider
+) -> None:
+    """Codex's every call: a Responses stream whose usage is in response.completed (here
+    100 KB long, past any line buffer of a few KiB). The trace, status and tokens_per_day see it."""
+    daemon = start_relay(daemon_factory, provider.base_url, {"limits": {"tokens_per_day": 5}})
+    provider.default = Reply(events=responses_stream("claude-coder-9", words=3, pad=100_000))
+    token, base = token_of(daemon)
+    client = kept(openai.OpenAI(base_url=base + "/v1", api_key=token, max_retries=0))
+    with client.responses.stream(model="coding", input="hi") as stream:
+        final = stream.get_final_response()
+    assert final.output_text.startswith("w0 w1 w2 x")
+    line = relay_lines(daemon)[-1]
+    assert line["tokens"] == {"input": 11, "output": 3, "total": 14} and line["stream"]
+    with pytest.raises(openai.RateLimitError, match="tokens_per_day=5"):
+        client.responses.create(model="coding", input="again")
+    with daemon.client() as control:
+        status = control.relay_status()
+    served = [row for row in status["use"] if row["status"] == 200]
+    assert served[0]["input_tokens"] == 11 and served[0]["output_tokens"] == 3
+
+
+def test_hung_up_only_when_the_client_left_before_the_end(
+    relayd: RunningDaemon, provider: FakeProvider
+) -> None:
+    """A client that closes as soon as it has the stream's last event (data: [DONE]), before
+    the provider's chunked end arrives, received it whole: hung_up false, its tokens counted."""
+    provider.default = Reply(events=openai_stream("m", words=1), event_delay_s=0.5)
+    token, base = token_of(relayd)
+    with httpx.Client() as client:
+        request = client.build_request(
+            "POST",
+            base + "/v1/chat/completions",
+            json={"model": "default", "stream": True, "messages": []},
+            headers={"authorization": f"Bearer {token}"},
+        )
+        response = client.send(request, stream=True)
+        received = b""
+        for piece in response.iter_raw():
+            received += piece
+            if b"data: [DONE]" in received:
+                break
+        response.close()
+    line = relay_lines(relayd)[-1]
+    assert line["hung_up"] is False and line["status"] == 200
+    assert line["tokens"] == {"input": 5, "output": 1, "total": 6}
+
+
+def test_no_none_label_in_the_metrics(relayd: RunningDaemon) -> None:
+    """A refused TCP request has no uid: its metrics carry uid="", never uid="None"."""
+    _, base = token_of(relayd)
+    assert httpx.get(base + "/v1/models").status_code == 401
+    relay_lines(relayd)
+    metrics = unix_get(relayd, "GET", "/metrics").text
+    assert "taogpud_relay_requests_total" in metrics and 'uid="None"' not in metrics
+    assert 'status="401",uid=""' in metrics
+
+
+NAMED = [
+    ("codex_cli_rs/0.171.0 (Debian 12; x86_64) xterm", "", "codex"),
+    ("claude-cli/2.1.197 (external, cli)", "", "claude-code"),
+    ("OpenAI/JS 5.23.0", "OpenClaw", "openclaw"),
+    ("Anthropic/JS 0.69.0", "OpenClaw", "openclaw"),
+    ("OpenAI/JS 5.23.0", "", "openai-sdk"),
+    ("Anthropic/Python 0.69.0", "", "anthropic-sdk"),
+    ("OpenAI/Python 2.8.0", "Aider", "aider"),
+    ("Continue/1.2.3", "", "continue"),
+    ("llm/0.36 (+https://llm.datasette.io/)", "", "llm"),
+]
+
+
+def test_the_trace_names_the_tool(relayd: RunningDaemon, provider: FakeProvider) -> None:
+    """The trace's `tool` from User-Agent and X-Title (which OpenClaw's recipe sets: its own
+    User-Agent is its SDK's): the agents by name, then the SDKs."""
+    transport = httpx.HTTPTransport(uds=str(relayd.socket_path))
+    with httpx.Client(transport=transport, base_url="http://taogpud") as client:
+        for user_agent, title, _ in NAMED:
+            headers = {"user-agent": user_agent} | ({"x-title": title} if title else {})
+            assert client.get("/relay/v1/models", headers=headers).status_code == 200
+    lines = relay_lines(relayd, len(NAMED))
+    assert [line["tool"] for line in lines] == [tool for _, _, tool in NAMED]

@@ -228,9 +228,11 @@ class Relay:
             self._finish(exchange, self._snapshot())
 
     def _exchange(self, scope: Scope, path: str, uid: int | None, via: str) -> Exchange:
-        user_agent = dict(scope["headers"]).get(b"user-agent", b"").decode("latin-1")
+        headers = dict(scope["headers"])
+        user_agent = headers.get(b"user-agent", b"").decode("latin-1")
+        tool = tool_of(user_agent, headers.get(b"x-title", b"").decode("latin-1"))
         raw_path = raw_path_of(scope, PREFIX if via == "unix" else "")
-        return Exchange(uid, via, scope["method"], path, tool_of(user_agent), raw_path)
+        return Exchange(uid, via, scope.get("method", "GET"), path, tool, raw_path)
 
     def _finish(self, exchange: Exchange, snapshot: ConfigSnapshot) -> None:
         model = exchange.model or "-"
@@ -400,6 +402,8 @@ async def _relay_stream(
             usage.feed(piece)
             provider_error = provider_error or b"event: error" in piece or b'"error"' in piece
             await send({"type": "http.response.body", "body": piece, "more_body": True})
+            if usage.ended:  # the client has the whole answer: leaving now is no hang-up
+                exchange.end()
     except (aiohttp.ClientError, TimeoutError) as exc:  # the provider failed mid-stream
         exchange.code = "upstream_broken"
         if not provider_error:

@@ -21,7 +21,9 @@ class RelayCollector:
             "taogpud_relay_tokens", "tokens the provider reported", labels=[*LABELS, "side"]
         )
         for key, count in self.use.requests.items():
-            labels = [key.model, str(key.status), str(key.uid)]
+            # no uid (a request refused before its token was known): the empty label, which
+            # Prometheus reads as no label, not the string "None"
+            labels = [key.model, str(key.status), "" if key.uid is None else str(key.uid)]
             requests.add_metric(labels, count)
             tokens.add_metric([*labels, "input"], self.use.input_tokens[key])
             tokens.add_metric([*labels, "output"], self.use.output_tokens[key])

@@ -21,17 +21,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# (User-Agent pattern, tool name), first match wins
-KNOWN_AGENTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+# (pattern, tool name), first match wins: the tools themselves, searched in User-Agent and in
+# X-Title (the app name tools send OpenRouter; OpenClaw's recipe sets it, since OpenClaw's own
+# User-Agent is its SDK's), then the SDKs and clients, in User-Agent alone
+KNOWN_TOOLS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     (re.compile(pattern, re.IGNORECASE), name)
     for pattern, name in (
         (r"claude-cli|claude-code", "claude-code"),
         (r"codex", "codex"),
         (r"openclaw", "openclaw"),
+        (r"continue", "continue"),
+        (r"aider", "aider"),
+        (r"langchain", "langchain"),
+        (r"litellm", "litellm"),
+        (r"^llm/", "llm"),
+        (r"taogpuctl|taogpud", "taogpuctl"),
+    )
+)
+KNOWN_CLIENTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.IGNORECASE), name)
+    for pattern, name in (
         (r"^anthropic/", "anthropic-sdk"),
         (r"^openai/", "openai-sdk"),
         (r"^curl/", "curl"),
-        (r"taogpuctl|taogpud", "taogpuctl"),
     )
 )
 _PRODUCT = re.compile(r"[A-Za-z0-9._\-]{1,40}")
@@ -53,9 +65,13 @@ OPENCLAW_CONTEXT_WINDOW = 200_000
 OPENCLAW_MAX_TOKENS = 8_192
 
 
-def tool_of(user_agent: str) -> str:
-    """A short name for the trace: a known tool, else the User-Agent's first product token."""
-    for pattern, name in KNOWN_AGENTS:
+def tool_of(user_agent: str, title: str = "") -> str:
+    """A short name for the trace: a known tool (by User-Agent or X-Title), else a known
+    client (the SDKs), else the User-Agent's first product token."""
+    for pattern, name in KNOWN_TOOLS:
+        if pattern.search(user_agent) or (title and pattern.search(title)):
+            return name
+    for pattern, name in KNOWN_CLIENTS:
         if pattern.search(user_agent):
             return name
     match = _PRODUCT.match(user_agent)
@@ -160,5 +176,6 @@ def openclaw_provider(
         "baseUrl": base_url if anthropic else base_url.rstrip("/") + "/v1",
         "apiKey": token,
         "api": "anthropic-messages" if anthropic else "openai-completions",
+        "headers": {"X-Title": "OpenClaw"},  # its User-Agent is its SDK's: the trace's name
         "models": models,
     }
