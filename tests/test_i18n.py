@@ -192,3 +192,12 @@ def test_help_is_in_the_users_language() -> None:
     assert "--wait" in chinese.stdout and "等待它结束。" in chinese.stdout
     english = testing.taogpuctl("submit", "--help", env={**EN, "COLUMNS": "200"})
     assert "Submit a job; with --wait, show its progress and where it ran." in english.stdout
+
+
+def test_a_daemon_that_cannot_be_reached_is_explained_in_chinese(tmp_path: Path) -> None:
+    """The newcomer's first error, no daemon at the socket: message and hint in zh-CN, exit 3."""
+    missing = tmp_path / "taogpud.sock"
+    result = testing.taogpuctl("status", socket_path=missing, env=ZH)
+    assert result.returncode == 3
+    assert f"{missing} 处没有守护进程的套接字" in result.stderr
+    assert "（提示：taogpud 在运行吗？" in result.stderr

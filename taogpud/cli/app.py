@@ -44,6 +44,7 @@ from taogpud.cli.output import (
     problem_line,
     readable_job,
     report_error,
+    state_word,
     summary_line,
     warn,
     warn_if_fallback,
@@ -118,7 +119,8 @@ def parse_param(item: str) -> tuple[str, Any]:
     """`KEY=VALUE`; the value as JSON when it parses (`ms=50` → 50), else the text."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
-        raise CliError(f"--param {item!r} is not KEY=VALUE", "e.g. --param ms=50")
+        bad = _("--param {item} is not KEY=VALUE").format(item=repr(item))
+        raise CliError(bad, _("e.g. --param ms=50"))
     try:
         return key.strip(), orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -131,7 +133,10 @@ def build_params(size: int | None, seed: int | None, items: Sequence[str]) -> di
         if value is None:
             continue
         if name in params:
-            raise CliError(f"{name} given twice", f"use either --{name} or --param {name}=")
+            raise CliError(
+                _("{name} given twice").format(name=name),
+                _("use either --{name} or --param {name}=").format(name=name),
+            )
         params[name] = value
     return params
 
@@ -140,13 +145,18 @@ def read_npy(name_and_file: str) -> tuple[str, bytes]:
     """`NAME=FILE.npy` → the name and the file's bytes, checked to be a .npy file."""
     name, sep, file_name = name_and_file.partition("=")
     if not sep or not name or not file_name:
-        raise CliError(f"--input {name_and_file!r} is not NAME=FILE.npy", "e.g. --input a=a.npy")
+        bad = _("--input {item} is not NAME=FILE.npy").format(item=repr(name_and_file))
+        raise CliError(bad, _("e.g. --input a=a.npy"))
     try:
         data = Path(file_name).read_bytes()
     except OSError as exc:
-        raise CliError(f"cannot read {file_name}: {exc.strerror or exc}") from exc
+        reason = exc.strerror or exc
+        raise CliError(
+            _("cannot read {file}: {reason}").format(file=file_name, reason=reason)
+        ) from exc
     if not data.startswith(NPY_MAGIC):
-        raise CliError(f"{file_name} is not a .npy file", "write it with numpy.save")
+        not_npy = _("{file} is not a .npy file").format(file=file_name)
+        raise CliError(not_npy, _("write it with numpy.save"))
     return name, data
 
 
@@ -242,10 +252,11 @@ def finish_waited(client: Client, job: Job, json_out: bool, output: Path | None)
     saved = save_outputs(client, job, output)
     exit_code = report_job(job, json_out, {"saved_outputs": saved})
     if not saved:
-        warn(f"job {job['id']} succeeded but kept no outputs to save in {output}")
+        text = _("job {job_id} succeeded but kept no outputs to save in {directory}")
+        warn(text.format(job_id=job["id"], directory=output))
     if not json_out:
         for name, target in saved.items():
-            emit_line(f"saved {name} → {target}")
+            emit_line(_("saved {name} → {path}").format(name=name, path=target))
     return exit_code
 
 
@@ -319,7 +330,9 @@ def cancel_command(
     if json_out:
         emit_json(job)
     else:
-        emit_line(f"job {job['id']} {job['status']}")
+        emit_line(
+            _("job {job_id} {status}").format(job_id=job["id"], status=state_word(job["status"]))
+        )
 
 
 @app.command("result")
@@ -345,7 +358,7 @@ def result_command(
     if json_out:
         emit_json(saved)
     else:
-        emit_line(f"saved {chosen} → {output_file}")
+        emit_line(_("saved {name} → {path}").format(name=chosen, path=output_file))
     return EXIT_OK
 
 
@@ -356,9 +369,10 @@ def pick_output(job: Job, name: str | None) -> str:
     if len(names) == 1:
         return str(names[0])
     if not names:
-        hint = "submit with --output DIR (keep_outputs) to keep them"
-        raise CliError(f"job {job['id']} kept no outputs", hint)
-    raise CliError(f"job {job['id']} has outputs {', '.join(names)}", "choose one with --name")
+        hint = _("submit with --output DIR (keep_outputs) to keep them")
+        raise CliError(_("job {job_id} kept no outputs").format(job_id=job["id"]), hint)
+    several = _("job {job_id} has outputs {names}").format(job_id=job["id"], names=", ".join(names))
+    raise CliError(several, _("choose one with --name"))
 
 
 # --- the daemon --------------------------------------------------------------------------
@@ -514,8 +528,12 @@ def config_status_command(ctx: typer.Context, json_out: JsonFlag = False) -> Non
         emit_json(view)
         return
     last = view.get("last_reload") or {}
-    emit_line(f"generation {view['generation']}  digest {view.get('digest', '-')}")
-    emit_line(f"last reload: {'ok' if last.get('ok') else 'FAILED (the old config stays)'}")
+    generation = _("generation {generation}  digest {digest}")
+    emit_line(generation.format(generation=view["generation"], digest=view.get("digest", "-")))
+    if last.get("ok"):
+        emit_line(_("last reload: ok"))
+    else:
+        emit_line(_("last reload: FAILED (the old config stays)"))
     for problem in [*last.get("errors", []), *last.get("warnings", [])]:
         emit_line(f"  {problem_line(problem)}")
 
@@ -534,13 +552,19 @@ def config_reload_command(ctx: typer.Context, json_out: JsonFlag = False) -> Non
 
 
 def emit_reload(view: dict[str, Any]) -> None:
+    generation = view.get("generation")
     if not view.get("ok"):
-        emit_line(f"reload FAILED; generation {view.get('generation')} stays in force")
+        emit_line(
+            _("reload FAILED; generation {generation} stays in force").format(generation=generation)
+        )
     elif not view.get("changes"):
-        emit_line(f"no change; generation {view.get('generation')}")
+        emit_line(_("no change; generation {generation}").format(generation=generation))
+    elif view.get("restarted_workers"):
+        emit_line(
+            _("reloaded: generation {generation} (workers rolled)").format(generation=generation)
+        )
     else:
-        rolled = " (workers rolled)" if view.get("restarted_workers") else ""
-        emit_line(f"reloaded: generation {view.get('generation')}{rolled}")
+        emit_line(_("reloaded: generation {generation}").format(generation=generation))
     for change in view.get("changes", []):
         emit_line(f"  {change['key']}: {change['old']!r} -> {change['new']!r}")
     for problem in [*view.get("errors", []), *view.get("warnings", [])]:

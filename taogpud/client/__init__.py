@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from taogpud import paths, wire
 from taogpud.client.http import UnixHTTPConnection
 from taogpud.client.transport import MalformedResponse, Transport
+from taogpud.i18n import _
 from taogpud.wire import FINISHED_STATES, JobRequest, Route
 
 # Why not httpx: measured on this kind of host, httpx spends ~416 µs of CPU per request against
@@ -514,31 +515,32 @@ def _unreachable(
     socket_path: str, exc: OSError, timeout_s: float, tried: list[str] | None = None
 ) -> DaemonUnreachable:
     """Which socket (and which others were looked at), what went wrong, what to do."""
-    start = "is taogpud running? `sudo systemctl start taogpud` (or run `taogpud` yourself)"
+    start = _("is taogpud running? `sudo systemctl start taogpud` (or run `taogpud` yourself)")
     if isinstance(exc, PermissionError):
         denied = _not_in_group(socket_path)
         if denied is not None:
             return denied
     if isinstance(exc, FileNotFoundError):
-        message, hint = f"no daemon socket at {socket_path}", start
+        message, hint = _("no daemon socket at {socket}"), start
     elif isinstance(exc, ConnectionRefusedError):
-        message = f"nothing is listening on {socket_path}"
-        hint = f"{start}; `journalctl -u taogpud` says why it stopped"
+        message = _("nothing is listening on {socket}")
+        hint = _("{start}; `journalctl -u taogpud` says why it stopped").format(start=start)
     elif isinstance(exc, PermissionError):
-        message = f"permission denied on {socket_path}"
-        hint = "are you in group taogpu? `sudo usermod -aG taogpu $USER`, then log in again"
+        message = _("permission denied on {socket}")
+        hint = _("are you in group taogpu? `sudo usermod -aG taogpu $USER`, then log in again")
     elif isinstance(exc, TimeoutError):
-        message = f"the daemon at {socket_path} did not answer within {timeout_s:g} s"
-        hint = "is it stuck or overloaded? `systemctl status taogpud`, `journalctl -u taogpud`"
+        message = _("the daemon at {socket} did not answer within {seconds} s")
+        hint = _("is it stuck or overloaded? `systemctl status taogpud`, `journalctl -u taogpud`")
     elif isinstance(exc, ConnectionError):
-        message = f"the daemon at {socket_path} closed the connection"
-        hint = "it may have stopped or restarted: `systemctl status taogpud`"
+        message = _("the daemon at {socket} closed the connection")
+        hint = _("it may have stopped or restarted: `systemctl status taogpud`")
     else:
-        message = f"cannot use {socket_path}: {exc.strerror or exc}"
-        hint = "check the socket path (--socket or TAOGPUD_SOCKET)"
+        message = _("cannot use {socket}: {reason}")
+        hint = _("check the socket path (--socket or TAOGPUD_SOCKET)")
+    said = message.format(socket=socket_path, seconds=f"{timeout_s:g}", reason=exc.strerror or exc)
     if tried and len(tried) > 1:
-        message += f" (looked at {', then '.join(tried)})"
-    return DaemonUnreachable(socket_path, message, hint)
+        said += _(" (looked at {sockets})").format(sockets=_(", then ").join(tried))
+    return DaemonUnreachable(socket_path, said, hint)
 
 
 def _not_in_group(socket_path: str) -> NotInGroup | None:
@@ -555,12 +557,14 @@ def _not_in_group(socket_path: str) -> NotInGroup | None:
         user = pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
         return None
-    where = f"only members of group {group.gr_name} may use {socket_path}"
-    if user in group.gr_mem:  # added already; this session's groups predate it
-        message = f"you were added to group {group.gr_name} after this session began"
-        return NotInGroup(socket_path, message, f"log in again (or `newgrp {group.gr_name}`)")
-    message = (
-        f"you are not in group {group.gr_name}: "
-        f"`sudo usermod -aG {group.gr_name} $USER`, then log in again"
+    name = group.gr_name
+    where = _("only members of group {group} may use {socket}").format(
+        group=name, socket=socket_path
     )
-    return NotInGroup(socket_path, message, where)
+    if user in group.gr_mem:  # added already; this session's groups predate it
+        message = _("you were added to group {group} after this session began").format(group=name)
+        return NotInGroup(
+            socket_path, message, _("log in again (or `newgrp {group}`)").format(group=name)
+        )
+    message = _("you are not in group {group}: `sudo usermod -aG {group} $USER`, then log in again")
+    return NotInGroup(socket_path, message.format(group=name), where)
