@@ -151,6 +151,7 @@ class Relay:
         try:
             if not snapshot.config.relay.enabled:
                 raise RelayError(404, _disabled())
+            _check_path(exchange.raw_path)
             body = await _read_body(receive, snapshot.config.relay.max_body_mb << 20)
             exchange.bytes_in = len(body)
             await self._admitted(scope, receive, send, body, exchange, snapshot)
@@ -489,6 +490,22 @@ def _internal_error(exc: Exception, exchange: Exchange, snapshot: ConfigSnapshot
     said = Scrubber(snapshot.api_key)(f"{type(exc).__name__}: {exc}")
     body = ErrorBody("internal_error", said, "this is a bug in taogpud; the log has the traceback")
     return RelayError(500, body)
+
+
+def _check_path(raw_path: str) -> None:
+    """Refuse, before anything is read or forwarded, a path that could leave the base."""
+    why = upstream.outside_base(raw_path)
+    if why is not None:
+        raise RelayError(
+            400,
+            ErrorBody(
+                "path_outside_base",
+                f"the relay forwards paths under provider.baseUrl only; {raw_path[:200]!r} "
+                f"has {why}",
+                "send the path without '.' or '..' segments (plain or percent-encoded) and "
+                "without encoded slashes (%2F, %5C)",
+            ),
+        )
 
 
 def _disabled() -> ErrorBody:

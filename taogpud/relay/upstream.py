@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
 import orjson
@@ -69,6 +69,36 @@ def family_of(path: str, headers: Iterable[tuple[bytes, bytes]] = ()) -> Family:
     if path == "/v1/messages" or path.startswith("/v1/messages/"):
         return "anthropic"
     return "anthropic" if any(name == b"anthropic-version" for name, _ in headers) else "openai"
+
+
+DOT_SEGMENTS = frozenset({".", ".."})
+DECODINGS_MAX = 3  # `%252e` is `%2e` after one decoding, `.` after two: a proxy may do both
+
+
+def outside_base(raw_path: str) -> str | None:
+    """Why `raw_path` (as the client encoded it) could leave provider.baseUrl's path, or None.
+
+    A dot segment (`..`, `.`, `%2e%2e`, `%2E.`, `..;x`) is resolved by the provider or a proxy
+    on the way as a step up; an encoded slash or backslash (`%2f`, `%5c`) is a separator to
+    some of them. Each segment is percent-decoded until it stops changing (at most three
+    times), so a doubly encoded one is caught too."""
+    if "\\" in raw_path:
+        return "a backslash"
+    for segment in raw_path.split("/"):
+        decoded = _decoded(segment)
+        if decoded.split(";", 1)[0] in DOT_SEGMENTS:
+            return f"the dot segment {segment[:40]!r}"
+        if "/" in decoded or "\\" in decoded:
+            return f"the encoded slash in {segment[:40]!r}"
+    return None
+
+
+def _decoded(segment: str) -> str:
+    for _ in range(DECODINGS_MAX):
+        if "%" not in segment:
+            break
+        segment = unquote(segment, errors="surrogateescape")
+    return segment
 
 
 def upstream_url(base_url: str, path: str, query: bytes) -> str:
