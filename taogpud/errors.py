@@ -10,10 +10,12 @@
     │   ├── InvalidParams          invalid_params  422   params do not match the task's model
     │   ├── MissingInput           missing_input   404   an input array id is not known
     │   ├── TaskDisabled           task_disabled   403   the config turns this task off
-    │   └── UnsupportedTask        unsupported_task 422  the task has no body for this backend
+    │   ├── UnsupportedTask        unsupported_task 422  the task has no body for this backend
+│   └── UnsupportedExecutor    unsupported_executor 422  programs run under the local executor only
     ├── JobNotFound                job_not_found   404   no job with that id
     ├── OutputNotFound             output_not_found 404  the job kept no output of that name
     ├── NotPermitted               forbidden       403   the caller may not touch this job
+    ├── Conflict                   conflict        409   not in this state (a program started twice)
     ├── Rejected                   too_large       413   the job can never fit a device (admission)
     ├── BodyTooLarge               body_too_large  413   a request body passed its route's limit
     ├── QueueFull                  queue_full      429   the bounded queue is full; retry later
@@ -21,7 +23,8 @@
 
 Job failures are not exceptions of the daemon: they are `JobErrorView` values
 recorded on the job (`out_of_device_memory`, `task_failed`, `worker_crashed`,
-`timed_out`, `cancelled`, `interrupted`).
+`timed_out`, `cancelled`, `interrupted`; a program's `program_failed`, `program_not_started`,
+`client_gone`).
 """
 
 from __future__ import annotations
@@ -188,6 +191,16 @@ class JobNotFound(TaogpudError):
 class OutputNotFound(TaogpudError):
     code = "output_not_found"
     http_status = 404
+
+
+class UnsupportedExecutor(RequestError):
+    code = "unsupported_executor"
+    http_status = 422
+
+
+class Conflict(TaogpudError):
+    code = "conflict"
+    http_status = 409
 
 
 class NotPermitted(TaogpudError):

@@ -42,6 +42,35 @@ class Peer(BaseModel):
     gid: int | None = None
 
 
+PROGRAM_TASK = "program"  # a job that is a user's own program under a lease (docs/programs.md)
+
+
+class ProgramView(BaseModel):
+    """A program's lease: what it asked for, what it was given, and its process.
+
+    The daemon never starts it: the submitting user's process does, in its own cwd and
+    environment plus `env` below, and reports the pid, which the daemon checks and follows.
+    Its argv, cwd and name are in the job's params (hidden from other users, access.view_of)."""
+
+    gpus: int = 1  # devices wanted at once
+    share: bool = False  # one slot of its device, not the whole device
+    mem_bytes: int | None = None  # --mem; None: each device's whole cap
+    # The lease, once granted:
+    devices: list[str] = Field(default_factory=list)  # "gpu:0", "cpu:1"
+    device_indexes: list[int] = Field(default_factory=list)
+    device_uuids: list[str | None] = Field(default_factory=list)
+    reserved_bytes: list[int] = Field(default_factory=list)  # per device, for admission
+    deadline: float | None = None  # unix time its timeout stops it
+    env: dict[str, str] = Field(default_factory=dict)  # set for the program by its starter
+    # Its processes: the client that asked (and starts it), and the program itself. A pid is
+    # that process only with its start time (/proc/PID/stat, clock ticks since boot).
+    client_pid: int | None = None
+    client_start: int | None = None
+    pid: int | None = None
+    pid_start: int | None = None
+    stop: str | None = None  # "cancelled" | "timed_out": its starter was told to stop it
+
+
 class JobRecord(BaseModel):
     id: str
     task: str
@@ -81,6 +110,7 @@ class JobRecord(BaseModel):
     error: JobErrorView | None = None
     # Inputs from the client's own memory: {"handover": "shared" | "sealed", "bytes": N}.
     memory: dict[str, Any] | None = None
+    program: ProgramView | None = None  # a user's own program (task "program"), else None
 
 
 _id_bits = random.Random(secrets.randbits(64))  # ids need to be unique, not secret

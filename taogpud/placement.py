@@ -13,6 +13,12 @@ affinity key is remembered). The rules, in the order they apply:
 5. with gpu_affinity, a key that landed on a device that is still alive waits for it;
 6. otherwise the strategy: round_robin (the first eligible device at or after the cursor)
    or least_loaded (the fewest running jobs per slot, the first such device on a tie).
+
+A program (a user's own process under a lease, docs/programs.md) is a job like any other
+here, with three more words: `whole` (it takes every slot of its device, so it starts only
+on a device that runs nothing: `--share` takes one slot instead), `reserve_cap` (no `--mem`:
+it reserves the device's whole cap) and `gang` (`--gpus N`: N devices that fit at once, or
+it waits holding none; affinity keys and requested devices are for one device).
 """
 
 from __future__ import annotations
@@ -49,6 +55,15 @@ class Job(NamedTuple):
     estimate_bytes: int = 0
     device: int | None = None  # the requested device, if any
     affinity: str | None = None  # the affinity key, if any
+    gang: int = 1  # devices it needs at once (a program's --gpus); all or none
+    whole: bool = False  # takes every slot of each device (a program without --share)
+    reserve_cap: bool = False  # reserves each device's whole cap (a program without --mem)
+
+    def need_bytes(self, device: Device) -> int:
+        """The memory it reserves on `device`: its estimate, or the device's cap."""
+        if self.reserve_cap and device.cap_bytes is not None:
+            return device.cap_bytes
+        return self.estimate_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +82,15 @@ class Placement(NamedTuple):
     reason: str = ""  # why it waits; "" when placed
     rr_next: int = 0  # the round-robin cursor after this decision
     remember: tuple[str, int] | None = None  # affinity key → device index, to record
+    also: tuple[int, ...] = ()  # the further positions of a job of count > 1
 
     @property
     def placed(self) -> bool:
         return self.position is not None
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return () if self.position is None else (self.position, *self.also)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +108,12 @@ def has_capacity(devices: Sequence[Device], running_total: int, rules: Rules) ->
 
 
 def fits(device: Device, job: Job) -> bool:
-    """A free slot, and room under the device's memory cap for the job's estimate."""
-    return device.free > 0 and (
-        device.cap_bytes is None or device.reserved_bytes + job.estimate_bytes <= device.cap_bytes
+    """A free slot (every slot, for a whole-device job), and room under the device's memory
+    cap for what the job reserves."""
+    if device.free <= 0 or (job.whole and device.running > 0):
+        return False
+    return device.cap_bytes is None or device.reserved_bytes + job.need_bytes(device) <= (
+        device.cap_bytes
     )
 
 
@@ -109,7 +132,14 @@ def place(
     device index), both as the previous decisions left them."""
     if running_total >= rules.max_concurrent_tasks:
         return _wait(f"{running_total} jobs run: the max_concurrent_tasks cap", rr_next)
-    affinity = affinity or {}
+    if job.gang > 1:
+        return _place_together(job, devices, rules, rr_next)
+    return _place_one(job, devices, rules, rr_next, affinity or {})
+
+
+def _place_one(
+    job: Job, devices: Sequence[Device], rules: Rules, rr_next: int, affinity: Mapping[str, int]
+) -> Placement:
     if job.device is not None:
         return _place_on_requested(job, devices, rules, rr_next, affinity)
     pinned = _pinned(job, devices, rules, affinity)
@@ -138,6 +168,23 @@ def _place_on_requested(
     if job.affinity in affinity:  # the key keeps its device: this job only asked for another
         return Placement(position, rr_next=decision.rr_next)
     return decision
+
+
+def _place_together(job: Job, devices: Sequence[Device], rules: Rules, rr_next: int) -> Placement:
+    """`job.gang` devices that fit now, chosen by the strategy, or none: a job never holds
+    one device while it waits for another."""
+    candidates = [p for p, device in enumerate(devices) if fits(device, job)]
+    if len(candidates) < job.gang:
+        free = len(candidates)
+        why = _nowhere(devices, job) if not candidates else f"{free} of them fit now"
+        return _wait(f"needs {job.gang} devices free together: {why}", rr_next)
+    if rules.strategy == "least_loaded":
+        chosen = sorted(candidates, key=lambda p: devices[p].running / max(devices[p].slots, 1))
+    else:  # from the cursor on, wrapping round
+        chosen = sorted(candidates, key=lambda p: (p < rr_next, p))
+        rr_next = (chosen[job.gang - 1] + 1) % len(devices)
+    first, *rest = chosen[: job.gang]
+    return Placement(first, rr_next=rr_next, also=tuple(rest))
 
 
 def _pinned(
@@ -178,6 +225,8 @@ def _nowhere(devices: Sequence[Device], job: Job) -> str:
 def _why_not(device: Device, job: Job) -> str:
     """Why `job` cannot start on `device` now, in words that carry the numbers."""
     name = f"device {device.index}"
+    if job.whole and device.free > 0 and device.running > 0:
+        return f"{name} runs {device.running} job(s); the program takes the whole device"
     if device.free <= 0:
         if not device.alive:
             return f"{name} is down"
@@ -187,19 +236,26 @@ def _why_not(device: Device, job: Job) -> str:
     cap = device.cap_bytes or 0  # a device with a free slot and no cap fits: not asked
     return (
         f"{name} has {gib(cap - device.reserved_bytes)} of its {gib(cap)} cap free, "
-        f"the job needs about {gib(job.estimate_bytes)}"
+        f"the job needs about {gib(job.need_bytes(device))}"
     )
 
 
 def admit(
-    task: str, estimate_bytes: int, device: int | None, devices: Sequence[Device]
+    task: str, estimate_bytes: int, device: int | None, devices: Sequence[Device], count: int = 1
 ) -> Refusal | None:
-    """Whether a job can ever run: its requested device exists, and its memory estimate fits
-    the largest cap among the devices it may run on (a device without a known cap, e.g. one
-    still warming, takes no part). None: it may queue."""
+    """Whether a job can ever run: its requested device exists, there are as many devices as
+    it needs at once, and its memory estimate fits the largest cap among the devices it may
+    run on (a device without a known cap, e.g. one still warming, takes no part). None: it
+    may queue."""
+    known = ", ".join(str(d.index) for d in devices)
     if device is not None and all(d.index != device for d in devices):
-        known = ", ".join(str(d.index) for d in devices)
         return Refusal("no_such_device", f"there is no device {device}", f"devices: {known}")
+    if count > len(devices):
+        return Refusal(
+            "no_such_device",
+            f"{task} needs {count} devices at once; this host has {len(devices)}",
+            f"ask for at most {len(devices)} (devices: {known or 'none'})",
+        )
     caps = [d.cap_bytes for d in devices if d.cap_bytes is not None and device in (None, d.index)]
     if caps and estimate_bytes > max(caps):
         return Refusal(

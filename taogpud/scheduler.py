@@ -13,35 +13,48 @@ import asyncio
 import bisect
 import functools
 import shutil
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
-from taogpud import metrics, placement, tasks, trace
+from taogpud import leases, metrics, placement, tasks, trace
 from taogpud.access import check_access
 from taogpud.arrays import ArrayStore, check_dtypes
 from taogpud.config import ConfigSnapshot
 from taogpud.errors import (
+    Conflict,
     Draining,
     JobNotFound,
+    NotPermitted,
     QueueFull,
     Rejected,
     RequestError,
     StateDiskFull,
     TaskDisabled,
+    UnsupportedExecutor,
+)
+from taogpud.jobs import (
+    PROGRAM_TASK,
+    JobErrorView,
+    JobRecord,
+    JobState,
+    OutputView,
+    Peer,
+    ProgramView,
+    new_job_id,
 )
 from taogpud.i18n import Text
-from taogpud.jobs import JobErrorView, JobRecord, JobState, OutputView, Peer, new_job_id
 from taogpud.pool import protocol as msg
 from taogpud.pool.interface import Pool, Worker
 from taogpud.pool.regions import RegionRef
 from taogpud.pool.worker import WorkerState
 from taogpud.store import JobStore
 from taogpud.tasks.kernel import KERNEL_TASK_NAME
-from taogpud.wire import JobRequest
+from taogpud.wire import JobRequest, ProgramRequest
 
 CANCEL_GRACE_S = 5.0  # a running job told to stop gets this long before its worker is killed
 
@@ -104,6 +117,9 @@ class Scheduler:
         self._idle = asyncio.Event()
         self._idle.set()
         self._regions: dict[str, JobRegions] = {}  # job id → its regions in a client's memory
+        self._programs: dict[str, Lease] = {}  # every unfinished program: its lease, processes
+        self._granted = 0  # programs holding devices now (counted in running_total too)
+        self._lease_changes: dict[str, asyncio.Event] = {}  # set when a lease's phase changes
 
     @property
     def queued(self) -> int:
@@ -116,12 +132,7 @@ class Scheduler:
     ) -> JobRecord:
         """Admit a job; with `regions` (daemon/shm_server.py) its inputs and outputs are in the
         client's own memory instead of the array store."""
-        if not self.accepting:
-            raise Draining(
-                Text("taogpud is stopping and takes no new jobs"),
-                Text("submit again once it is back"),
-            )
-        self.store.check_writable()  # a full disk refuses new jobs before any is made
+        self._check_accepting()
         task = tasks.get(request.task)
         self._check_enabled(task)
         self._check_backend(task)
@@ -141,7 +152,8 @@ class Scheduler:
         if regions is not None:
             self._regions[job_id] = regions
         wanted = placement.Job(estimate, request.device, request.affinity)
-        worker = self._place_at_once(wanted, devices)
+        placed = self._place_at_once(wanted, devices)
+        worker = placed[0] if placed else None
         if worker is not None:  # its order leaves first: the worker runs while the job is made
             refs = self._refs_of(job_id, inputs)  # found by _check_inputs above
             sent_at = self._send(worker, job_id, task.name, params, request.keep_outputs, refs)
@@ -171,6 +183,14 @@ class Scheduler:
             self._move(job, JobState.queued)
             self.dispatch()
         return job
+
+    def _check_accepting(self) -> None:
+        if not self.accepting:
+            raise Draining(
+                Text("taogpud is stopping and takes no new jobs"),
+                Text("submit again once it is back"),
+            )
+        self.store.check_writable()  # a full disk refuses new jobs before any is made
 
     def commit(self, job_id: str) -> str:
         """Commit the store before a submit is answered; returns the job's record as written.
@@ -206,7 +226,7 @@ class Scheduler:
 
     def _place_at_once(
         self, wanted: placement.Job, devices: list[placement.Device]
-    ) -> Worker | None:
+    ) -> list[Worker] | None:
         """Where a new job starts now, as dispatch() would place it: nothing is waiting (it
         would go first) and a slot is free; else None, and the job queues."""
         if self._queue or not self.accepting:
@@ -273,6 +293,8 @@ class Scheduler:
             self._dequeue(job.id)
         if state.finished:
             job.error, job.finished_at = error, time.time()
+        if job.program is not None:
+            self._lease_changed(job.id)
         return True
 
     def _trace(self, job: JobRecord) -> None:
@@ -298,22 +320,24 @@ class Scheduler:
             return  # stopping: queued jobs stay queued in the store for the next start
         if not self._queue:
             return  # every job's finish calls this; most often nothing waits
-        index, devices, rules = 0, self._devices(), self.policy.rules
+        index, devices, rules, granted = 0, self._devices(), self.policy.rules, False
         starts: list[tuple[JobRecord, Worker, dict[str, Any]]] = []
         while index < len(self._queue) and placement.has_capacity(
             devices, self.running_total, rules
         ):
             job = self._queue[index][1]
-            worker = self._place(_wanted(job), devices)
-            if worker is None:
+            placed = self._place(_wanted(job), devices)
+            if placed is None:
                 index += 1
                 continue
-            inputs = self._input_refs(job)  # moves the job out of the queue, failed if None
-            if inputs is not None:
-                self._mark_started(job, worker, time.time())
-                starts.append((job, worker, inputs))
+            if job.program is not None:
+                self._grant(job, placed)
+                granted = True
+            elif (inputs := self._input_refs(job)) is not None:  # None: out of the queue, failed
+                self._mark_started(job, placed[0], time.time())
+                starts.append((job, placed[0], inputs))
             devices = self._devices()  # that worker's load changed
-        if starts:
+        if starts or granted:
             # Committed before the orders leave: a kill -9 after one finds its job running
             # (interrupted, or retried as it allows, its attempt counted), never queued to
             # run again. On a full disk the orders still leave (JobStore.commit_now): holding
@@ -323,8 +347,9 @@ class Scheduler:
         for job, worker, inputs in starts:
             self._send(worker, job.id, job.task, job.params, job.keep_outputs, inputs)
 
-    def _place(self, wanted: placement.Job, devices: list[placement.Device]) -> Worker | None:
-        """Where a job starts now (placement.place decides), or None: it waits."""
+    def _place(self, wanted: placement.Job, devices: list[placement.Device]) -> list[Worker] | None:
+        """Where a job starts now (placement.place decides: one worker, or `count` for a
+        program's --gpus), or None: it waits."""
         workers = self.pool.workers
         decision = placement.place(
             wanted,
@@ -340,11 +365,25 @@ class Scheduler:
         if decision.remember is not None:
             key, index = decision.remember
             self._affinity[key] = index
-        return workers[decision.position]
+        return [workers[position] for position in decision.positions]
 
     def _devices(self) -> list[placement.Device]:
-        """The workers as placement sees them, in pool order."""
-        return [_device(w) for w in self.pool.workers]
+        """The workers as placement sees them, in pool order, with the programs' leases."""
+        if not self._granted:
+            return [_device(w) for w in self.pool.workers]
+        held = self._held()
+        return [_device(w, held.get(w.spec.index)) for w in self.pool.workers]
+
+    def _held(self) -> dict[int, Held]:
+        """What the granted leases hold, by device index."""
+        held: dict[int, Held] = {}
+        for lease in self._programs.values():
+            for index, reserved in zip(lease.indexes, lease.reserved, strict=True):
+                total = held.get(index, Held())
+                held[index] = Held(
+                    total.running + 1, total.whole or lease.whole, total.bytes + reserved
+                )
+        return held
 
     def apply_policy(self, policy: Policy) -> None:
         """A reload's new scheduling keys: in force for the next placement."""
@@ -420,6 +459,12 @@ class Scheduler:
 
     # -- cancel and timeouts --------------------------------------------------------------
 
+    def queue_position(self, job_id: str) -> int | None:
+        """Where a queued job stands: 1 starts next (priority first, then arrival)."""
+        if job_id not in self._queued_ids:
+            return None
+        return 1 + next(i for i, (_, job) in enumerate(self._queue) if job.id == job_id)
+
     def cancel(self, job_id: str, peer: Peer) -> JobRecord:
         job = self.get(job_id)
         check_access(job, peer, "cancel")
@@ -443,6 +488,9 @@ class Scheduler:
         self._stop(job_id, JobState.timed_out)
 
     def _stop(self, job_id: str, reason: JobState) -> None:
+        if job_id in self._programs:
+            self._stop_program(job_id, reason)
+            return
         worker = self._worker_running(job_id)
         if worker is None or job_id in self._stop_reason:
             return
@@ -525,7 +573,9 @@ class Scheduler:
         for job in jobs:
             self.jobs_total += 1
             self.arrays.pin(list(job.inputs.values()))  # _finish unpins, the queue keeps them
-            if job.memory is not None:  # its inputs were in a client's memory, gone with us
+            if job.program is not None:
+                self._recover_program(job)
+            elif job.memory is not None:  # its inputs were in a client's memory, gone with us
                 message = "taogpud stopped before the job ran; the client's memory went with it"
                 self._finish(job, JobState.interrupted, _error("interrupted", message))
             elif job.status is JobState.queued:
@@ -544,10 +594,13 @@ class Scheduler:
             worker.running.discard(job_id)
             worker.reserved_bytes -= job.estimate_bytes if job else 0
             self.running_total -= 1
+        self._end_timer(job_id)
+
+    def _end_timer(self, job_id: str) -> None:
         timer = self._timers.pop(job_id, None)
         if timer is not None:
             timer.cancel()
-        if self.running_total == 0:
+        if self.running_total == self._granted:  # programs are the user's: drain never waits
             self._idle.set()
 
     def _finish(self, job: JobRecord, state: JobState, error: JobErrorView | None) -> None:
@@ -557,12 +610,262 @@ class Scheduler:
             job.queue_ms = (job.finished_at - job.created_at) * 1e3
         self.arrays.unpin(list(job.inputs.values()))
         regions = self._regions.pop(job.id, None)
+        if job.program is not None:
+            self._end_lease(job)
         self.store.mark_finished(job)
         if regions is not None:
             regions.release()  # the client's memory is the daemon's to close once no job names it
         self.finished_counts[(job.task, job.backend or "none", state.value)] += 1
         self.job_times.observe(job)
         self._trace(job)
+
+    # -- programs: a user's own process under a lease (docs/programs.md) --------------------
+
+    def submit_program(self, request: ProgramRequest, peer: Peer) -> JobRecord:
+        """Queue a program for its caller, the process that will start it once granted. Its
+        client is followed from now: gone before its program starts, the job ends."""
+        self._check_accepting()
+        self._check_executor()
+        client = _caller(peer)
+        devices = self._devices()
+        self._admit_program(request, devices)
+        mem = request.mem_bytes
+        program = ProgramView(gpus=request.gpus, share=request.share, mem_bytes=mem)
+        program.client_pid, program.client_start = client.pid, client.start
+        job = JobRecord(
+            id=new_job_id(),
+            task=PROGRAM_TASK,
+            params={"argv": request.argv, "cwd": request.cwd, "name": request.name},
+            priority=request.priority,
+            timeout_s=request.timeout_s or self.policy.job_timeout_s,
+            affinity=request.affinity,
+            requested_device=request.device,
+            peer=peer,
+            estimate_bytes=mem or 0,
+            program=program,
+        )
+        self.store.add(job)
+        self.jobs_total += 1
+        self._programs[job.id] = Lease(self._watch(job.id, client.pid, client.start, client=True))
+        self._trace(job)
+        placed = self._place_at_once(_wanted(job), devices)
+        if placed is not None:
+            self._grant(job, placed)
+        else:
+            self._move(job, JobState.queued)
+        return job
+
+    def _check_executor(self) -> None:
+        if self.pool.executor != "local":
+            raise UnsupportedExecutor(
+                f"programs run under the local executor only; this daemon runs executor "
+                f"{self.pool.executor!r}",
+                'run it on a daemon with executor = "local" (docs/programs.md)',
+            )
+
+    def _admit_program(self, request: ProgramRequest, devices: list[placement.Device]) -> None:
+        mem = request.mem_bytes or 0
+        refusal = placement.admit(PROGRAM_TASK, mem, request.device, devices, request.gpus)
+        if refusal is not None:
+            error = RequestError if refusal.code == "no_such_device" else Rejected
+            hint = "ask for less with --mem" if refusal.code == "too_large" else refusal.hint
+            raise error(refusal.message.replace("needs about", "reserves"), hint)
+        if len(self._queue) >= self.policy.queue_limit:
+            raise QueueFull(
+                f"the queue is full ({self.policy.queue_limit} jobs waiting)",
+                "retry later, or raise scheduling.queue_limit in config.toml",
+            )
+
+    def _grant(self, job: JobRecord, workers: list[Worker]) -> None:
+        """The lease: the devices are the program's from now, until it and its children end."""
+        program, lease, now = job.program, self._programs[job.id], time.time()
+        assert program is not None
+        infos = [w.info for w in workers if w.info is not None]  # placed: every one is warm
+        reserved = [program.mem_bytes or info.memory_cap_bytes for info in infos]
+        granted = [leases.Granted(i.backend, i.device, i.uuid, w.spec.thread_num)
+                   for i, w in zip(infos, workers, strict=True)]  # fmt: skip
+        self._move(job, JobState.running)
+        job.started_at, job.queue_ms = now, (now - job.created_at) * 1e3
+        first = infos[0]
+        job.backend, job.device, job.device_index = first.backend, _labels(infos), first.index
+        job.device_uuid, job.compute_capability = first.uuid, first.compute_capability
+        job.fallback_reason = workers[0].spec.fallback_reason
+        job.fallback = job.fallback_reason is not None
+        program.devices = [i.device for i in infos]
+        program.device_indexes = [i.index for i in infos]
+        program.device_uuids = [i.uuid for i in infos]
+        program.reserved_bytes = reserved
+        program.env = leases.lease_env(job.id, granted, reserved)
+        program.deadline = now + job.timeout_s if job.timeout_s else None
+        lease.indexes, lease.reserved, lease.whole = (
+            program.device_indexes,
+            reserved,
+            not program.share,
+        )
+        self._hold(job)
+
+    def _hold(self, job: JobRecord) -> None:
+        """Count a granted lease and arm its timeout."""
+        self.running_total += 1
+        self._granted += 1
+        if job.timeout_s:
+            left = job.timeout_s - (time.time() - (job.started_at or time.time()))
+            loop = asyncio.get_running_loop()
+            self._timers[job.id] = loop.call_later(max(left, 0.0), self.time_out, job.id)
+        self.store.save(job)
+        self._trace(job)
+
+    def lease_phase(self, job: JobRecord) -> str:
+        """queued, granted, stopping (its starter is told to stop it) or ended."""
+        if job.status.finished:
+            return "ended"
+        if job.status is JobState.queued:
+            return "queued"
+        return "stopping" if job.program and job.program.stop else "granted"
+
+    def lease_change(self, job_id: str) -> asyncio.Event:
+        """An event set at the lease's next change of phase."""
+        return self._lease_changes.setdefault(job_id, asyncio.Event())
+
+    def _lease_changed(self, job_id: str) -> None:
+        event = self._lease_changes.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    def program_started(self, job_id: str, pid: int, peer: Peer) -> JobRecord:
+        """The starter's word that the program runs as `pid`: checked to be the caller's own
+        process (its uid) and its descendant, then followed until it ends."""
+        job, lease = self._granted_program(job_id, peer, "start the program of")
+        program = job.program
+        assert program is not None
+        if program.pid is not None:
+            raise Conflict(
+                f"job {job_id}'s program was started already (pid {program.pid})",
+                "a program is started once: submit it again to run it again",
+            )
+        process = _callers_process(pid, peer)
+        program.pid, program.pid_start = pid, process.start
+        lease.program = self._watch(job_id, pid, process.start, client=False)
+        self.store.save(job)
+        trace.log.info("program.started", job_id=job_id, pid=pid, devices=program.devices)
+        return job
+
+    def _granted_program(self, job_id: str, peer: Peer, action: str) -> tuple[JobRecord, Lease]:
+        job = self.get(job_id)
+        check_access(job, peer, action)
+        lease = self._programs.get(job_id)
+        if job.program is None or lease is None or job.status is not JobState.running:
+            what = "a program" if job.program is not None else f"a {job.task} job, not a program"
+            raise Conflict(
+                f"job {job_id} is {what} and {job.status.value}: it holds no lease now",
+                "wait for its lease (GET /v1/programs/{id}/lease) before starting it",
+            )
+        return job, lease
+
+    def program_exited(self, job_id: str, peer: Peer, exit: ProgramExit) -> JobRecord:
+        """The starter's word that the program (and every descendant) is gone: the job ends
+        with its exit status and the lease is released. A second word is ignored."""
+        job = self.get(job_id)
+        check_access(job, peer, "report the exit of")
+        if job.status.finished:
+            return job
+        if job.program is None or job.status is not JobState.running:
+            self._granted_program(job_id, peer, "report the exit of")  # raises Conflict
+        job.result = {"exit_code": exit.exit_code, "signal": exit.signal}
+        if job.started_at is not None:
+            job.run_ms = (time.time() - job.started_at) * 1e3
+        state = self._stop_reason.pop(job_id, None) or exit.state()
+        self._finish(job, state, exit.error(state, job))
+        self.dispatch()
+        return job
+
+    def _watch(self, job_id: str, pid: int, start: int, *, client: bool) -> leases.Watch:
+        gone = self._client_gone if client else self._program_gone
+        return leases.Watch(pid, start, functools.partial(gone, job_id))
+
+    def _client_gone(self, job_id: str) -> None:
+        """The process that asked for the lease exited: a program it never started will not
+        be; one it started runs on under its lease (it is the user's) until it ends."""
+        job, lease = self.store.get(job_id), self._programs.get(job_id)
+        if job is None or lease is None or job.status.finished:
+            return
+        lease.client_gone = True
+        program = job.program
+        assert program is not None
+        if lease.program is None:
+            pid = program.client_pid
+            message = f"its client (pid {pid}) exited before it started the program"
+            self._finish(job, JobState.cancelled, _error("client_gone", message))
+            self.dispatch()
+        elif lease.program.ended:
+            self._program_gone(job_id)
+        else:
+            trace.log.warning("program.unattended", job_id=job_id, pid=program.pid)
+            if program.stop:
+                self._signal_program(job_id, signal.SIGTERM)
+
+    def _program_gone(self, job_id: str) -> None:
+        """The program exited. Its starter, alive, reports its status once every descendant
+        is gone too; with its starter gone, no one can: the job ends without one."""
+        job, lease = self.store.get(job_id), self._programs.get(job_id)
+        if job is None or lease is None or job.status.finished or not lease.client_gone:
+            return
+        state = self._stop_reason.pop(job_id, None) or JobState.interrupted
+        message = "the program ended after its starter exited: its exit status is unknown"
+        self._finish(job, state, _error(state.value, message))
+        self.dispatch()
+
+    def _stop_program(self, job_id: str, reason: JobState) -> None:
+        """Ask the program's starter to stop it (SIGTERM, then SIGKILL after its grace); the
+        daemon signals it itself only where its starter is gone and it may."""
+        job, lease = self.store.get(job_id), self._programs.get(job_id)
+        if job is None or job.program is None or lease is None or job.program.stop:
+            return
+        self._stop_reason[job_id] = reason
+        job.program.stop = reason.value
+        self.store.save(job)
+        self._lease_changed(job_id)
+        if lease.client_gone:
+            self._signal_program(job_id, signal.SIGTERM)
+
+    def _signal_program(self, job_id: str, signum: int) -> None:
+        lease = self._programs.get(job_id)
+        if lease is None or lease.program is None or not lease.program.signal(signum):
+            return
+        if signum == signal.SIGTERM:
+            loop = asyncio.get_running_loop()
+            loop.call_later(CANCEL_GRACE_S, self._signal_program, job_id, signal.SIGKILL)
+
+    def _end_lease(self, job: JobRecord) -> None:
+        """A finished program's devices go back (its record keeps what it was given)."""
+        lease = self._programs.pop(job.id, None)
+        if lease is None:
+            return
+        lease.close()
+        self._stop_reason.pop(job.id, None)
+        if lease.indexes:
+            self.running_total -= 1
+            self._granted -= 1
+        self._end_timer(job.id)
+
+    def _recover_program(self, job: JobRecord) -> None:
+        """A program a previous run accepted: queued, it queues again while its client lives
+        (pid and start time); granted, its lease ended with that run."""
+        program = job.program
+        assert program is not None
+        if job.status is JobState.queued and leases.alive(program.client_pid, program.client_start):
+            assert program.client_pid is not None and program.client_start is not None
+            watch = self._watch(job.id, program.client_pid, program.client_start, client=True)
+            self._programs[job.id] = Lease(watch)
+            self._move(job, JobState.queued)
+            return
+        self._programs[job.id] = Lease()
+        if job.status is JobState.queued:
+            message = "taogpud restarted and the program's client is gone"
+            self._finish(job, JobState.cancelled, _error("client_gone", message))
+        else:
+            message = "taogpud stopped while the program held its lease (it restarted since)"
+            self._finish(job, JobState.interrupted, _error("interrupted", message))
 
     # -- stopping -------------------------------------------------------------------------
 
@@ -574,7 +877,7 @@ class Scheduler:
                 await self._idle.wait()
         except TimeoutError:
             pass
-        return self.running_total
+        return self.running_total - self._granted
 
     def interrupt_running(self) -> None:
         for worker in self.pool.workers:
@@ -602,18 +905,54 @@ class JobRegions:
         return {"handover": self.handover, "bytes": self.input_bytes()}
 
 
+@dataclass
+class Lease:
+    """An unfinished program's bookkeeping: its client while it waits, then the devices it
+    holds and its process. Its record (JobRecord.program) is what the store keeps."""
+
+    client: leases.Watch | None = None  # the process that asked and starts the program
+    program: leases.Watch | None = None  # the program, once its starter reported it
+    indexes: list[int] = field(default_factory=list)  # the devices held (empty while queued)
+    reserved: list[int] = field(default_factory=list)  # bytes reserved on each
+    whole: bool = True  # every slot of its devices (no --share)
+    client_gone: bool = False
+
+    def close(self) -> None:
+        for watch in (self.client, self.program):
+            if watch is not None:
+                watch.close()
+
+
+class Held(NamedTuple):
+    """What the programs' leases hold of one device."""
+
+    running: int = 0
+    whole: bool = False
+    bytes: int = 0
+
+
 def _wanted(job: JobRecord) -> placement.Job:
-    return placement.Job(job.estimate_bytes, job.requested_device, job.affinity)
+    program = job.program
+    if program is None:
+        return placement.Job(job.estimate_bytes, job.requested_device, job.affinity)
+    whole, reserve_cap = not program.share, program.mem_bytes is None
+    return placement.Job(
+        job.estimate_bytes, job.requested_device, job.affinity, program.gpus, whole, reserve_cap
+    )
 
 
-def _device(worker: Worker) -> placement.Device:
+def _device(worker: Worker, held: Held | None = None) -> placement.Device:
     info, spec = worker.info, worker.spec
+    running, free, reserved = len(worker.running), worker.free_slots, worker.reserved_bytes
+    if held is not None:  # a program's lease takes a slot, or every slot, and its memory
+        running, reserved = running + held.running, reserved + held.bytes
+        free = 0 if held.whole else max(free - held.running, 0)
     return placement.Device(  # index, slots, running, free_slots, reserved_bytes, cap, alive
         spec.index,
         spec.stream_count,
-        len(worker.running),
-        worker.free_slots,
-        worker.reserved_bytes,
+        running,
+        free,
+        reserved,
         info.memory_cap_bytes if info and info.memory_cap_bytes > 0 else None,
         worker.state is not WorkerState.dead,
     )
@@ -650,3 +989,74 @@ def _output_view(output: msg.OutputFile) -> OutputView:
         offset=output.offset,
         written=output.written,
     )
+
+
+class ProgramExit(NamedTuple):
+    """How a program ended, as its starter saw it (it is the program's parent)."""
+
+    exit_code: int | None  # None: killed by a signal, or never started
+    signal: str | None = None  # "SIGKILL"
+    cancelled: bool = False  # its starter stopped it (Ctrl-C in `taogpuctl exec`)
+    not_started: str | None = None  # why it could not be started (exec failed)
+
+    def state(self) -> JobState:
+        if self.cancelled:
+            return JobState.cancelled
+        return (
+            JobState.succeeded if self.exit_code == 0 and self.signal is None else JobState.failed
+        )
+
+    def error(self, state: JobState, job: JobRecord) -> JobErrorView | None:
+        if state is JobState.succeeded:
+            return None
+        how = _how_it_ended(self)
+        if self.not_started is not None:
+            return _error("program_not_started", self.not_started, "check the command and its path")
+        if state is JobState.failed:
+            return _error("program_failed", f"the program {how}")
+        if state is JobState.timed_out:
+            return _error(
+                "timed_out",
+                f"the program ran past its timeout of {job.timeout_s} s and {how}",
+                "raise --timeout",
+            )
+        return _error(state.value, f"{state.value}: the program {how}")
+
+
+def _how_it_ended(exit: ProgramExit) -> str:
+    if exit.signal is not None:
+        return f"was killed by {exit.signal}"
+    return f"exited with status {exit.exit_code}"
+
+
+def _labels(infos: list[Any]) -> str:
+    return ",".join(info.device for info in infos)
+
+
+def _caller(peer: Peer) -> leases.Process:
+    """The calling process (SO_PEERCRED), as /proc shows it: a lease follows its client."""
+    process = None if peer.pid is None else leases.read_process(peer.pid)
+    if process is None:
+        raise RequestError(
+            f"taogpud cannot see the calling process (pid {peer.pid}) in /proc",
+            "submit programs from this host's own process namespace",
+        )
+    return process
+
+
+def _callers_process(pid: int, peer: Peer) -> leases.Process:
+    """Process `pid`, checked to be the caller's: its uid, and a descendant of the caller."""
+    process = leases.read_process(pid)
+    if process is None:
+        raise RequestError(f"there is no process {pid} (or it has ended)", "report a running pid")
+    if process.uid != peer.uid:
+        raise NotPermitted(
+            f"process {pid} belongs to uid {process.uid}, not to the caller (uid {peer.uid})",
+            "report the program your own process started",
+        )
+    if peer.pid is None or not leases.descends_from(pid, peer.pid):
+        raise NotPermitted(
+            f"process {pid} is not a descendant of the caller (pid {peer.pid})",
+            "report the program from the process that started it (or one of its parents)",
+        )
+    return process

@@ -88,6 +88,10 @@ RELAY_TOKEN = Route("POST", "/v1/relay/token")
 RELAY_REVOKE = Route("DELETE", "/v1/relay/token")
 RELAY_STATUS = Route("GET", "/v1/relay/status")
 MCP_CALL = Route("POST", "/v1/mcp/calls")  # `taogpuctl mcp` tells of a tool call: its trace line
+SUBMIT_PROGRAM = Route("POST", "/v1/programs")
+PROGRAM_LEASE = Route("GET", "/v1/programs/{job_id}/lease")
+PROGRAM_STARTED = Route("POST", "/v1/programs/{job_id}/started")
+PROGRAM_EXITED = Route("POST", "/v1/programs/{job_id}/exited")
 
 # Every route the app serves itself (api/*.py and relay/routes.py declare theirs from these).
 ROUTES = (
@@ -95,6 +99,7 @@ ROUTES = (
     SUBMIT_JOB, LIST_JOBS, GET_JOB, WAIT_JOB, CANCEL_JOB, JOB_OUTPUT, JOB_EVENTS, TRACE,
     CONFIG, CONFIG_STATUS, RELOAD_CONFIG, CHANNEL_PING, DOCTOR,
     RELAY_TOKEN, RELAY_REVOKE, RELAY_STATUS, MCP_CALL,
+    SUBMIT_PROGRAM, PROGRAM_LEASE, PROGRAM_STARTED, PROGRAM_EXITED,
 )  # fmt: skip
 
 # The relay (taogpud.relay) answers every path under this prefix on the Unix socket, in
@@ -113,6 +118,11 @@ MAX_JOB_TIMEOUT_S = 7 * 86400.0  # a job's own timeout_s
 MAX_RETRIES = 10  # a job's max_retries (runs again after a worker crash or a restart)
 MAX_LIST_LIMIT = 10_000  # GET /v1/jobs?limit=
 MCP_TOOL_PATTERN = r"^[a-z][a-z0-9_]{0,47}$"  # a tool name an mcp.call line holds
+MAX_ARGV_ITEMS = 4096  # a program's argv (POST /v1/programs)
+MAX_PROGRAM_GPUS = 64
+
+# A program's lease as its starter follows it (GET /v1/programs/{id}/lease?after=PHASE).
+LEASE_PHASES = ("queued", "granted", "stopping", "ended")
 
 
 # --- the error body --------------------------------------------------------------------------
@@ -155,6 +165,21 @@ class JobRequest(NamedTuple):
     timeout_s: float | None = None  # at most MAX_JOB_TIMEOUT_S; None: the daemon's default
     keep_outputs: bool = False  # keep the output arrays for download
     max_retries: int = 0  # run again after a worker crash or daemon restart, ≤ MAX_RETRIES
+
+
+class ProgramRequest(NamedTuple):
+    """A user's own program, to run under a lease (POST /v1/programs, docs/programs.md)."""
+
+    argv: list[str]  # what its starter runs; the daemon never does
+    cwd: str  # where it runs (shown to its owner only)
+    name: str | None = None
+    gpus: int = 1  # devices at once, all or none
+    device: int | None = None  # this device index only (with gpus 1)
+    mem_bytes: int | None = None  # its memory reservation; None: each device's whole cap
+    share: bool = False  # one slot of a device, not the whole device
+    affinity: str | None = None
+    priority: int = 0
+    timeout_s: float | None = None
 
 
 class ChangeView(NamedTuple):

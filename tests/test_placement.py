@@ -363,3 +363,55 @@ def test_affinity_keeps_a_key_on_one_device_over_many_jobs(count: int, jobs: int
             keys[decision.remember[0]] = decision.remember[1]  # as the scheduler records it
         seen[(key, devices[decision.position].index)] += 1
     assert len({key for key, _ in seen}) == len(seen)  # one device per key
+
+
+# --- programs: a whole device, one slot with --share, the cap without --mem, --gpus N ----
+
+
+def test_a_whole_device_program_waits_for_a_device_that_runs_nothing() -> None:
+    """Without --share a program needs every slot: a device running one task is passed over,
+    and with both busy it waits, saying the program takes the whole device."""
+    program = Job(whole=True)
+    busy_then_idle = [Device(0, 2, running=1), Device(1, 2)]
+    assert place(program, busy_then_idle, RR).position == 1
+    both_busy = [Device(0, 2, running=1), Device(1, 2, running=1)]
+    waiting = place(program, both_busy, RR)
+    assert not waiting.placed and "takes the whole device" in waiting.reason
+
+
+def test_a_shared_program_takes_one_slot_and_reserves_the_cap_without_mem() -> None:
+    """--share fits beside a task; without --mem it reserves the device's whole cap, so it
+    waits while anything else reserves memory there; with --mem it fits beside it."""
+    device = [Device(0, 2, running=1, reserved_bytes=1 * GIB, cap_bytes=8 * GIB)]
+    assert place(Job(estimate_bytes=2 * GIB), device, RR).position == 0
+    capped = place(Job(reserve_cap=True), device, RR)
+    assert not capped.placed and "needs about 8.00 GiB" in capped.reason
+    assert place(Job(reserve_cap=True), [Device(0, 2, cap_bytes=8 * GIB)], RR).position == 0
+
+
+@pytest.mark.parametrize(
+    ("rules", "kw", "expected"),
+    [(RR, {"rr_next": 1}, (1, 2)), (RR, {"rr_next": 2}, (2, 0)), (LEAST, {}, (1, 2))],
+    ids=["round_robin from the cursor", "round_robin wraps", "least_loaded"],
+)
+def test_a_gang_takes_n_devices_that_fit_together(
+    rules: Rules, kw: dict[str, Any], expected: tuple[int, ...]
+) -> None:
+    devices = [Device(0, 2, running=1), Device(1, 2), Device(2, 2)]
+    decision = place(Job(gang=2), devices, rules, **kw)
+    assert decision.positions == expected
+
+
+def test_a_gang_holds_nothing_while_it_waits() -> None:
+    """Two devices wanted, one free: the job is not placed at all (never one of the two)."""
+    devices = [Device(0, 1, running=1), Device(1, 1)]
+    decision = place(Job(gang=2, whole=True), devices, RR)
+    assert decision.positions == () and "needs 2 devices free together" in decision.reason
+    assert "1 of them fit now" in decision.reason
+
+
+def test_admit_refuses_more_devices_than_the_host_has() -> None:
+    refusal = admit("program", 0, None, two(), count=3)
+    assert refusal is not None and refusal.code == "no_such_device"
+    assert "needs 3 devices at once; this host has 2" in refusal.message
+    assert admit("program", 0, None, two(), count=2) is None

@@ -96,6 +96,8 @@ def call_every_method(client: Client) -> None:
     client.get(odd), client.list_jobs("queued", 5), client.cancel(job_id)
     client.wait(job_id, timeout_s=1.0), client.upload_array(b"\x93NUMPY")
     client.download_output(odd, odd)
+    client.submit_program(["true"]), client.lease(odd, after="queued", wait_s=0.5)
+    client.program_started(odd, 1234), client.program_exited(odd, exit_code=0)
 
 
 def route_of(method: str, target: str) -> wire.Route | None:
@@ -115,7 +117,7 @@ def test_every_request_the_client_sends_is_a_wire_route() -> None:
     with recording_client(requests) as client:
         call_every_method(client)
     unmatched = [line for line in requests if route_of(*line) is None]
-    assert len(requests) == 25 and unmatched == []  # one per call above
+    assert len(requests) == 29 and unmatched == []  # one per call above
     assert ("GET", "/v1/jobs/a%2F..%2Fb%3Fc") in requests
     used = {route_of(*line) for line in requests}
     assert used >= set(wire.ROUTES) - {wire.METRICS, wire.OPENAPI, wire.TRACE, wire.JOB_EVENTS}

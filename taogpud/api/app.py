@@ -13,7 +13,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from taogpud import __version__, relay, wire
-from taogpud.api import agents, arrays, channel, config, doctor, jobs, system
+from taogpud.api import agents, arrays, channel, config, doctor, jobs, programs, system
 from taogpud.api import trace as trace_api
 from taogpud.api.edge import CLIENT_GONE, ApiEdge
 from taogpud.daemon.state import DaemonState
@@ -40,7 +40,7 @@ def create_app(state: DaemonState) -> FastAPI:
     )
     app.state.daemon = state
     jobs.add_submit_route(app)  # every job comes this way: the first route matched
-    for module in (jobs, system, arrays, config, channel, doctor, trace_api, agents):  # jobs first
+    for module in (jobs, system, arrays, config, channel, doctor, trace_api, agents, programs):
         app.include_router(module.router)
     app.add_exception_handler(TaogpudError, _taogpud_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

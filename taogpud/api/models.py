@@ -15,6 +15,10 @@ Routes (all JSON unless said; errors are always {code, message, hint}):
     GET  /v1/jobs/{id}                    JobRecord
     GET  /v1/jobs/{id}/wait?timeout_s=S   JobRecord    (when finished, or its current state after S)
     POST /v1/jobs/{id}/cancel             JobRecord
+    POST /v1/programs      body: ProgramRequestModel → JobRecord  (201; docs/programs.md)
+    GET  /v1/programs/{id}/lease?after=PHASE&wait_s=S  LeaseView  (once its phase is not PHASE)
+    POST /v1/programs/{id}/started body: {pid}          JobRecord  (the pid checked, followed)
+    POST /v1/programs/{id}/exited  body: ProgramExitModel → JobRecord  (the job ends)
     GET  /v1/jobs/{id}/outputs/{name}     .npy bytes   (application/octet-stream)
     GET  /v1/config                       the effective config, redacted
     GET  /v1/config/status                ConfigStatusView
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from taogpud import wire
 from taogpud.errors import RequestError
@@ -44,6 +48,10 @@ __all__ = [
     "HealthView",
     "InfoView",
     "JobRequestModel",
+    "LeaseView",
+    "ProgramExitModel",
+    "ProgramRequestModel",
+    "ProgramStartedModel",
     "McpCallModel",
     "McpCallView",
     "ReloadModel",
@@ -100,6 +108,63 @@ def job_request_from(fields: dict[str, Any]) -> wire.JobRequest:
         raise RequestError(
             f"{where}: {first['msg']}", "see GET /v1/openapi.json, JobRequest"
         ) from None
+
+
+class ProgramRequestModel(BaseModel):
+    """What POST /v1/programs takes: a user's own program to run under a lease; the core gets
+    `to_wire()`, a taogpud.wire.ProgramRequest."""
+
+    model_config = ConfigDict(title="ProgramRequest", extra="forbid")
+
+    argv: list[str] = Field(min_length=1, max_length=wire.MAX_ARGV_ITEMS)
+    cwd: str = Field(min_length=1, description="the directory it runs in (its owner sees it)")
+    name: str | None = Field(default=None, max_length=200)
+    gpus: int = Field(default=1, ge=1, le=wire.MAX_PROGRAM_GPUS, description="devices at once")
+    device: int | None = Field(default=None, ge=0, description="this device index only")
+    mem_bytes: int | None = Field(
+        default=None, gt=0, description="its memory reservation; none: each device's whole cap"
+    )
+    share: bool = Field(default=False, description="one slot of a device, not the whole one")
+    affinity: str | None = Field(default=None, max_length=wire.MAX_AFFINITY_CHARS)
+    priority: int = Field(default=0, ge=wire.PRIORITY_MIN, le=wire.PRIORITY_MAX)
+    timeout_s: float | None = Field(default=None, gt=0, le=wire.MAX_JOB_TIMEOUT_S)
+
+    @model_validator(mode="after")
+    def _one_device_or_many(self) -> ProgramRequestModel:
+        if self.device is not None and self.gpus > 1:
+            raise ValueError("device names one device: give either device or gpus > 1")
+        return self
+
+    def to_wire(self) -> wire.ProgramRequest:
+        return wire.ProgramRequest(**{name: getattr(self, name) for name in _PROGRAM_FIELDS})
+
+
+_PROGRAM_FIELDS = wire.ProgramRequest._fields
+
+
+class ProgramStartedModel(BaseModel):
+    model_config = ConfigDict(title="ProgramStarted", extra="forbid")
+
+    pid: int = Field(gt=1, description="the program's pid: the caller's own descendant")
+
+
+class ProgramExitModel(BaseModel):
+    """How the program ended, from its starter (its parent)."""
+
+    model_config = ConfigDict(title="ProgramExit", extra="forbid")
+
+    exit_code: int | None = Field(default=None, ge=0, le=255)
+    signal: str | None = Field(default=None, max_length=20, pattern=r"^SIG[A-Z0-9+]+$")
+    cancelled: bool = Field(default=False, description="its starter stopped it (Ctrl-C)")
+    not_started: str | None = Field(default=None, max_length=2000, description="why exec failed")
+
+
+class LeaseView(BaseModel):
+    """A program's lease as its starter follows it."""
+
+    phase: Literal["queued", "granted", "stopping", "ended"]
+    queue_position: int | None = None  # 1: it starts next; None: not queued
+    job: dict[str, Any]
 
 
 class ChangeModel(BaseModel):

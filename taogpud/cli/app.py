@@ -260,6 +260,54 @@ def finish_waited(client: Client, job: Job, json_out: bool, output: Path | None)
     return exit_code
 
 
+@app.command(
+    "exec",
+    context_settings={"allow_interspersed_args": False},
+    no_args_is_help=True,
+)
+def exec_command(
+    ctx: typer.Context,
+    program: Annotated[
+        list[str], typer.Argument(metavar="-- PROGRAM [ARGS]...", help="What to run, as you.")
+    ],
+    *,
+    gpus: Annotated[
+        int | None, typer.Option(min=1, help="Devices at once, all or none (default 1).")
+    ] = None,
+    device: Annotated[int | None, typer.Option(min=0, help="This device index only.")] = None,
+    mem: Annotated[
+        str | None,
+        typer.Option(help="Memory reservation, e.g. 4G (default: the device's whole cap)."),
+    ] = None,
+    share: Annotated[
+        bool, typer.Option("--share", help="One slot of a device, not the whole device.")
+    ] = False,
+    affinity: Annotated[str | None, typer.Option(help="Jobs of one key stay on one GPU.")] = None,
+    priority: Annotated[int, typer.Option(help="Higher runs first (-1000..1000).")] = 0,
+    timeout: Annotated[float | None, typer.Option(min=0.0, help="Stop it after S seconds.")] = None,
+    name: Annotated[str | None, typer.Option(help="A name for the job.")] = None,
+    json_out: JsonFlag = False,
+) -> int:
+    """Run your own program through the queue under a lease of devices (docs/programs.md);
+    the exit status is the program's."""
+    from taogpud.cli import programs as cli_programs
+
+    if device is not None and gpus not in (None, 1):
+        raise CliError("--device names one device", "give either --device I or --gpus N")
+    request: dict[str, Any] = {
+        "gpus": gpus or 1,
+        "device": device,
+        "mem_bytes": None if mem is None else cli_programs.parse_size(mem),
+        "share": share,
+        "affinity": affinity,
+        "priority": priority,
+        "timeout_s": timeout,
+        "name": name,
+    }
+    with connect(ctx) as client:
+        return cli_programs.exec_program(client, program, request, json_out)
+
+
 @app.command("wait")
 def wait_command(
     ctx: typer.Context,

@@ -31,7 +31,7 @@ from taogpud import paths, wire
 from taogpud.client.http import UnixHTTPConnection
 from taogpud.client.transport import MalformedResponse, Transport
 from taogpud.i18n import _
-from taogpud.wire import FINISHED_STATES, JobRequest, Route
+from taogpud.wire import FINISHED_STATES, JobRequest, ProgramRequest, Route
 
 # Why not httpx: measured on this kind of host, httpx spends ~416 µs of CPU per request against
 # ~120 µs for http.client over the same socket (one keep-alive connection, 1,000 requests),
@@ -298,6 +298,56 @@ class Client:
                 on_update(job)
             if is_finished(job) or _left_s(deadline) <= 0:
                 return job
+
+    # --- programs: your own, under a lease (docs/programs.md) --------------------------------
+
+    def submit_program(
+        self,
+        argv: list[str],
+        *,
+        cwd: str | None = None,
+        name: str | None = None,
+        gpus: int = 1,
+        device: int | None = None,
+        mem_bytes: int | None = None,
+        share: bool = False,
+        affinity: str | None = None,
+        priority: int = 0,
+        timeout_s: float | None = None,
+    ) -> Job:
+        """Queue a program that this process will start once its lease is granted
+        (`taogpud.client.program.run_program` does all of it)."""
+        request = ProgramRequest(
+            argv=list(argv),
+            cwd=cwd or str(Path.cwd()),
+            name=name,
+            gpus=gpus,
+            device=device,
+            mem_bytes=mem_bytes,
+            share=share,
+            affinity=affinity,
+            priority=priority,
+            timeout_s=timeout_s,
+        )
+        return self._dict(wire.SUBMIT_PROGRAM, payload=request._asdict())
+
+    def lease(self, job_id: str, after: str | None = None, wait_s: float = 0.0) -> dict[str, Any]:
+        """A program's lease: {phase, queue_position, job}; with `after`, once its phase is
+        another (or after wait_s)."""
+        query: dict[str, str] = {"wait_s": _seconds(wait_s)}
+        if after is not None:
+            query["after"] = after
+        url = wire.PROGRAM_LEASE.url(query, job_id=job_id)
+        return self._dict(wire.PROGRAM_LEASE, url, wait_s=wait_s)
+
+    def program_started(self, job_id: str, pid: int) -> Job:
+        url = wire.PROGRAM_STARTED.url(job_id=job_id)
+        return self._dict(wire.PROGRAM_STARTED, url, {"pid": pid})
+
+    def program_exited(self, job_id: str, **how: Any) -> Job:
+        """How it ended: exit_code, signal ("SIGKILL"), cancelled, not_started (why)."""
+        url = wire.PROGRAM_EXITED.url(job_id=job_id)
+        return self._dict(wire.PROGRAM_EXITED, url, how)
 
     # --- arrays ---------------------------------------------------------------------------
 

@@ -1,0 +1,92 @@
+"""Programs: a user's own process under a lease (docs/programs.md).
+
+The daemon never starts one: the caller queues it (POST /v1/programs), follows its lease
+until granted (GET …/lease), starts it itself with the lease's environment, and says so
+(POST …/started: the pid is checked to be the caller's and followed with a pidfd); once it
+and its descendants are gone, the caller reports how it ended (POST …/exited).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+
+from taogpud import wire
+from taogpud.access import check_access
+from taogpud.api.deps import Daemon
+from taogpud.api.models import (
+    LeaseView,
+    ProgramExitModel,
+    ProgramRequestModel,
+    ProgramStartedModel,
+)
+from taogpud.api.peer import peer_of
+from taogpud.daemon.state import DaemonState
+from taogpud.jobs import JobRecord
+from taogpud.scheduler import ProgramExit
+
+router = APIRouter(tags=["programs"])
+JSON = "application/json"
+Phase = Literal["queued", "granted", "stopping", "ended"]
+
+
+@router.post(wire.SUBMIT_PROGRAM.path, response_model=JobRecord, status_code=201)
+async def submit_program(body: ProgramRequestModel, request: Request, daemon: Daemon) -> Response:
+    job = daemon.scheduler.submit_program(body.to_wire(), peer_of(request))
+    record = daemon.scheduler.commit(job.id)  # stored before its id is returned
+    return Response(record, status_code=201, media_type=JSON)
+
+
+@router.get(wire.PROGRAM_LEASE.path, response_model=LeaseView)
+async def follow_lease(
+    job_id: str,
+    request: Request,
+    daemon: Daemon,
+    after: Phase | None = None,
+    wait_s: Annotated[float, Query(ge=0, le=wire.MAX_WAIT_S)] = 0.0,
+) -> LeaseView:
+    """The lease now, or once its phase is no longer `after` (at most wait_s from now)."""
+    scheduler = daemon.scheduler
+    job = scheduler.get(job_id)
+    check_access(job, peer_of(request), "follow the lease of")
+    if after is not None and scheduler.lease_phase(job) == after:
+        await _until_changed(daemon, job_id, wait_s)
+    daemon.store.commit_now()  # what it is told is what a restart finds
+    job = scheduler.get(job_id)
+    return LeaseView(
+        phase=scheduler.lease_phase(job),
+        queue_position=scheduler.queue_position(job_id),
+        job=job.model_dump(mode="json"),
+    )
+
+
+async def _until_changed(daemon: DaemonState, job_id: str, wait_s: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(wait_s) as deadline:
+            daemon.waits.add(deadline)  # answered at once when the server stops (end_waits)
+            try:
+                await daemon.scheduler.lease_change(job_id).wait()
+            finally:
+                daemon.waits.discard(deadline)
+
+
+@router.post(wire.PROGRAM_STARTED.path, response_model=JobRecord)
+async def program_started(
+    job_id: str, body: ProgramStartedModel, request: Request, daemon: Daemon
+) -> Response:
+    job = daemon.scheduler.program_started(job_id, body.pid, peer_of(request))
+    daemon.store.commit_now()
+    return Response(job.model_dump_json(), media_type=JSON)
+
+
+@router.post(wire.PROGRAM_EXITED.path, response_model=JobRecord)
+async def program_exited(
+    job_id: str, body: ProgramExitModel, request: Request, daemon: Daemon
+) -> Response:
+    exit = ProgramExit(body.exit_code, body.signal, body.cancelled, body.not_started)
+    job = daemon.scheduler.program_exited(job_id, peer_of(request), exit)
+    daemon.store.commit_now()
+    return Response(job.model_dump_json(), media_type=JSON)

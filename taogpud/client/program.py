@@ -1,0 +1,168 @@
+"""Run your own program under a lease: queue it, wait for the lease, start it here, as you,
+with the lease's environment, report its pid and, once it is gone, how it ended.
+
+    with Client() as client:
+        run = ProgramRun(client, ["python3", "train.py"], gpus=1)
+        outcome = run.run()            # queued → granted → started → exited
+        outcome.exit_status            # the program's, as a shell gives it (128+N: signal N)
+
+The daemon never starts it and holds no privilege over it (docs/programs.md): this process
+is its parent, stops it when the daemon asks (a cancel, a timeout: SIGTERM to its process
+group, SIGKILL after the grace), and forwards what `interrupt()` is given (Ctrl-C). With
+`reap_descendants` it becomes their subreaper (prctl PR_SET_CHILD_SUBREAPER), so the lease
+ends only once the program's children are gone too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from taogpud.client import ApiError, Client, DaemonUnreachable, Job
+
+STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
+LEASE_POLL_S = 30.0  # one long-poll of the lease
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+OnQueued = Callable[[dict[str, Any]], None]
+
+
+class Outcome(NamedTuple):
+    job: Job  # the record as it ended (or as it stands if the daemon was unreachable)
+    exit_status: int  # the program's exit status; 128+N if killed by signal N
+
+
+class ProgramRun:
+    """One program, from its submit to its report; `interrupt` may come from a signal
+    handler while `run` waits."""
+
+    def __init__(
+        self,
+        client: Client,
+        argv: list[str],
+        *,
+        reap_descendants: bool = False,
+        on_queued: OnQueued | None = None,
+        **request: Any,
+    ) -> None:
+        self.client = client
+        self.argv = list(argv)
+        self.request = request  # submit_program's keywords: gpus, device, mem_bytes, share, …
+        self.reap_descendants = reap_descendants
+        self.on_queued = on_queued
+        self.job: Job | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.cancelled = False  # it was interrupted here (Ctrl-C): the job ends cancelled
+
+    def run(self) -> Outcome:
+        job = self.client.submit_program(self.argv, **self.request)
+        self.job = job
+        lease = self._wait_for_lease(job["id"])
+        if lease["phase"] != "granted":  # cancelled while it waited, or told to stop already
+            return Outcome(lease["job"], 1)
+        return self._run_granted(lease["job"])
+
+    def interrupt(self, signum: int) -> None:
+        """Forward `signum` to the program's process group; the job will end cancelled."""
+        self.cancelled = True
+        if self.process is not None:
+            _signal_group(self.process.pid, signum)
+
+    def _wait_for_lease(self, job_id: str) -> dict[str, Any]:
+        lease = self.client.lease(job_id)
+        while lease["phase"] == "queued":
+            if self.on_queued is not None:
+                self.on_queued(lease)
+            lease = self.client.lease(job_id, after="queued", wait_s=LEASE_POLL_S)
+        return lease
+
+    def _run_granted(self, job: Job) -> Outcome:
+        job_id, env = job["id"], {**os.environ, **job["program"]["env"]}
+        if self.reap_descendants:
+            _become_subreaper()
+        try:
+            self.process = _start(self.argv, env, job["params"]["cwd"])
+        except OSError as exc:
+            why = f"cannot run {self.argv[0]!r}: {exc.strerror or exc}"
+            return Outcome(self.client.program_exited(job_id, not_started=why), 127)
+        self.client.program_started(job_id, self.process.pid)
+        stopper = Stopper(self.client.socket_path, job_id, self.process)
+        stopper.start()
+        returncode = self.process.wait()
+        if self.reap_descendants:
+            _reap_orphans()
+        return self._report(job_id, returncode, stopper)
+
+    def _report(self, job_id: str, returncode: int, stopper: Stopper) -> Outcome:
+        how: dict[str, Any] = {"cancelled": self.cancelled}
+        if returncode < 0:
+            how["signal"] = signal.Signals(-returncode).name
+        else:
+            how["exit_code"] = returncode
+        status = 128 - returncode if returncode < 0 else returncode
+        try:
+            job = self.client.program_exited(job_id, **how)
+        except DaemonUnreachable as exc:  # the program ran; its status is still the caller's
+            print(f"taogpuctl: could not report the exit: {exc.message}", file=sys.stderr)
+            job = {"id": job_id, "status": "unknown"}
+        stopper.join(timeout=1.0)  # its long-poll ends as the job does
+        return Outcome(job, status)
+
+
+class Stopper(threading.Thread):
+    """Follows the lease while the program runs (a connection of its own): told to stop (a
+    cancel, a timeout), it sends SIGTERM to the program's group, SIGKILL after the grace."""
+
+    def __init__(self, socket_path: str, job_id: str, process: subprocess.Popen[bytes]) -> None:
+        super().__init__(name=f"taogpud-lease-{job_id}", daemon=True)
+        self.socket_path, self.job_id, self.process = socket_path, job_id, process
+
+    def run(self) -> None:
+        with contextlib.suppress(ApiError, DaemonUnreachable), Client(self.socket_path) as client:
+            phase = "granted"
+            while phase == "granted" and self.process.poll() is None:
+                phase = client.lease(self.job_id, after="granted", wait_s=LEASE_POLL_S)["phase"]
+            if phase == "stopping":
+                self._stop()
+
+    def _stop(self) -> None:
+        _signal_group(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.process.pid, signal.SIGKILL)
+
+
+def _start(argv: list[str], env: dict[str, str], cwd: str) -> subprocess.Popen[bytes]:
+    """The program in a process group of its own (its children get what it gets); a
+    terminal's input stays with the terminal's foreground group, so it reads /dev/null then."""
+    stdin = subprocess.DEVNULL if os.isatty(0) else None
+    return subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, process_group=0)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants of the program come to this process, which waits for them."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _reap_orphans() -> None:
+    """Wait until every descendant left behind by the program has exited."""
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue

@@ -1,0 +1,285 @@
+"""Users' own programs under a lease (docs/programs.md), through a real daemon's socket.
+
+Real programs (shell and Python scripts) started by `taogpuctl exec` as real processes, on
+the CPU pair (two devices, two slots each). They wait on files the test makes, never on a
+clock: a program says it runs by creating `started`, and ends once `release` exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from taogpud import leases
+from taogpud.errors import UnsupportedExecutor
+from taogpud.jobs import Peer
+from taogpud.testing import RunningDaemon, ctl_command, ctl_env, wait_until
+from taogpud.wire import ProgramRequest
+from tests.test_scheduler_states import Incarnation
+
+pytestmark = pytest.mark.xdist_group("programs")
+
+# Says it runs, then waits for `release`; prints its lease's environment; exits with $1.
+HOLDER = """
+import json, os, pathlib, sys, time
+here = pathlib.Path(sys.argv[1])
+names = ("TAOGPUD_JOB_ID", "TAOGPUD_DEVICES", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
+env = {name: os.environ.get(name) for name in names}
+(here / "env.json").write_text(json.dumps({**env, "cwd": os.getcwd(), "pid": os.getpid()}))
+(here / "started").touch()
+while not (here / "release").exists():
+    time.sleep(0.02)
+sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    (tmp_path / "holder.py").write_text(HOLDER)
+    return tmp_path
+
+
+class Exec:
+    """`taogpuctl exec … -- python3 holder.py DIR STATUS` running in the background."""
+
+    def __init__(self, daemon: RunningDaemon, folder: Path, *flags: str, status: int = 0) -> None:
+        self.folder = folder
+        folder.mkdir(exist_ok=True)
+        program = [sys.executable, str(folder.parent / "holder.py"), str(folder), str(status)]
+        self.proc = subprocess.Popen(
+            [*ctl_command(daemon.socket_path), "exec", *flags, "--", *program],
+            cwd=folder,
+            env=ctl_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own group, as a terminal's foreground job
+        )
+
+    def wait_started(self) -> dict[str, Any]:
+        started = self.folder / "started"
+        wait_until(lambda: started.exists() or self.proc.poll() is not None, "started", 60)
+        assert self.proc.poll() is None, self.proc.communicate()
+        return dict(json.loads((self.folder / "env.json").read_text()))
+
+    def release(self) -> tuple[int, str, str]:
+        (self.folder / "release").touch()
+        return self.finish()
+
+    def finish(self) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=60)
+        return self.proc.returncode, out, err
+
+
+@pytest.fixture
+def execs() -> Iterator[list[Exec]]:
+    started: list[Exec] = []
+    yield started
+    for run in started:  # a failed test leaves no program waiting
+        (run.folder / "release").touch()
+        if run.proc.poll() is None:
+            run.proc.kill()
+        run.proc.communicate()
+
+
+def test_exec_runs_the_program_here_as_the_caller_with_the_lease(
+    daemon: RunningDaemon, work: Path
+) -> None:
+    """Its cwd, the lease's devices in its environment (on the CPU: no GPU, OpenMP threads
+    from thread_num), its output on taogpuctl's stdout, its exit status taogpuctl's."""
+    script = work / "show.sh"
+    script.write_text('echo "devices=$TAOGPUD_DEVICES cuda=[$CUDA_VISIBLE_DEVICES] dir=$PWD"\n'
+                      "exit 3\n")  # fmt: skip
+    done = subprocess.run(
+        [*ctl_command(daemon.socket_path), "exec", "--", "sh", str(script)],
+        cwd=work,
+        env=ctl_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.strip() == f"devices=cpu:0 cuda=[] dir={work}"
+    assert "the program exited with status 3" in done.stderr
+    with daemon.client() as client:
+        job = client.list_jobs()[0]
+    assert (job["task"], job["status"], job["device"]) == ("program", "failed", "cpu:0")
+    assert job["result"] == {"exit_code": 3, "signal": None}
+    assert job["error"]["code"] == "program_failed"
+    assert job["params"]["argv"] == ["sh", str(script)] and job["params"]["cwd"] == str(work)
+    assert job["program"]["env"]["OMP_NUM_THREADS"] == "1"
+    assert job["program"]["pid"] is not None and job["program"]["client_pid"] is not None
+
+
+def test_a_program_takes_its_whole_device_unless_it_shares(
+    daemon: RunningDaemon, work: Path, execs: list[Exec]
+) -> None:
+    """A program on device 0 keeps tasks off it until it ends (device 1 stays free); with
+    --share it takes one of the two slots and a task runs beside it."""
+    whole = Exec(daemon, work / "whole", "--device", "0")
+    execs.append(whole)
+    env = whole.wait_started()
+    assert env["TAOGPUD_DEVICES"] == "cpu:0" and env["cwd"] == str(work / "whole")
+    with daemon.client() as client:
+        held = client.submit("noop", device=0)
+        assert client.get(held["id"])["status"] == "queued"
+        assert client.run("noop", device=1, wait_s=60)["status"] == "succeeded"
+        assert whole.release()[0] == 0
+        assert client.wait(held["id"], timeout_s=60)["status"] == "succeeded"
+        shared = Exec(daemon, work / "shared", "--device", "0", "--share", "--mem", "1M")
+        execs.append(shared)
+        shared_id = shared.wait_started()["TAOGPUD_JOB_ID"]
+        beside = client.run("noop", device=0, wait_s=60)
+        assert beside["status"] == "succeeded" and beside["device"] == "cpu:0"
+        assert shared.release()[0] == 0
+        record = client.get(shared_id)
+        assert record["program"]["share"] and record["program"]["reserved_bytes"] == [1 << 20]
+
+
+def test_a_gang_waits_for_all_its_devices_holding_none(
+    daemon: RunningDaemon, work: Path, execs: list[Exec]
+) -> None:
+    """--gpus 2 while device 0 is held: queued (taogpuctl says where), and device 1 stays
+    free for others meanwhile; once device 0 is back it gets both."""
+    first = Exec(daemon, work / "first", "--device", "0")
+    execs.append(first)
+    first.wait_started()
+    gang = Exec(daemon, work / "gang", "--gpus", "2")
+    execs.append(gang)
+    with daemon.client() as client:
+        wait_until(lambda: bool(client.list_jobs(status="queued")), "queued", 60)
+        queued = client.list_jobs(status="queued")[0]
+        assert client.lease(queued["id"])["queue_position"] == 1
+        assert client.run("noop", device=1, wait_s=60)["status"] == "succeeded"
+    assert first.release()[0] == 0
+    env = gang.wait_started()
+    assert env["TAOGPUD_DEVICES"] == "cpu:0,cpu:1" and env["OMP_NUM_THREADS"] == "2"
+    code, _, err = gang.release()
+    assert code == 0 and "queued, position 1 in the queue" in err
+
+
+def test_priority_orders_waiting_programs(
+    daemon: RunningDaemon, work: Path, execs: list[Exec]
+) -> None:
+    """With both devices held, a later program of higher priority waits ahead of an earlier
+    one; a program asking for more devices than the host has is refused at once."""
+    holder = Exec(daemon, work / "holder", "--gpus", "2")
+    execs.append(holder)
+    holder.wait_started()
+    with daemon.client() as client:
+        low = client.submit_program(["true"], priority=0)
+        high = client.submit_program(["true"], priority=5)
+        assert client.lease(high["id"])["queue_position"] == 1
+        assert client.lease(low["id"])["queue_position"] == 2
+    too_many = daemon.ctl("exec", "--gpus", "3", "--", "true")
+    assert too_many.returncode == 2
+    assert "needs 3 devices at once; this host has 2" in too_many.stderr
+
+
+def test_cancel_stops_the_program_and_the_job_ends_cancelled(
+    daemon: RunningDaemon, work: Path, execs: list[Exec]
+) -> None:
+    """taogpuctl cancel ID: its starter sends SIGTERM; the program's status is taogpuctl's."""
+    run = Exec(daemon, work / "run", status=0)
+    execs.append(run)
+    env = run.wait_started()
+    cancelled = daemon.ctl("cancel", env["TAOGPUD_JOB_ID"])
+    assert cancelled.returncode == 0, cancelled.stderr
+    code, _, err = run.finish()
+    assert code == 128 + signal.SIGTERM
+    with daemon.client() as client:
+        job = client.get(env["TAOGPUD_JOB_ID"])
+    assert job["status"] == "cancelled" and job["result"]["signal"] == "SIGTERM"
+    assert f"job {job['id']} cancelled" in err
+
+
+def test_ctrl_c_reaches_the_program_and_cancels_the_job(
+    daemon: RunningDaemon, work: Path, execs: list[Exec]
+) -> None:
+    """SIGINT to taogpuctl's process group (what a terminal's Ctrl-C does) is forwarded to
+    the program (a KeyboardInterrupt in Python); the job ends cancelled."""
+    run = Exec(daemon, work / "run")
+    execs.append(run)
+    env = run.wait_started()
+    os.killpg(run.proc.pid, signal.SIGINT)
+    code, _, err = run.finish()
+    assert code == 128 + signal.SIGINT  # Python ends itself by SIGINT after KeyboardInterrupt
+    assert "KeyboardInterrupt" in err
+    with daemon.client() as client:
+        job = client.get(env["TAOGPUD_JOB_ID"])
+    assert job["status"] == "cancelled" and job["result"]["signal"] == "SIGINT"
+
+
+def test_a_timeout_stops_the_program(daemon: RunningDaemon, work: Path, execs: list[Exec]) -> None:
+    run = Exec(daemon, work / "run", "--timeout", "0.5")
+    execs.append(run)
+    code, _, err = run.finish()  # it never gets `release`
+    assert code == 128 + signal.SIGTERM
+    assert "timed_out" in err and "ran past its timeout of 0.5 s" in err
+
+
+def test_a_starter_killed_while_queued_takes_its_job_along(
+    daemon: RunningDaemon, work: Path, execs: list[Exec]
+) -> None:
+    """kill -9 of taogpuctl while its program waits: the job ends cancelled (client_gone)
+    and the program is never started."""
+    holder = Exec(daemon, work / "holder", "--gpus", "2")
+    execs.append(holder)
+    holder.wait_started()
+    waiting = Exec(daemon, work / "waiting")
+    execs.append(waiting)
+    with daemon.client() as client:
+        wait_until(lambda: bool(client.list_jobs(status="queued")), "queued", 60)
+        job_id = client.list_jobs(status="queued")[0]["id"]
+        waiting.proc.kill()
+        job = client.wait(job_id, timeout_s=60)
+    assert job["status"] == "cancelled" and job["error"]["code"] == "client_gone"
+    assert holder.release()[0] == 0
+    assert not (work / "waiting" / "started").exists()
+
+
+def test_a_starter_killed_mid_program_leaves_it_running_under_its_lease(
+    daemon: RunningDaemon, work: Path, execs: list[Exec]
+) -> None:
+    """kill -9 of taogpuctl while its program runs: the program runs on and its device stays
+    held; once the program ends, the lease is released and the job ends, status unknown."""
+    run = Exec(daemon, work / "run", "--device", "0")
+    execs.append(run)
+    env = run.wait_started()
+    run.proc.kill()
+    run.proc.wait()  # its pipes stay open: the program holds them
+    assert leases.read_process(env["pid"]) is not None  # the program outlived its starter
+    with daemon.client() as client:
+        held = client.submit("noop", device=0)
+        assert client.get(held["id"])["status"] == "queued"
+        (run.folder / "release").touch()
+        job = client.wait(env["TAOGPUD_JOB_ID"], timeout_s=60)
+        assert (
+            job["status"] == "interrupted" and "exit status is unknown" in job["error"]["message"]
+        )
+        assert client.wait(held["id"], timeout_s=60)["status"] == "succeeded"
+
+
+def test_the_ray_executor_refuses_programs(tmp_path: Path) -> None:
+    """Under executor "ray" a program is refused at submit, saying why and what to do (the
+    real scheduler and store over the state machine's fake pool)."""
+    incarnation = Incarnation(tmp_path / "jobs.sqlite3")
+    incarnation.pool.executor = "ray"
+    request = ProgramRequest(["true"], "/")
+    caller = Peer(pid=os.getpid(), uid=os.getuid(), gid=os.getgid())
+    try:
+        with pytest.raises(UnsupportedExecutor) as refused:
+            incarnation.call(incarnation.scheduler.submit_program, request, caller)
+    finally:
+        incarnation.end()
+    assert "local executor only; this daemon runs executor 'ray'" in refused.value.message
+    assert refused.value.http_status == 422 and "docs/programs.md" in refused.value.hint
