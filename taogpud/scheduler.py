@@ -37,6 +37,7 @@ from taogpud.errors import (
     TaskDisabled,
     UnsupportedExecutor,
 )
+from taogpud.i18n import Text
 from taogpud.jobs import (
     PROGRAM_TASK,
     JobErrorView,
@@ -47,7 +48,6 @@ from taogpud.jobs import (
     ProgramView,
     new_job_id,
 )
-from taogpud.i18n import Text
 from taogpud.pool import protocol as msg
 from taogpud.pool.interface import Pool, Worker
 from taogpud.pool.regions import RegionRef
