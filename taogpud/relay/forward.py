@@ -28,6 +28,7 @@ from taogpud import trace, wire
 from taogpud.channel import ChannelSettings, Scrubber, public_url
 from taogpud.config import ConfigSnapshot, RelaySection
 from taogpud.errors import ErrorBody
+from taogpud.i18n import Text, accepted_language, render
 from taogpud.logging import get_logger, request_trace_enabled
 from taogpud.relay import upstream
 from taogpud.relay.limits import Limiter
@@ -70,6 +71,7 @@ class Exchange:
     hung_up: bool = False
     stream: bool = False
     on_end: Callable[[], None] | None = None  # once, just before the answer's last byte
+    language: str | None = None  # the client's Accept-Language, for the relay's own errors
 
     def end(self) -> None:
         """The answer is about to be whole: free the user's slot and count the tokens now,
@@ -233,7 +235,11 @@ class Relay:
         user_agent = headers.get(b"user-agent", b"").decode("latin-1")
         tool = tool_of(user_agent, headers.get(b"x-title", b"").decode("latin-1"))
         raw_path = raw_path_of(scope, PREFIX if via == "unix" else "")
-        return Exchange(uid, via, scope.get("method", "GET"), path, tool, raw_path)
+        exchange = Exchange(uid, via, scope.get("method", "GET"), path, tool, raw_path)
+        exchange.language = accepted_language(
+            headers.get(b"accept-language", b"").decode("latin-1")
+        )
+        return exchange
 
     def _finish(self, exchange: Exchange, snapshot: ConfigSnapshot) -> None:
         model = exchange.model or "-"
@@ -297,8 +303,10 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
         piece = message.get("body", b"")
         seen += len(piece)
         if seen > limit:
-            message_text = f"the request body passed the relay's limit of {limit >> 20} MiB"
-            hint = "send less, or raise [relay] max_body_mb in config.toml"
+            message_text = Text(
+                "the request body passed the relay's limit of {mib} MiB", mib=limit >> 20
+            )
+            hint = Text("send less, or raise [relay] max_body_mb in config.toml")
             raise RelayError(413, ErrorBody("body_too_large", message_text, hint))
         pieces.append(piece)
         if not message.get("more_body", False):
@@ -471,7 +479,11 @@ def _response_headers(
 
 async def _answer_error(send: Send, exc: RelayError, exchange: Exchange) -> None:
     exchange.status, exchange.code = exc.status, exc.body.code
-    payload = orjson.dumps(exc.body.as_dict())
+    body = exc.body  # its message and hint in the client's Accept-Language, as the API's
+    said = ErrorBody(
+        body.code, render(body.message, exchange.language), render(body.hint, exchange.language)
+    )
+    payload = orjson.dumps(said.as_dict())
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", b"%d" % len(payload)),
@@ -511,8 +523,8 @@ def _check_path(raw_path: str) -> None:
 def _disabled() -> ErrorBody:
     return ErrorBody(
         "relay_disabled",
-        "the relay is off on this daemon",
-        "set enabled = true in the [relay] table of config.toml and restart taogpud",
+        Text("the relay is off on this daemon"),
+        Text("set enabled = true in the [relay] table of config.toml and restart taogpud"),
     )
 
 
@@ -567,8 +579,14 @@ class TcpRelay:
                 421,
                 ErrorBody(
                     "wrong_host",
-                    f"the relay answers for Host {own} only, not {host[:100]!r}",
-                    f"send requests to http://{own}/ (a web page cannot use the relay)",
+                    Text(
+                        "the relay answers for Host {own} only, not {host}",
+                        own=own,
+                        host=repr(host[:100]),
+                    ),
+                    Text(
+                        "send requests to http://{own}/ (a web page cannot use the relay)", own=own
+                    ),
                 ),
             )
 
@@ -581,16 +599,19 @@ class TcpRelay:
             uid = self.relay.tokens.uid_of(token)
             if uid is not None:
                 return uid
-        what = "carries no valid relay token" if offered else "carries no relay token"
-        raise RelayError(
-            401,
-            ErrorBody(
-                "relay_token_required",
-                f"the request {what}; the relay forwards nothing without one",
-                "use what `taogpuctl relay env --tool TOOL` prints: the tool's base URL and the "
-                "token of `taogpuctl relay token` where its API key would go",
-            ),
+        if offered:
+            message = Text(
+                "the request carries no valid relay token; the relay forwards nothing without one"
+            )
+        else:
+            message = Text(
+                "the request carries no relay token; the relay forwards nothing without one"
+            )
+        hint = Text(
+            "use what `taogpuctl relay env --tool TOOL` prints: the tool's base URL and the "
+            "token of `taogpuctl relay token` where its API key would go"
         )
+        raise RelayError(401, ErrorBody("relay_token_required", message, hint))
 
 
 def _offered_tokens(headers: list[tuple[bytes, bytes]]) -> list[str]:
