@@ -70,6 +70,11 @@ def _user(name: str) -> User:
 
 @pytest.fixture(scope="module")
 def users() -> dict[str, User]:
+    return make_users()
+
+
+def make_users() -> dict[str, User]:
+    """alice, carol (members), mallory (none), admin; made once, shared by test modules."""
     # One test worker at a time: useradd fails, not waits, while another holds /etc/passwd.
     with USERS_LOCK.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -175,6 +175,8 @@ def test_seed_values_are_the_model_defaults(files: Files) -> None:
         "server.max_connections",  # issue 17: what each client of the socket is held to
         "server.max_connections_per_uid",
         "server.head_timeout_s",
+        "server.max_connections_without_uid",  # issue 34: every door, the same rules
+        "server.body_timeout_s",
     }
 
 

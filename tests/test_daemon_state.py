@@ -20,6 +20,7 @@ from taogpud import config
 from taogpud.arrays import ArrayStore
 from taogpud.daemon.reload import Reloader
 from taogpud.daemon.state import DaemonState, DaemonStatus, Limits, Phase
+from taogpud.doors import Doors
 from taogpud.pool.executor import create_pool
 from taogpud.scheduler import Policy, Scheduler
 from taogpud.store import JobStore
@@ -40,7 +41,8 @@ def state(tmp_path: Path) -> Iterator[DaemonState]:
     scheduler = Scheduler(Policy.from_snapshot(snapshot), store, arrays, pool, tmp_path / "out")
     status = DaemonStatus(snapshot, "cpu", None)
     reloader = Reloader(status, (pool, scheduler, arrays), Notifier(), settings, config_file)
-    yield DaemonState(status, store, arrays, pool, scheduler, reloader.reload, Limits())
+    doors = Doors(lambda: snapshot.config.server, 1024)
+    yield DaemonState(status, store, arrays, pool, scheduler, reloader.reload, doors, Limits())
     store.close()
 
 

@@ -1,4 +1,4 @@
-"""The HTTP protocol's own transport stand-in (api/protocol.py OneWritePerTurn), on a real
+"""The HTTP protocol's own transport stand-in (doors/http.py OneWritePerTurn), on a real
 event loop: a response's head and body leave in one write, and the body does not wait for
 the end of the loop's turn (the middleware's unwinding, the turn's trace lines)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from taogpud.api.protocol import OneWritePerTurn
+from taogpud.doors.http import OneWritePerTurn
 
 
 class RecordingTransport:

@@ -1,5 +1,5 @@
 """No client can starve the rest: head size and time limits, connections capped per uid and
-in all (api/protocol.py), each tried through the daemon's real socket."""
+in all (taogpud/doors), each tried through the daemon's real socket."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_a_head_that_never_ends_is_closed(limited: RunningDaemon, sent: bytes) -
         assert read_all(sock) == b""
         waited = time.monotonic() - started
     assert HEAD_TIMEOUT_S * 0.8 <= waited < HEAD_TIMEOUT_S + 5
-    limited.wait_for_event(lambda e: e.get("event") == "api.head_timeout")
+    limited.wait_for_event(lambda e: e.get("event") == "door.head_timeout")
 
 
 def test_a_head_within_its_time_keeps_the_connection(limited: RunningDaemon) -> None:
@@ -159,8 +159,8 @@ def test_connections_per_uid_are_capped_while_another_uid_is_served(
         assert _health_as(limited, other) == 200
         assert all(ask_health(sock) == 200 for sock in held)  # the held ones still work
     assert wait_for_fds(limited, baseline) <= baseline
-    refusals = limited.events("api.connection_refused")
-    assert [(e["uid"], e["refused"], e["level"]) for e in refusals] == [(0, 1, "warning")]
+    refusals = limited.events("door.connection_refused")
+    assert [(e["uid"], e["count"], e["level"]) for e in refusals] == [(0, 1, "warning")]
     with _connections(limited, PER_UID) as again:  # freed: the uid has its room back
         assert all(ask_health(sock) == 200 for sock in again)
 

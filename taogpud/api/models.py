@@ -236,6 +236,17 @@ class ArraysView(BaseModel):
     eviction: str  # the order in which an upload makes room
 
 
+class DoorView(BaseModel):
+    """One listener of the daemon, held to the connection policy (taogpud/doors)."""
+
+    name: str  # "control", "shm", "relay"
+    kind: str  # what it speaks: "http" | "shm"
+    address: str  # a socket path, or HOST:PORT
+    inode: int  # its socket's inode (/proc/PID/fd shows socket:[inode])
+    open: int  # connections open now
+    refused: int  # connections refused at a cap since the start
+
+
 class StatusView(BaseModel):
     state: str
     backend: str
@@ -255,6 +266,7 @@ class StatusView(BaseModel):
     arrays: ArraysView | None = None
     log_write_failures: int = 0  # log lines lost to a dead, full or failing stdout
     store_write_failure: str | None = None  # why the job store cannot be written now
+    doors: list[DoorView] = []  # every listener the daemon opened
 
 
 class InfoView(BaseModel):

@@ -9,7 +9,14 @@ from fastapi import APIRouter, Request, Response
 
 from taogpud import __version__, tasks, wire
 from taogpud.api.deps import Daemon
-from taogpud.api.models import ArraysView, HealthView, InfoView, StatusView, WorkerView
+from taogpud.api.models import (
+    ArraysView,
+    DoorView,
+    HealthView,
+    InfoView,
+    StatusView,
+    WorkerView,
+)
 from taogpud.api.peer import peer_of
 from taogpud.daemon.state import DaemonState, Phase
 from taogpud.logging import write_failures
@@ -83,6 +90,7 @@ def status_of(daemon: DaemonState) -> StatusView:
         executor_problem=daemon.pool.problem(),
         log_write_failures=write_failures(),
         store_write_failure=daemon.store.write_failure,
+        doors=[DoorView.model_validate(view) for view in daemon.doors.views()],
     )
 
 

@@ -403,13 +403,17 @@ class RelaySection(BaseModel):
 
 
 class ServerSection(BaseModel):
-    """taogpud extension: what every client of the control socket is held to, so that none
-    can starve the rest (api/protocol.py). Read at each new connection: a reload applies."""
+    """taogpud extension: what every client of every listener (the control socket, the
+    `.shm` socket, the relay's TCP port) is held to, so that none can starve the rest
+    (taogpud/doors). Read at each new connection: a reload applies."""
 
     model_config = _SECTION
     max_connections: Int = Field(2048, ge=1)  # in all; also kept to half the open-file limit
     max_connections_per_uid: Int = Field(256, ge=1)
+    # peers with no uid (a TCP client before its relay token is read) share this many
+    max_connections_without_uid: Int = Field(64, ge=1)
     head_timeout_s: Number = Field(10, gt=0)  # a request head not complete by then: closed
+    body_timeout_s: Number = Field(60, gt=0)  # a request body not whole by then: closed
 
 
 class ReloadSection(BaseModel):

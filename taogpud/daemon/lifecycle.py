@@ -31,7 +31,6 @@ import uvicorn
 
 from taogpud import __version__, config, heap, systemd, trace
 from taogpud import logging as tlog
-from taogpud.api import protocol
 from taogpud.api.app import create_app
 from taogpud.api.jobs import end_waits
 from taogpud.api.models import job_request_from
@@ -41,6 +40,7 @@ from taogpud.daemon.reload import Reloader, watch_files
 from taogpud.daemon.shm_server import ShmServer
 from taogpud.daemon.state import DaemonState, DaemonStatus, Limits, Phase
 from taogpud.daemon.state_lock import StateDirLocked, lock_state_dir
+from taogpud.doors import Doors, http_protocol
 from taogpud.errors import BackendUnavailable, ConfigError, StateDiskFull
 from taogpud.i18n import _, user_language
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
@@ -167,7 +167,7 @@ class Daemon:
         self.shm = ShmServer(
             state.scheduler, state.store, state.arrays.budget_bytes, job_request_from
         )
-        self.shm.start(socket_path_for(self.socket_path))
+        self.shm.start(socket_path_for(self.socket_path), state.doors)
 
     async def _watch(self, reloader: Reloader) -> None:
         paths = reloader.watched_paths()
@@ -201,6 +201,7 @@ class Daemon:
             pool,
             scheduler,
             self._reloader.reload,
+            Doors(lambda: status.snapshot.config.server, _open_file_limit()),
             Limits(max_upload_bytes=arrays.budget_bytes),
         )
 
@@ -210,7 +211,13 @@ class Daemon:
         app = create_app(state)
         server_config = uvicorn.Config(
             app,
-            http=protocol.serving(lambda: state.status.snapshot.config.server, _open_file_limit()),
+            http=http_protocol(
+                state.doors,
+                "control",
+                sock,
+                lambda: _control_body_limit(state),
+                str(self.socket_path),
+            ),
             timeout_keep_alive=KEEP_ALIVE_S,
             lifespan="off",
             log_config=None,
@@ -225,7 +232,8 @@ class Daemon:
         if serving.done():
             serving.result()  # raises what stopped the server
         relay_sock = self._relay[0]
-        self._relay = (None, await relay_listen.start(app.state.relay, relay_sock), app.state.relay)
+        relay_listener = await relay_listen.start(app.state.relay, relay_sock, state.doors)
+        self._relay = (None, relay_listener, app.state.relay)
         return server, serving
 
     async def _shutdown(
@@ -366,6 +374,12 @@ def raise_open_file_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _control_body_limit(state: DaemonState) -> int:
+    """The largest body a route of the control socket takes: an array, or a relay request."""
+    relay_bytes = state.status.snapshot.config.relay.max_body_mb << 20
+    return max(state.limits.max_upload_bytes, state.limits.max_json_bytes, relay_bytes)
 
 
 def _open_file_limit() -> int:

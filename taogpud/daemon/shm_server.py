@@ -8,6 +8,12 @@ holds it while a connection or a job needs it, and names it to the worker, which
 job's regions itself (pool/regions.py). The memory counts against its owner: its pages are
 charged to the client that allocated them, and each uid may hold at most `quota_bytes` of
 memory here at once.
+
+The socket is a door like the others (taogpud/doors): opened through the registry, its
+connections held to the same caps per uid and in all, accepted with backoff when the daemon
+is out of descriptors; a message's length (its head) is checked before its bytes are read,
+the first message must come within `server.head_timeout_s` of the connection, and one begun
+must be whole within `server.body_timeout_s`.
 """
 
 from __future__ import annotations
@@ -23,13 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from taogpud import shm_wire as wire
-from taogpud.errors import RequestError, TaogpudError
+from taogpud.doors import Deadline, Doors, StreamDoor, Ticket, stream_door
+from taogpud.errors import ErrorBody, RequestError, TaogpudError
 from taogpud.jobs import Peer
 from taogpud.logging import get_logger
 from taogpud.pool.regions import MemoryHandle, RegionRef
 from taogpud.scheduler import JobRegions, Scheduler
 from taogpud.store import JobStore
-from taogpud.unix_socket import bind_unix_socket, read_peer
+from taogpud.unix_socket import bind_unix_socket
 from taogpud.wire import JobRequest
 
 # A submit's fields → the request the scheduler takes, or a RequestError: the API's validation
@@ -181,33 +188,33 @@ class ShmServer:
         self.quota_bytes, self.memories_per_uid = quota_bytes, memories_per_uid
         self.held: dict[int, tuple[int, int]] = {}  # uid → (bytes, memories) held now
         self.connections: set[_Connection] = set()
-        self._sock: socket.socket | None = None
+        self._door: StreamDoor | None = None
+        self.doors: Doors | None = None
         self.path: Path | None = None
 
-    def start(self, path: Path) -> None:
-        self._sock, self.path = bind_unix_socket(path), path
-        asyncio.get_running_loop().add_reader(self._sock.fileno(), self._accept)
+    def start(self, path: Path, doors: Doors) -> None:
+        self.path, self.doors = path, doors
+        self._door = stream_door(
+            doors,
+            "shm",
+            bind_unix_socket(path),
+            str(path),
+            lambda: wire.MAX_MESSAGE_BYTES,
+            self._connected,
+            _refusal,
+        )
 
     def close(self) -> None:
-        if self._sock is not None:
-            asyncio.get_running_loop().remove_reader(self._sock.fileno())
-            self._sock.close()
-            self._sock = None
+        if self._door is not None:
+            self._door.close()
+            self._door = None
         for connection in list(self.connections):
             connection.close()
         if self.path is not None:
             self.path.unlink(missing_ok=True)
 
-    def _accept(self) -> None:
-        assert self._sock is not None
-        try:
-            sock, _ = self._sock.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:  # out of descriptors: the client sees a closed connection
-            log.warning("shm.accept_failed", error=str(exc))
-            return
-        self.connections.add(_Connection(self, sock))
+    def _connected(self, sock: socket.socket, ticket: Ticket) -> None:
+        self.connections.add(_Connection(self, sock, ticket))
 
     def adopt(self, fd: int, uid: int, frozen: bool) -> Memory:
         """Vet a client's descriptor and count it against its uid; closes it if refused."""
@@ -240,10 +247,12 @@ class _Connection:
     """One client: its attached memory and up to wire.MAX_IN_FLIGHT jobs at once, each
     answered when it ends, under the id its request gave."""
 
-    def __init__(self, server: ShmServer, sock: socket.socket) -> None:
-        self.server, self.sock = server, sock
-        self.peer: Peer = read_peer(sock)
+    def __init__(self, server: ShmServer, sock: socket.socket, ticket: Ticket) -> None:
+        self.server, self.sock, self.ticket = server, sock, ticket
+        self.peer: Peer = ticket.peer
         sock.setblocking(False)
+        self.deadline = Deadline(self._timed_out)
+        self.deadline.arm(self._caps().head_timeout_s, "head_timeout")  # the first message
         self.memory: Memory | None = None
         # job id → (the request's id, the callback that answers it once the job ends)
         self.waiting: dict[str, tuple[Any, Callable[[], None]]] = {}
@@ -275,7 +284,20 @@ class _Connection:
             return
         self._in += data
         while self.sock.fileno() >= 0 and (message := self._next_message()) is not None:
+            self.deadline.cancel()
             self._handle(message, self._fds_before(self._in_at))
+        if self._in and not self.deadline.armed and self.sock.fileno() >= 0:
+            self.deadline.arm(self._caps().body_timeout_s, "body_timeout")  # a message begun
+
+    def _caps(self) -> Any:
+        assert self.server.doors is not None
+        return self.server.doors.caps()
+
+    def _timed_out(self, what: str) -> None:
+        """The first message, or one begun, did not come whole in time: hang up."""
+        if self.server.doors is not None:
+            self.server.doors.noise.note("info", f"door.{what}", door="shm", uid=self.peer.uid)
+        self.close()
 
     def _next_message(self) -> dict[str, Any] | None:
         before = len(self._in)
@@ -432,6 +454,8 @@ class _Connection:
         """The client left (or the daemon stops): its jobs run on and hold their memory."""
         if self.sock.fileno() < 0:
             return
+        self.deadline.cancel()
+        self.ticket.release()
         self._loop.remove_reader(self.sock.fileno())
         self._loop.remove_writer(self.sock.fileno())
         self.sock.close()
@@ -444,6 +468,11 @@ class _Connection:
         if self.memory is not None:
             self.memory.drop()
             self.memory = None
+
+
+def _refusal(body: ErrorBody) -> bytes:
+    """A connection over a cap hears why, in the socket's own framing, before it is closed."""
+    return wire.encode({"error": body.as_dict()})
 
 
 def _drop_all(memories: list[Memory]) -> None:

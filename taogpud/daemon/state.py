@@ -20,6 +20,7 @@ from enum import StrEnum
 
 from taogpud.arrays import ArrayStore
 from taogpud.config import ConfigSnapshot
+from taogpud.doors import Doors
 from taogpud.pool.interface import Pool
 from taogpud.scheduler import Scheduler
 from taogpud.store import JobStore
@@ -75,6 +76,7 @@ class DaemonState:
     pool: Pool
     scheduler: Scheduler
     reload: Reload
+    doors: Doors  # every listener, and the connection policy they share (taogpud/doors)
     limits: Limits = Limits()
     started_at: float = field(default_factory=time.time)
     # Requests waiting on a job (api/jobs.py): a registry the set itself, never replaced;

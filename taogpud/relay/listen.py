@@ -3,7 +3,9 @@
 `taogpud-relay.socket` passes its socket with FileDescriptorName=relay beside the control
 socket; `inherited_socket()` takes a copy of it before systemd.listen_socket() (which serves
 the Unix one and closes the rest) runs. The listener is its own uvicorn server on the same
-event loop as the API (uvloop's, when installed), serving only TcpRelay with httptools.
+event loop as the API (uvloop's, when installed), serving only TcpRelay through the door
+policy's protocol class (taogpud/doors): the caps, head and body limits of every listener,
+with the peers of this one, which have no uid, held to the budget of those without.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Iterator, Mapping
 
 import uvicorn
 
+from taogpud.doors import Doors, http_protocol
 from taogpud.relay.forward import Relay, TcpRelay
 
 FD_NAME = "relay"
@@ -82,7 +85,9 @@ class RelayListener:
         await self.serving
 
 
-async def start(relay: Relay, inherited: socket.socket | None) -> RelayListener | None:
+async def start(
+    relay: Relay, inherited: socket.socket | None, doors: Doors
+) -> RelayListener | None:
     """Serve the relay on TCP when it is on and has an address; None otherwise."""
     settings = relay.settings()
     if not settings.enabled or (not settings.listen and inherited is None):
@@ -93,7 +98,7 @@ async def start(relay: Relay, inherited: socket.socket | None) -> RelayListener 
     relay.tcp_address = address_of(sock)
     config = uvicorn.Config(
         TcpRelay(relay),
-        http="httptools",  # uvicorn[standard]'s C parser, never h11's pure-Python one
+        http=http_protocol(doors, "relay", sock, lambda: relay.settings().max_body_mb << 20),
         lifespan="off",
         log_config=None,
         access_log=False,
