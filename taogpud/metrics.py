@@ -112,6 +112,14 @@ class DaemonCollector:
         for (task, backend, status), count in scheduler.finished_counts.items():
             finished.add_metric([task, backend, status], count)
         yield finished
+        verdicts = CounterMetricFamily(
+            "taogpud_program_verdicts",
+            "what NVML showed of programs: gpu_memory_exceeded, never_used_gpu, unassigned_gpu",
+            labels=["code"],
+        )
+        for code, count in scheduler.program_verdicts.items():
+            verdicts.add_metric([code], count)
+        yield verdicts
         workers = GaugeMetricFamily(
             "taogpud_worker_up", "1 if the worker is warm", labels=["device"]
         )

@@ -43,6 +43,7 @@ class GpuDevice:
     processes: tuple[GpuProcess, ...] = ()
     temperature_c: int | None = None  # the GPU die (NVML_TEMPERATURE_GPU)
     power_w: float | None = None  # the board's draw now
+    energy_mj: int | None = None  # total energy since the driver loaded, mJ (Volta and later)
 
     @property
     def arch(self) -> str | None:
@@ -176,6 +177,9 @@ def _device(
         f"device {index} temperature", lambda: pynvml.nvmlDeviceGetTemperature(handle, 0)
     )
     power_mw = attempt(f"device {index} power", lambda: pynvml.nvmlDeviceGetPowerUsage(handle))
+    energy_mj = attempt(
+        f"device {index} energy", lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    )
     return GpuDevice(
         index=index,
         name=_text(attempt(f"device {index} name", lambda: pynvml.nvmlDeviceGetName(handle)))
@@ -190,6 +194,7 @@ def _device(
         processes=tuple(_process(p, read_process_names) for p in running or ()),
         temperature_c=int(temperature) if isinstance(temperature, int) else None,
         power_w=power_mw / 1000 if isinstance(power_mw, int) else None,
+        energy_mj=int(energy_mj) if isinstance(energy_mj, int) else None,
     )
 
 

@@ -16,12 +16,12 @@ import shutil
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
-from taogpud import leases, metrics, placement, tasks, trace
+from taogpud import leases, metrics, placement, proof, tasks, trace
 from taogpud.access import check_access
 from taogpud.arrays import ArrayStore, check_dtypes
 from taogpud.config import ConfigSnapshot
@@ -48,6 +48,7 @@ from taogpud.jobs import (
     ProgramView,
     new_job_id,
 )
+from taogpud.nvml import GpuDevice
 from taogpud.pool import protocol as msg
 from taogpud.pool.interface import Pool, Worker
 from taogpud.pool.regions import RegionRef
@@ -70,6 +71,8 @@ class Policy:
     job_timeout_s: float | None = None
     enable_profiling: bool = True
     allow_user_kernels: bool = False  # the `kernel` task: CUDA C from clients
+    allow_fallback_to_cpu: bool = False  # a program never seen on its GPU: flagged, not stopped
+    first_use_timeout_s: float = 60.0  # gpu.firstUseTimeoutS (proof.py)
 
     @functools.cached_property
     def rules(self) -> placement.Rules:
@@ -87,6 +90,8 @@ class Policy:
             job_timeout_s=scheduling.job_timeout_s,
             enable_profiling=snapshot.config.runtime.enable_profiling,
             allow_user_kernels=snapshot.config.backend.cuda.allow_user_kernels,
+            allow_fallback_to_cpu=snapshot.settings.gpu.allow_fallback_to_cpu,
+            first_use_timeout_s=snapshot.settings.gpu.first_use_timeout_s,
         )
 
 
@@ -120,6 +125,8 @@ class Scheduler:
         self._programs: dict[str, Lease] = {}  # every unfinished program: its lease, processes
         self._granted = 0  # programs holding devices now (counted in running_total too)
         self._lease_changes: dict[str, asyncio.Event] = {}  # set when a lease's phase changes
+        self._stop_errors: dict[str, JobErrorView] = {}  # a program stopped for what NVML saw
+        self.program_verdicts: Counter[str] = Counter()  # proof.Verdict codes given, by code
 
     @property
     def queued(self) -> int:
@@ -746,6 +753,7 @@ class Scheduler:
         process = _callers_process(pid, peer)
         program.pid, program.pid_start = pid, process.start
         lease.program = self._watch(job_id, pid, process.start, client=False)
+        lease.proof = self._proof_for(job)
         self.store.save(job)
         trace.log.info("program.started", job_id=job_id, pid=pid, devices=program.devices)
         return job
@@ -775,7 +783,7 @@ class Scheduler:
         if job.started_at is not None:
             job.run_ms = (time.time() - job.started_at) * 1e3
         state = self._stop_reason.pop(job_id, None) or exit.state()
-        self._finish(job, state, exit.error(state, job))
+        self._finish(job, state, self._stop_errors.pop(job_id, None) or exit.error(state, job))
         self.dispatch()
         return job
 
@@ -812,7 +820,8 @@ class Scheduler:
             return
         state = self._stop_reason.pop(job_id, None) or JobState.interrupted
         message = "the program ended after its starter exited: its exit status is unknown"
-        self._finish(job, state, _error(state.value, message))
+        error = self._stop_errors.pop(job_id, None) or _error(state.value, message)
+        self._finish(job, state, error)
         self.dispatch()
 
     def _stop_program(self, job_id: str, reason: JobState) -> None:
@@ -842,11 +851,63 @@ class Scheduler:
         if lease is None:
             return
         lease.close()
+        if lease.proof is not None:
+            job.evidence = lease.proof.evidence()
         self._stop_reason.pop(job.id, None)
+        self._stop_errors.pop(job.id, None)
         if lease.indexes:
             self.running_total -= 1
             self._granted -= 1
         self._end_timer(job.id)
+
+    # -- programs: the proof (proof.py), from NVML samples -----------------------------------
+
+    def _proof_for(self, job: JobRecord) -> proof.ProgramProof | None:
+        """A CUDA lease is watched through NVML; another backend has nothing to show."""
+        program = job.program
+        if program is None or job.backend != "cuda" or None in program.device_uuids:
+            return None
+        return proof.ProgramProof(
+            uuids=tuple(u for u in program.device_uuids if u is not None),
+            labels=tuple(program.devices),
+            reserved_bytes=tuple(program.reserved_bytes),
+            first_use_timeout_s=self.policy.first_use_timeout_s,
+            started_s=time.monotonic(),
+        )
+
+    @property
+    def watching_programs(self) -> bool:
+        """Whether a running program awaits NVML samples (observe_programs)."""
+        return any(lease.proof is not None for lease in self._programs.values())
+
+    def observe_programs(self, devices: Sequence[GpuDevice], now_s: float) -> None:
+        """One NVML sample for every program under a CUDA lease: its evidence updated, and
+        what it leads to done (a stop with the reason, or a flag)."""
+        children = proof.children_now()
+        for job_id, lease in list(self._programs.items()):
+            job = self.store.get(job_id)
+            if lease.proof is None or job is None or job.status is not JobState.running:
+                continue
+            pids = _program_pids(job, lease, children)
+            for verdict in lease.proof.observe(devices, pids, now_s):
+                self._act_on(job, verdict)
+            job.evidence = lease.proof.evidence()
+            self.store.save(job)
+
+    def _act_on(self, job: JobRecord, verdict: proof.Verdict) -> None:
+        self.program_verdicts[verdict.code] += 1
+        trace.log.warning("program." + verdict.code, job_id=job.id, message=verdict.message)
+        flagged = verdict.code == "unassigned_gpu" or (
+            verdict.code == "never_used_gpu" and self.policy.allow_fallback_to_cpu
+        )
+        if flagged:
+            job.fallback = job.fallback or verdict.code == "never_used_gpu"
+            job.fallback_reason = verdict.message if job.fallback else job.fallback_reason
+            job.evidence = {**job.evidence, "flag": verdict.code}
+            self._trace(job)
+            return
+        self._stop_errors[job.id] = _error(verdict.code, verdict.message, verdict.hint)
+        self._stop_program(job.id, JobState.failed)
 
     def _recover_program(self, job: JobRecord) -> None:
         """A program a previous run accepted: queued, it queues again while its client lives
@@ -916,6 +977,7 @@ class Lease:
     reserved: list[int] = field(default_factory=list)  # bytes reserved on each
     whole: bool = True  # every slot of its devices (no --share)
     client_gone: bool = False
+    proof: proof.ProgramProof | None = None  # what NVML saw (a CUDA lease), once started
 
     def close(self) -> None:
         for watch in (self.client, self.program):
@@ -1060,3 +1122,14 @@ def _callers_process(pid: int, peer: Peer) -> leases.Process:
             "report the program from the process that started it (or one of its parents)",
         )
     return process
+
+
+def _program_pids(job: JobRecord, lease: Lease, children: dict[int, list[int]]) -> set[int]:
+    """The program's processes: its own tree, and the orphans its starter (their subreaper)
+    took in, the starter itself apart."""
+    program = job.program
+    assert program is not None and program.pid is not None
+    pids = proof.process_tree([program.pid], children)
+    if not lease.client_gone and program.client_pid is not None:
+        pids |= proof.process_tree([program.client_pid], children) - {program.client_pid}
+    return pids

@@ -181,6 +181,9 @@ class GpuSection(BaseModel):
     device_id: DeviceIndex = 0
     memory_fraction: Number = Field(0.85, gt=0, le=1)
     allow_fallback_to_cpu: bool = False
+    # A program (taogpuctl exec) not seen on any GPU it was given by then runs on the CPU:
+    # stopped, or flagged fallback=true with allowFallbackToCpu (docs/programs.md).
+    first_use_timeout_s: Number = Field(60.0, gt=0, le=86400)
 
 
 class LoggingSection(BaseModel):

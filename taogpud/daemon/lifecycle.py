@@ -24,12 +24,13 @@ import signal
 import socket
 import sqlite3
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
 
-from taogpud import __version__, config, heap, systemd, trace
+from taogpud import __version__, config, heap, nvml, systemd, trace
 from taogpud import logging as tlog
 from taogpud.api.app import create_app
 from taogpud.api.jobs import end_waits
@@ -63,6 +64,7 @@ STORE_NAME = "jobs.sqlite3"
 OUTPUTS_DIR_NAME = "outputs"
 RECENT_JOBS_SHOWN = 1000  # finished jobs brought back into memory at start, for `list`
 HOUSEKEEPING_EVERY_S = 600.0
+PROGRAM_SAMPLE_S = 1.0  # NVML read for the programs under CUDA leases (proof.py)
 KEEP_ALIVE_S = 5  # uvicorn's timeout_keep_alive: an idle connection closes after this
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
@@ -107,7 +109,11 @@ class Daemon:
         watching = loop.create_task(self._watch(self._reloader))
         background = [
             loop.create_task(coroutine)
-            for coroutine in (_heartbeat(self.notifier, state), _housekeeping(state))
+            for coroutine in (
+                _heartbeat(self.notifier, state),
+                _housekeeping(state),
+                _watch_programs(state),
+            )
         ]
         frozen = heap.freeze_start_up()  # every worker is warm and the app built
         state.status.phase = Phase.ready
@@ -299,6 +305,17 @@ async def _heartbeat(notifier: systemd.Notifier, state: DaemonState) -> None:
     except Exception:  # no more WATCHDOG=1: systemd restarts us; say why first
         log.exception("daemon.heartbeat_failed")
         raise
+
+
+async def _watch_programs(state: DaemonState) -> None:
+    """NVML, sampled while programs hold CUDA leases: the proof of each (taogpud/proof.py)."""
+    while True:
+        await asyncio.sleep(PROGRAM_SAMPLE_S)
+        if not state.scheduler.watching_programs:
+            continue
+        seen = await asyncio.to_thread(nvml.inventory, False)
+        if seen.available:
+            state.scheduler.observe_programs(seen.devices, time.monotonic())
 
 
 async def _housekeeping(state: DaemonState) -> None:
