@@ -3,6 +3,7 @@
     TaogpudError                   code           HTTP   meaning
     ├── ConfigError                config_invalid  400   a config file or key is wrong
     ├── BackendUnavailable         backend_unavailable 503  the backend cannot start
+    │   └── HostCannotRun          backend_unavailable 503  nor ever will here (no driver or CuPy)
     ├── ArrayStoreFull             array_store_full 507  no room for another array (arrays.py)
     ├── StateDiskFull              state_disk_full 507   the job store cannot be written (disk full)
     ├── RequestError               invalid_request 400   a request is malformed
@@ -144,6 +145,11 @@ class ConfigError(TaogpudError):
 class BackendUnavailable(TaogpudError):
     code = "backend_unavailable"
     http_status = 503
+
+
+class HostCannotRun(BackendUnavailable):
+    """The backend can never start on this host as installed (no NVIDIA driver, or no CuPy
+    in this build) and the CPU fallback is refused: a start exits for good, never retried."""
 
 
 class StateDiskFull(TaogpudError):

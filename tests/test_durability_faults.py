@@ -7,11 +7,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,10 +31,12 @@ from conftest import (
 )
 
 from taogpud.client import ApiError
+from taogpud.daemon.state_lock import LOCK_NAME, StateDirNotOurs, lock_state_dir
 from taogpud.store import WRITE_RETRY_S as STORE_RETRY_S
 from taogpud.store import JobStore
 from taogpud.testing import cpu_pair, daemon_command, wait_for_ready, wait_until, write_pair
 
+NOBODY = pwd.getpwnam("nobody")
 ONE_SLOT: dict[str, Any] = {
     "runtime": {"cpu_devices": 1},
     "backend": {"cuda": {"stream_count": 1}},
@@ -97,11 +102,12 @@ def test_a_job_outliving_the_drain_stays_interrupted(
 # -- one daemon per state directory ------------------------------------------------------
 
 
-def test_a_second_daemon_on_the_same_state_dir_exits_1_naming_the_holder(
+def test_a_second_daemon_on_the_same_state_dir_exits_75_naming_the_holder(
     daemon: RunningDaemon,
 ) -> None:
-    """Another socket, the same state dir: exit 1 at once, one line with the holder's pid and
-    socket; the live store is not moved aside and its kept outputs stay."""
+    """Another socket, the same state dir: exit 75 (may pass later; systemd does not loop on
+    it) at once, one line with the holder's pid and socket; the live store is not moved
+    aside and its kept outputs stay."""
     with daemon.client() as client:
         kept = client.run("vector_add", {"size": 1000}, keep_outputs=True)
     started = time.monotonic()
@@ -110,7 +116,7 @@ def test_a_second_daemon_on_the_same_state_dir_exits_1_naming_the_holder(
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     took_s = time.monotonic() - started
-    assert second.returncode == 1, second.stderr
+    assert second.returncode == 75, second.stderr
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1, second.stderr
     assert f"pid {daemon.proc.pid}" in lines[0]
@@ -189,21 +195,89 @@ def test_a_failed_start_says_why_in_status(daemon_home: Path) -> None:
     assert "max_concurent_tasks" in datagram
 
 
-def test_the_unit_stops_restarting_a_start_that_keeps_failing() -> None:
-    """Exit 2 is never restarted; any other failing start trips the start limit: its burst
-    of starts, a failed start plus RestartSec apart, fits inside the interval."""
+def test_the_unit_never_restarts_a_failed_start_nor_limits_a_persons_restarts() -> None:
+    """Every exit of a failed start (2 config, 4 another user's state, 6 a backend this host
+    can never run, 75 may pass later) is in RestartPreventExitStatus=, so no failed start is
+    retried in a loop; the start limit leaves room for a person's ten restarts in a minute,
+    and the starts before them."""
     unit = Path(__file__).parent.parent / "systemd" / "taogpud.service"
     keys: dict[str, list[str]] = {}
     for raw in unit.read_text().splitlines():
         if "=" in raw and not raw.startswith("#"):
             key, _, value = raw.partition("=")
             keys.setdefault(key.strip(), []).append(value.strip())
-    assert "2" in keys["RestartPreventExitStatus"][0].split()
-    interval_s = float(keys["StartLimitIntervalSec"][0])
-    burst = int(keys["StartLimitBurst"][0])
-    restart_s = float(keys["RestartSec"][0])
-    failing_start_s = 5.0  # a CUDA start with no driver fails in about 2 s here
-    assert burst * (restart_s + failing_start_s) < interval_s
+    from taogpud.daemon import lifecycle
+
+    codes = {lifecycle.EXIT_CONFIG, lifecycle.EXIT_NO_PERMISSION}
+    codes |= {lifecycle.EXIT_HOST_CANNOT_RUN, lifecycle.EXIT_MAY_PASS_LATER}
+    assert {str(code) for code in codes} == set(keys["RestartPreventExitStatus"][0].split())
+    assert float(keys["StartLimitIntervalSec"][0]) <= 60
+    assert int(keys["StartLimitBurst"][0]) >= 2 + 10
+
+
+# -- a state directory that is another user's ---------------------------------------------
+
+
+@pytest.fixture
+def nobody_state(tmp_path: Path) -> Iterator[Path]:
+    """A state directory of user nobody's, in a folder nobody may pass through."""
+    if os.geteuid() != 0:
+        pytest.skip("making a directory another user's needs root")
+    base = Path(tempfile.mkdtemp(prefix="taogpud-owner-", dir="/tmp"))
+    base.chmod(0o711)
+    state = base / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, NOBODY.pw_uid, NOBODY.pw_gid)
+    try:
+        yield state
+    finally:
+        shutil.rmtree(base)
+
+
+def test_root_refuses_a_state_dir_another_user_owns(nobody_state: Path, tmp_path: Path) -> None:
+    """A daemon run as root on the service user's state directory exits 4 (never retried)
+    naming the owner, and leaves nothing of root's there: no lock, no store."""
+    home = tmp_path / "home"
+    write_pair(home, *cpu_pair())
+    command = daemon_command(home)
+    command[command.index("--state-dir") + 1] = str(nobody_state)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 4, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"{nobody_state} belongs to user nobody" in lines[0]
+    assert "--state-dir" in lines[0]
+    assert list(nobody_state.iterdir()) == []
+
+
+def test_a_lock_root_left_is_named_with_its_owner_and_the_fix(nobody_state: Path) -> None:
+    """The service's user meets root's 0600 lock in its own state directory: the refusal
+    names the file, its owner and the exact chown, instead of a bare Permission denied."""
+    lock = nobody_state / LOCK_NAME
+    lock.write_text("")
+    lock.chmod(0o600)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child, user nobody
+        os.close(read_end)
+        os.setgroups([])
+        os.setresgid(NOBODY.pw_gid, NOBODY.pw_gid, NOBODY.pw_gid)
+        os.setresuid(NOBODY.pw_uid, NOBODY.pw_uid, NOBODY.pw_uid)
+        try:
+            lock_state_dir(nobody_state, None)
+            said = "locked"
+        except StateDirNotOurs as exc:
+            said = str(exc)
+        os.write(write_end, said.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as answer:
+        said = answer.read()
+    os.waitpid(pid, 0)
+    assert said == (
+        f"{lock} cannot be opened by user nobody: it belongs to user root (a run as that "
+        f"user left it): `sudo chown -R nobody: {nobody_state}`"
+    )
 
 
 # -- relative paths ----------------------------------------------------------------------

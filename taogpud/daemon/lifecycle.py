@@ -40,9 +40,9 @@ from taogpud.config.ray import serves_client_memory
 from taogpud.daemon.reload import Reloader, watch_files
 from taogpud.daemon.shm_server import ShmServer
 from taogpud.daemon.state import DaemonState, DaemonStatus, Limits, Phase
-from taogpud.daemon.state_lock import StateDirLocked, lock_state_dir
+from taogpud.daemon.state_lock import StateDirLocked, StateDirNotOurs, lock_state_dir, not_ours
 from taogpud.doors import Doors, http_protocol
-from taogpud.errors import BackendUnavailable, ConfigError, StateDiskFull
+from taogpud.errors import BackendUnavailable, ConfigError, HostCannotRun, StateDiskFull
 from taogpud.i18n import _, user_language
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.pool import shm
@@ -66,7 +66,14 @@ RECENT_JOBS_SHOWN = 1000  # finished jobs brought back into memory at start, for
 HOUSEKEEPING_EVERY_S = 600.0
 PROGRAM_SAMPLE_S = 1.0  # NVML read for the programs under CUDA leases (proof.py)
 KEEP_ALIVE_S = 5  # uvicorn's timeout_keep_alive: an idle connection closes after this
-EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+# Exit codes of a start that failed, each in the unit's RestartPreventExitStatus=: systemd
+# does not retry a failed start (the next client on the socket, or a restart, tries again).
+# 1 stays for a crash, which it does restart. 4 and 6 are the LSB codes systemctl names
+# (status=4/NOPERMISSION, status=6/NOTCONFIGURED); 75 is sysexits' EX_TEMPFAIL.
+EXIT_OK, EXIT_CONFIG = 0, 2
+EXIT_NO_PERMISSION = 4  # the state directory or a file in it is another user's
+EXIT_HOST_CANNOT_RUN = 6  # the configured backend, here, as installed: no driver or no CuPy
+EXIT_MAY_PASS_LATER = 75  # a driver still loading, the state directory or socket held
 
 log = tlog.get_logger("taogpud.daemon")
 
@@ -435,14 +442,24 @@ def _run(daemon: Daemon, notifier: systemd.Notifier) -> int:
     except BackendUnavailable as exc:
         log.error("daemon.backend_unavailable", error=exc.message, hint=exc.hint)
         line = f"{exc.message} (fix: {exc.hint})" if exc.hint else exc.message
-        return _refuse(notifier, line, EXIT_FAILED)
-    except StateDirLocked as exc:
-        return _refuse(notifier, str(exc), EXIT_FAILED)
-    except sqlite3.Error as exc:  # busy or unreadable in a way that is not damage
-        where = daemon.state_dir / STORE_NAME
-        return _refuse(notifier, f"the job store {where} cannot be opened: {exc}", EXIT_FAILED)
-    except OSError as exc:
-        return _refuse(notifier, str(exc), EXIT_FAILED)
+        code = EXIT_HOST_CANNOT_RUN if isinstance(exc, HostCannotRun) else EXIT_MAY_PASS_LATER
+        return _refuse(notifier, line, code)
+    except (StateDirLocked, StateDirNotOurs, sqlite3.Error, OSError) as exc:
+        return _refuse(notifier, *_state_refusal(daemon.state_dir, exc))
+
+
+def _state_refusal(state_dir: Path, exc: Exception) -> tuple[str, int]:
+    """The line and exit code for a state directory the daemon cannot use."""
+    if isinstance(exc, StateDirNotOurs):
+        return str(exc), EXIT_NO_PERMISSION
+    if isinstance(exc, PermissionError):  # a file in the state directory another user left
+        return not_ours(state_dir, Path(exc.filename or state_dir)), EXIT_NO_PERMISSION
+    if isinstance(exc, sqlite3.Error):  # busy or unreadable in a way that is not damage
+        where = state_dir / STORE_NAME
+        if where.exists() and not os.access(where, os.R_OK | os.W_OK):
+            return not_ours(state_dir, where), EXIT_NO_PERMISSION
+        return f"the job store {where} cannot be opened: {exc}", EXIT_MAY_PASS_LATER
+    return str(exc), EXIT_MAY_PASS_LATER  # StateDirLocked, or an OSError that may pass
 
 
 def _configure_logging(snapshot: config.ConfigSnapshot) -> str | None:

@@ -7,6 +7,11 @@ first one's kept outputs. The lock is taken before anything else touches the dir
 the kernel drops it when the process ends, however it ends (kill -9 included), so there is
 never a stale lock to clean up. The file says who holds it (pid and socket), for the one
 line a second daemon prints before it exits.
+
+A state directory this daemon cannot use, because another user owns it or what is in it (a
+run by hand as root before the service), is refused with the owner and the exact `chown`:
+StateDirNotOurs, a permanent failure that systemd does not retry. Root itself refuses a
+directory another user owns, so a run by hand never leaves root's files in the service's.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import pwd
 from pathlib import Path
 
 LOCK_NAME = "taogpud.lock"
@@ -24,12 +30,58 @@ class StateDirLocked(Exception):
     """Another live process holds the state directory."""
 
 
+class StateDirNotOurs(Exception):
+    """The state directory, or a file in it, belongs to another user (say, one root left)."""
+
+
 def lock_state_dir(state_dir: Path, socket_path: Path | None) -> int:
     """Take the lock (never waiting) and note who holds it; returns the descriptor to keep
-    open. Raises StateDirLocked naming the holder's pid and socket."""
-    state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: DESIGN, issue 17
-    path = state_dir / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)  # workers never hold it
+    open. Raises StateDirLocked naming the holder's pid and socket, StateDirNotOurs naming
+    the owner of what this user cannot (or, as root, should not) write."""
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: DESIGN, issue 17
+        _refuse_anothers(state_dir)
+        fd = os.open(state_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except PermissionError as exc:
+        raise StateDirNotOurs(not_ours(state_dir, Path(exc.filename or state_dir))) from None
+    return _lock(fd, state_dir, socket_path)
+
+
+def _refuse_anothers(state_dir: Path) -> None:
+    """Root writes anywhere: in a directory another user owns (the service's), its files
+    would be root's, which that user's daemon then cannot open."""
+    if os.geteuid() == 0 and state_dir.stat().st_uid != 0:
+        raise StateDirNotOurs(
+            f"{state_dir} belongs to user {_owner(state_dir)}, and files root made in it "
+            f"would lock that user's daemon out: run that one (`sudo systemctl start "
+            f"taogpud`), or give this one its own --state-dir"
+        )
+
+
+def not_ours(state_dir: Path, path: Path) -> str:
+    """Why `path` in `state_dir` cannot be opened, whose it is, and the fix."""
+    me = _name(os.geteuid())
+    return (
+        f"{path} cannot be opened by user {me}: it belongs to user {_owner(path)} (a run as "
+        f"that user left it): `sudo chown -R {me}: {state_dir}`"
+    )
+
+
+def _owner(path: Path) -> str:
+    try:
+        return _name(path.stat().st_uid)
+    except OSError:
+        return "unknown"
+
+
+def _name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _lock(fd: int, state_dir: Path, socket_path: Path | None) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

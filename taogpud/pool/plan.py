@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from taogpud.backends.base import WorkerSpec
 from taogpud.config import ConfigSnapshot
-from taogpud.errors import BackendUnavailable
+from taogpud.errors import BackendUnavailable, HostCannotRun
 from taogpud.logging import get_logger
 
 log = get_logger("taogpud.pool")
@@ -45,13 +45,21 @@ def _plan_cuda(snapshot: ConfigSnapshot) -> WorkerPlan:
         if reason is None:
             return _plan(snapshot, "cuda", ids, None)
     if not snapshot.settings.gpu.allow_fallback_to_cpu:
-        raise BackendUnavailable(
+        raise _cuda_refusal()(
             f"CUDA cannot start: {reason}",
             "fix the driver or the device list, or set gpu.allowFallbackToCpu to true in "
             "settings.json to run on the CPU (every job then says fallback=true)",
         )
     log.warning("backend.fallback", reason=reason, allow_fallback_to_cpu=True)
     return _plan(snapshot, "cpu", list(range(snapshot.config.runtime.cpu_devices)), reason)
+
+
+def _cuda_refusal() -> type[BackendUnavailable]:
+    """HostCannotRun where no retry can help (no driver, or a build without CuPy); else
+    BackendUnavailable, which may pass later (a driver still loading at boot)."""
+    from taogpud.backends.cuda.backend import cupy_installed, driver_installed
+
+    return HostCannotRun if not (driver_installed() and cupy_installed()) else BackendUnavailable
 
 
 def _plan_opencl(snapshot: ConfigSnapshot) -> WorkerPlan:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import itertools
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from taogpud.backends.base import Backend, DeviceInfo, PhaseClock, WorkerSpec
@@ -76,6 +79,17 @@ def probe_cuda(device_ids: Sequence[int]) -> str | None:
     except (ImportError, OSError, RuntimeError) as exc:  # e.g. the CUDA runtime library is missing
         return f"CUDA failed to start ({type(exc).__name__}: {exc}): {INSTALL_HINT}."
     return _device_problem(count, device_ids)
+
+
+def driver_installed() -> bool:
+    """Whether this host has an NVIDIA driver: its /proc entry (the module is loaded) or
+    nvidia-smi (installed; at boot the module may still be loading). `make demo` and the
+    package's postinst ask the same two questions."""
+    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+
+
+def cupy_installed() -> bool:
+    return importlib.util.find_spec("cupy") is not None
 
 
 def cuda_device_count() -> int:
