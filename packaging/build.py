@@ -32,7 +32,10 @@ from taogpud.install_hints import PACKAGE_MARKER
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = Path("/opt/taogpud")
 TARGET_PYTHON = "/usr/bin/python3"  # the distribution's interpreter the package depends on
+# RPM's %config(noreplace) pair (the guide's GPU pair). The .deb has no conffiles: its
+# postinst writes the pair this host can run where none is (no conffile prompt, ever).
 CONFFILES = ("/etc/taogpud/settings.json", "/etc/taogpud/config.toml")
+PAIRS = ("/usr/share/doc/taogpud/examples", "/usr/share/taogpud/examples")
 SKIPPED_DIST_INFO = {"RECORD", "REQUESTED", "direct_url.json", "INSTALLER"}
 
 
@@ -143,11 +146,13 @@ def _write_scripts(root: Path, dist: metadata.Distribution) -> None:
 
 
 def stage_files(stage: Path, unitdir: str) -> None:
-    """Units, sysusers, tmpfiles, the /etc pair (the guide's GPU pair), examples, links."""
+    """Units (the relay's socket too, not enabled), sysusers, tmpfiles, the /etc pair (the
+    guide's GPU pair), examples, links."""
     put = _Putter(stage)
     for unit in ("taogpud.service", "taogpud.socket"):
         put.copy(REPO / "systemd" / unit, f"{unitdir}/{unit}")
         put.copy(REPO / "systemd" / "user" / unit, f"/usr/lib/systemd/user/{unit}")
+    put.copy(REPO / "systemd/taogpud-relay.socket", f"{unitdir}/taogpud-relay.socket")
     put.copy(REPO / "packaging/sysusers.d/taogpud.conf", "/usr/lib/sysusers.d/taogpud.conf")
     put.copy(REPO / "packaging/tmpfiles.d/taogpud.conf", "/usr/lib/tmpfiles.d/taogpud.conf")
     for conffile in CONFFILES:
@@ -155,7 +160,8 @@ def stage_files(stage: Path, unitdir: str) -> None:
     for pair in ("gpu", "cpu"):
         for name in ("settings.json", "config.toml"):
             source = REPO / "packaging/examples" / pair / name
-            put.copy(source, f"/usr/share/doc/taogpud/examples/{pair}/{name}")
+            for folder in PAIRS:
+                put.copy(source, f"{folder}/{pair}/{name}")
     put.copy(REPO / "README.md", "/usr/share/doc/taogpud/README.md")
     for doc in sorted((REPO / "docs").glob("*.md")):  # the README's links, readable offline
         put.copy(doc, f"/usr/share/doc/taogpud/docs/{doc.name}")
@@ -192,6 +198,8 @@ def build_deb(out: Path, extras: list[str], compression: str) -> Path:
     with tempfile.TemporaryDirectory(prefix="taogpud-deb-") as tmp:
         root = Path(tmp) / "root"
         stage(root, extras, "/lib/systemd/system")  # Debian 12 ships units under /lib
+        for conffile in CONFFILES:  # postinst writes the pair this host can run
+            (root / conffile.lstrip("/")).unlink()
         _write_control(root, version, arch, extras)
         out.mkdir(parents=True, exist_ok=True)
         deb = out / f"taogpud_{version}_{arch}.deb"
@@ -221,7 +229,6 @@ def _write_control(root: Path, version: str, arch: str, extras: list[str]) -> No
     }.items():
         text = text.replace(f"@{key}@", value)
     (control / "control").write_text(text)
-    (control / "conffiles").write_text("".join(f"{c}\n" for c in CONFFILES))
     for script in ("postinst", "prerm", "postrm"):
         shutil.copy2(Path(__file__).parent / "deb" / script, control / script)
         (control / script).chmod(0o755)

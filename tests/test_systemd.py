@@ -1,7 +1,9 @@
 """taogpud under a real systemd 252, booted as PID 1 of a throwaway container.
 
 The container is systemd-nspawn on the host's own tree (`--volatile=yes`: a tmpfs root,
-/usr and /var as copy-on-write overlays so dpkg can install into them). The daemon is
+/usr and dpkg's database as copy-on-write overlays so dpkg can install into them, and
+nothing else of the host's: never its /var/lib/taogpud, /run/taogpud or /etc/taogpud, where a
+run by hand may have left root's files). The daemon is
 installed there from the .deb that packaging/build.py makes, as a user would install it,
 with the CPU pair in /etc/taogpud and the API key in /etc/credstore; one container serves
 the whole file. Tests talk to the socket from the host through /proc/<PID 1>/root and
@@ -25,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -79,6 +82,7 @@ class Container:
     pid1: int
     console: Path
     overlays_before: set[Path]  # nspawn's temporary dirs in /var/tmp that are not ours
+    host_probe: Path | None = None  # a host directory in /var/lib made before the boot
 
     @property
     def root(self) -> Path:
@@ -130,9 +134,12 @@ class Container:
         return (state["ActiveState"], state["SubState"]) == ("active", "running")
 
 
+# /etc, /run and the rest of /var are the tmpfs root's own, empty at boot: the host's state
+# (its /var/lib/taogpud above all) never reaches the container.
+# (--tmpfs=/var/lib: nspawn makes an overlay's mount point, not its parents.)
 HOST_TREE = (
-    "--directory=/", "--volatile=yes",
-    "--overlay=/usr::/usr", "--overlay=/var::/var",  # writable for dpkg, thrown away
+    "--directory=/", "--volatile=yes", "--overlay=/usr::/usr", "--tmpfs=/var/lib",
+    "--overlay=/var/lib/dpkg::/var/lib/dpkg",  # for dpkg, thrown away
 )  # fmt: skip
 
 
@@ -289,12 +296,21 @@ def container(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
         pytest.skip(reason)
     workdir = tmp_path_factory.mktemp("nspawn")
     deb = _build_deb(workdir)
-    booted = _boot(workdir)
+    # A directory of the host's /var, there before the boot: the container must not see it.
+    probe = Path(tempfile.mkdtemp(prefix="taogpud-host-probe-", dir="/var/lib"))
+    # systemd-creds refuses a host key on a tmpfs: /var/lib/systemd on a fresh disk folder.
+    (workdir / "var-lib-systemd").mkdir()
+    tree = (*HOST_TREE, f"--bind={workdir}/var-lib-systemd:/var/lib/systemd")
     try:
-        _install(booted, deb)
-        yield booted
+        booted = _boot(workdir, tree)
+        booted.host_probe = probe
+        try:
+            _install(booted, deb)
+            yield booted
+        finally:
+            _stop(booted.nspawn, booted.pid1, booted.overlays_before)
     finally:
-        _stop(booted.nspawn, booted.pid1, booted.overlays_before)
+        probe.rmdir()
 
 
 def _main_pid(container: Container) -> int:
@@ -333,7 +349,8 @@ SYSTEM_SOCKET = "/run/taogpud/taogpud.sock"
 README_STEPS = {
     "cpu_pair": "sudo cp /usr/share/doc/taogpud/examples/cpu/{settings.json,config.toml} "
     "/etc/taogpud/",
-    "restart": "sudo systemctl restart taogpud.socket taogpud.service",
+    "restart": "sudo systemctl restart taogpud",
+    "reset": "sudo systemctl reset-failed taogpud.socket taogpud.service",
     "member": "sudo usermod -aG taogpu alice",
     "submit": "taogpuctl submit vector_add --size 1000000 --wait",
     "status": "taogpuctl status",
@@ -345,6 +362,26 @@ NOT_IN_GROUP = (
     "taogpuctl: you are not in group taogpu: `sudo usermod -aG taogpu $USER`, then log in again"
 )
 EXIT_NOT_IN_GROUP = 4
+RELAY_DOC_STEPS = (  # docs/relay.md's, in order
+    "sudo systemctl stop taogpud",
+    "sudo systemctl enable --now taogpud-relay.socket",
+    "sudo systemctl start taogpud",
+)
+# Run inside the container (its python3): who holds the relay's listening socket, PID 1
+# (systemd's taogpud-relay.socket) or only the daemon (a port it bound itself), and the
+# status line of an unauthenticated request (401 from the relay, which serves it).
+RELAY_PROBE = """
+import os, socket
+port = "%04X" % 8742
+rows = [r.split() for r in open("/proc/net/tcp").read().splitlines()[1:]]
+inode = next(r[9] for r in rows if r[1].endswith(":" + port) and r[3] == "0A")
+fds = os.listdir("/proc/1/fd")
+held = any(os.readlink("/proc/1/fd/" + fd) == "socket:[%s]" % inode for fd in fds)
+with socket.create_connection(("127.0.0.1", 8742), timeout=30) as s:
+    s.sendall(b"GET /v1/models HTTP/1.0\\r\\nHost: 127.0.0.1:8742\\r\\n\\r\\n")
+    status = s.recv(200).split(b"\\r\\n")[0].decode()
+print("systemd" if held else "daemon", status)
+"""
 
 
 def _debian_mirror() -> str | None:
@@ -365,10 +402,11 @@ def _debian_mirror() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def minbase_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh debootstrap --variant=minbase Debian 12 (290 MB), made once per test session
-    under pytest's basetemp, which keeps the last three sessions' (removing it here took 20 s
-    of disk time on this host, for nothing on a CI machine that is thrown away)."""
+def minbase_rootfs(request: pytest.FixtureRequest) -> Path:
+    """A debootstrap --variant=minbase Debian 12 (290 MB), made once and kept in pytest's
+    cache (.pytest_cache/d/): it is only ever booted read-only under a tmpfs overlay, so the
+    next session boots the same pristine tree instead of spending 1.5-3 min making it again.
+    A tree whose debootstrap did not finish has no marker and is made again."""
     reason = _skip_reason()
     mirror = _debian_mirror()
     if reason is None and shutil.which("debootstrap") is None:
@@ -378,13 +416,18 @@ def minbase_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if reason:
         pytest.skip(reason)
     assert mirror is not None
-    root = tmp_path_factory.mktemp("minbase") / "rootfs"
+    cached = request.config.cache.mkdir(f"minbase-{SUITE}-{MINBASE_PACKAGES.replace(',', '-')}")
+    root, made = cached / "rootfs", cached / "made"
+    if made.exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
     done = subprocess.run(
         ["debootstrap", "--variant=minbase", f"--include={MINBASE_PACKAGES}", SUITE,
          str(root), mirror],
         capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert done.returncode == 0, f"debootstrap failed:\n{done.stdout[-3000:]}{done.stderr}"
+    made.write_text(f"{MINBASE_PACKAGES}\n")
     return root
 
 
@@ -392,14 +435,15 @@ def _sh(
     container: Container, script: str, user: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """A README line inside the container: `sudo` lines as root, others as `user` through
-    a login shell (runuser -l), as the user would type them."""
+    a login shell (runuser -l), as the user would type them; with no terminal (stdin is
+    /dev/null), as in a provisioning script, so a question from dpkg fails the step."""
     script = script.removeprefix("sudo ")
     argv = ["bash", "-o", "pipefail", "-c", script]
     if user is not None:
         argv = ["runuser", "-l", user, "-c", script]
     return subprocess.run(
         ["nsenter", "-t", str(container.pid1), "-a", *argv],
-        capture_output=True, text=True, timeout=120, check=False,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 
 
@@ -408,6 +452,14 @@ def _manager_says(container: Container, since: str) -> list[str]:
     entries = container.journal("-u", "taogpud.service", "-u", "taogpud.socket", "_PID=1",
                                 f"--since={since}")  # fmt: skip
     return [str(e.get("MESSAGE", "")) for e in entries]
+
+
+def _relay(container: Container) -> str:
+    return container.run("python3", "-c", RELAY_PROBE).strip()
+
+
+def _failed(container: Container) -> bool:
+    return container.show("ActiveState")["ActiveState"] == "failed"
 
 
 def _now(container: Container) -> str:
@@ -441,25 +493,36 @@ class TestMinimalDebianJourney:
         missing = [line for line in README_STEPS.values() if line not in readme]
         assert not missing, missing
 
-    def test_1_install_on_the_gpu_pair_says_what_works_in_a_package(
+    def test_0_a_run_by_hand_as_root_before_the_install(self, box: tuple[Container, Path]) -> None:
+        """The README's first line, `taogpud`, run as root before the package is installed
+        (from the .deb unpacked elsewhere): it refuses to start on this GPU-less host, and
+        leaves root's lock in /var/lib/taogpud, the service's state directory to come."""
+        container, deb = box
+        container.run("dpkg-deb", "-x", str(deb), "/root/unpacked")
+        done = _sh(container, "/root/unpacked/opt/taogpud/bin/python -m taogpud")
+        assert done.returncode != 0, done.stdout
+        assert "CUDA cannot start" in done.stderr, done.stderr
+        owner = container.run("stat", "-c", "%U %a", "/var/lib/taogpud/taogpud.lock").split()
+        assert owner == ["root", "600"]
+
+    def test_1_install_comes_up_on_the_cpu_pair_and_says_why(
         self, box: tuple[Container, Path]
     ) -> None:
-        """dpkg -i with the package's own (GPU) pair on a CPU-only build: the start fails,
-        and the reason names the CUDA build of the package or the CPU pair, never pip."""
+        """dpkg -i on a host without an NVIDIA driver, no pair in /etc/taogpud: postinst
+        writes the CPU pair, says which and why, and the service is active on it."""
         container, deb = box
         assert not (container.root / "bin/kill").exists(), "procps is in the minbase tree"
         done = _sh(container, f"dpkg -i {deb}")
         assert done.returncode == 0, done.stderr + done.stdout
-        log = container.run("journalctl", "--no-pager", "-u", "taogpud", "-o", "cat")
-        assert "CUDA build of the package" in log, log[-3000:]
-        assert "/usr/share/doc/taogpud/examples/cpu" in log
-        assert "pip install" not in log
-        # Its offline checks: the socket unit would start the failing service on a connect,
-        # and the client would wait in the backlog for its 60 s timeout.
-        doctor = _sh(container, "TAOGPUD_SOCKET=/run/taogpud/absent taogpuctl doctor")
-        assert doctor.returncode == 1, doctor.stderr
-        assert "CUDA build of the package" in doctor.stdout, doctor.stdout
-        assert "pip install" not in doctor.stdout + doctor.stderr
+        said = done.stderr + done.stdout
+        assert "installed the cpu pair" in said and "no NVIDIA driver here" in said, said
+        pair = container.root / "etc/taogpud"
+        for name in ("settings.json", "config.toml"):
+            assert (pair / name).read_bytes() == (
+                REPO / "packaging/examples/cpu" / name
+            ).read_bytes()
+        assert container.running(), container.log_tail()
+        assert container.show("StatusText")["StatusText"].startswith("cpu: workers")
 
     def test_2_the_cpu_pair_then_a_restart_runs_it(self, box: tuple[Container, Path]) -> None:
         """The README's CPU pair and restart: the service runs, its socket is root:taogpu 0660."""
@@ -470,6 +533,23 @@ class TestMinimalDebianJourney:
         assert container.running(), container.log_tail()
         sock = container.run("stat", "-c", "%a %U %G", SYSTEM_SOCKET).split()
         assert sock == ["660", "root", "taogpu"]
+        # root's lock from test_0 was given back to the service, not a Permission denied.
+        lock = container.run("stat", "-c", "%U %G %a", "/var/lib/taogpud/taogpud.lock").split()
+        assert lock == ["taogpud", "taogpud", "600"]
+        modes = container.run("stat", "-c", "%a", "/var/lib/taogpud", "/var/cache/taogpud")
+        assert modes.split() == ["700", "750"]  # as tmpfiles.d says, after a start too
+
+    def test_2a_ten_restarts_in_a_minute_all_come_back(self, box: tuple[Container, Path]) -> None:
+        """A person's own restarts (the README's, socket and service) never trip a start
+        limit: ten in a row, each active, and the socket never fails with the service."""
+        container, _ = box
+        for attempt in range(10):
+            done = _sh(container, README_STEPS["restart"])
+            assert done.returncode == 0, f"restart {attempt + 1}: {done.stderr}"
+            assert container.running(), f"restart {attempt + 1}:\n{container.log_tail()}"
+        for unit in ("taogpud.socket", "taogpud.service"):
+            shown = container.show("ActiveState", "Result", unit=unit)
+            assert shown == {"ActiveState": "active", "Result": "success"}, (unit, shown)
 
     def test_3_a_member_submits_with_the_readme_command(self, box: tuple[Container, Path]) -> None:
         """alice, in group taogpu, runs `taogpuctl submit … --wait` with no --socket: the
@@ -522,17 +602,103 @@ class TestMinimalDebianJourney:
         printed = _sh(container, jq_lines[0]).stdout
         assert '"backend": "cpu"' in printed, printed[-2000:]
 
+    def test_6a_the_guides_gpu_pair_here_is_refused_once_and_the_fix_shows(
+        self, box: tuple[Container, Path]
+    ) -> None:
+        """The guide's GPU pair on this CPU-only build and GPU-less host: the start fails,
+        naming the CUDA build of the package or the CPU pair, never pip; it is not retried
+        (exit 6, NOTCONFIGURED: no start limit spent, the socket still listens). The README's
+        CPU pair and restart then run, and the status shows the new state, not the old error."""
+        container, _ = box
+        _sh(container, "cp /usr/share/doc/taogpud/examples/gpu/* /etc/taogpud/")
+        assert _sh(container, README_STEPS["restart"]).returncode != 0
+        shown = container.show("ExecMainStatus", "NRestarts", "Result", "ActiveState")
+        assert shown == {
+            "ExecMainStatus": "6", "NRestarts": "0", "Result": "exit-code", "ActiveState": "failed",
+        }, shown  # fmt: skip
+        assert container.show("ActiveState", unit="taogpud.socket")["ActiveState"] == "active"
+        status = container.show("StatusText")["StatusText"]
+        assert "CUDA build of the package" in status, status
+        assert "/usr/share/doc/taogpud/examples/cpu" in status
+        assert "pip install" not in status
+        # Its offline checks: the socket unit would start the failing service on a connect,
+        # and the client would wait in the backlog for its 60 s timeout.
+        doctor = _sh(container, "TAOGPUD_SOCKET=/run/taogpud/absent taogpuctl doctor")
+        assert doctor.returncode == 1, doctor.stderr
+        assert "CUDA build of the package" in doctor.stdout, doctor.stdout
+        assert "pip install" not in doctor.stdout + doctor.stderr
+        for step in ("cpu_pair", "restart"):
+            done = _sh(container, README_STEPS[step])
+            assert done.returncode == 0, f"{step}: {done.stderr}{container.log_tail()}"
+        assert container.running(), container.log_tail()
+        status = _sh(container, "systemctl status --no-pager taogpud").stdout
+        assert 'Status: "cpu: workers 1/1 warm' in status, status
+        assert "CUDA" not in container.show("StatusText")["StatusText"]
+
+    def test_6b_a_start_that_may_pass_later_is_not_looped_and_says_why(
+        self, box: tuple[Container, Path]
+    ) -> None:
+        """The state directory held by another process: the start fails once (exit 75, not
+        retried: no loop, no start limit spent), STATUS= names the holder and the fix, and
+        the socket still listens. Once the holder is gone, the README's restart runs it."""
+        container, _ = box
+        container.run("systemctl", "stop", "taogpud.service")
+        lock = "/var/lib/taogpud/taogpud.lock"
+        holder = "taogpud-lock-holder.service"
+        container.run("systemd-run", f"--unit={holder}", "/usr/bin/flock", lock, "sleep", "600")
+        try:
+
+            def held() -> bool:
+                return _sh(container, f"flock --nonblock {lock} true").returncode != 0
+
+            container.wait_until("the lock held", held, timeout_s=10)
+            assert _sh(container, README_STEPS["restart"]).returncode != 0
+            time.sleep(3)  # RestartSec=1: a retry would have begun
+            shown = container.show("ExecMainStatus", "NRestarts", "ActiveState", "StatusText")
+            assert (shown["ExecMainStatus"], shown["NRestarts"]) == ("75", "0"), shown
+            assert shown["ActiveState"] == "failed", shown
+            status = shown["StatusText"]
+            assert "failed to start: the state directory /var/lib/taogpud is in use" in status
+            assert "stop that one" in status, status
+            assert container.show("ActiveState", unit="taogpud.socket")["ActiveState"] == "active"
+        finally:
+            container.run("systemctl", "stop", holder)
+        for step in ("reset", "restart"):
+            done = _sh(container, README_STEPS[step])
+            assert done.returncode == 0, f"{step}: {done.stderr}{container.log_tail()}"
+        assert container.running(), container.log_tail()
+
+    def test_6c_the_relay_socket_from_the_package_serves_across_a_restart(
+        self, box: tuple[Container, Path]
+    ) -> None:
+        """The package's taogpud-relay.socket, enabled as docs/relay.md says with the relay
+        on: systemd holds the port and the daemon serves it, across `systemctl restart`."""
+        container, _ = box
+        guide = (REPO / "docs/relay.md").read_text()
+        assert all(step in guide for step in RELAY_DOC_STEPS)
+        config = container.root / "etc/taogpud/config.toml"
+        relay = '\n[relay]\nenabled = true\nlisten = "127.0.0.1:8742"\n'
+        config.write_text(config.read_text() + relay)
+        for step in RELAY_DOC_STEPS:
+            done = _sh(container, step)
+            assert done.returncode == 0, f"{step}: {done.stderr}{container.log_tail()}"
+        assert _relay(container) == "systemd HTTP/1.1 401 Unauthorized"
+        assert _sh(container, README_STEPS["restart"]).returncode == 0
+        assert _relay(container) == "systemd HTTP/1.1 401 Unauthorized"
+
     def test_7_an_upgrade_stops_and_starts_both_units(self, box: tuple[Container, Path]) -> None:
         """dpkg -i over the installed package: prerm stops socket and service, postinst
-        starts both again; no warning that the socket would start the service back."""
+        starts both again; no warning that the socket would start the service back. The
+        relay's socket comes back with them, systemd's again."""
         container, deb = box
         pid = _main_pid(container)
         since = _now(container)
         done = _sh(container, f"dpkg -i {deb}")
         assert done.returncode == 0, done.stderr
         assert "still active" not in done.stderr + done.stdout
-        for unit in ("taogpud.socket", "taogpud.service"):
+        for unit in ("taogpud.socket", "taogpud.service", "taogpud-relay.socket"):
             assert container.show("ActiveState", unit=unit)["ActiveState"] == "active", unit
+        assert _relay(container) == "systemd HTTP/1.1 401 Unauthorized"
         assert _main_pid(container) != pid
         said = _manager_says(container, since)
         assert any(m.startswith("Closed taogpud.socket") for m in said), said
@@ -548,7 +714,7 @@ class TestMinimalDebianJourney:
         assert done.returncode == 0, done.stderr
         assert "can still be activated" not in done.stderr and "still active" not in done.stderr
         time.sleep(1)
-        for unit in ("taogpud.socket", "taogpud.service"):
+        for unit in ("taogpud.socket", "taogpud.service", "taogpud-relay.socket"):
             assert container.show("ActiveState", unit=unit)["ActiveState"] == "inactive", unit
         assert not container.socket_path.exists()
         said = _manager_says(container, since)
@@ -557,10 +723,14 @@ class TestMinimalDebianJourney:
     def test_9_purge_removes_its_own_and_names_what_stays(
         self, box: tuple[Container, Path]
     ) -> None:
-        """dpkg --purge: state and cache gone; the admin's API key stays, and postrm says so."""
+        """dpkg --purge of a failed install: state and cache gone; the admin's API key
+        stays, and postrm says so; the failed units do not linger in `systemctl --failed`."""
         container, _ = box
         key = "install -m 0600 /dev/stdin /etc/credstore/taotoken_api_key"
         assert _sh(container, f"echo {SECRET} | {key}").returncode == 0
+        _sh(container, "cp /usr/share/doc/taogpud/examples/gpu/* /etc/taogpud/")
+        assert _sh(container, "systemctl start taogpud.service").returncode != 0
+        assert "taogpud.service" in _sh(container, "systemctl --failed --no-legend").stdout
         done = _sh(container, README_STEPS["purge"])
         assert done.returncode == 0, done.stderr
         said = done.stderr + done.stdout
@@ -571,6 +741,34 @@ class TestMinimalDebianJourney:
         assert (container.root / "etc/credstore/taotoken_api_key").exists()
         state = container.show("LoadState", "ActiveState")
         assert state["ActiveState"] == "inactive", state
+        failed = _sh(container, "systemctl --failed --no-legend --all").stdout
+        assert "taogpud" not in failed, failed
+        links = _sh(container, "find /etc/systemd -name 'taogpud*'").stdout
+        assert links == "", links  # taogpud-relay.socket's .wants links too
+
+    def test_10_an_install_over_the_admins_pair_asks_nothing_and_keeps_it(
+        self, box: tuple[Container, Path]
+    ) -> None:
+        """The admin's own pair first, then `dpkg -i` with no terminal, twice (an install,
+        then a reinstall): no conffile question, the pair kept byte for byte, and it runs."""
+        container, deb = box
+        pair = container.root / "etc/taogpud"
+        pair.mkdir()
+        for name in ("settings.json", "config.toml"):
+            shutil.copy(REPO / "packaging/examples/cpu" / name, pair / name)
+        config = pair / "config.toml"
+        config.write_text(
+            config.read_text().replace("max_concurrent_tasks = 8", "max_concurrent_tasks = 5")
+        )
+        mine = {name: (pair / name).read_bytes() for name in ("settings.json", "config.toml")}
+        for attempt in ("install", "reinstall"):
+            done = _sh(container, f"dpkg -i {deb}")
+            assert done.returncode == 0, f"{attempt}: {done.stderr}{done.stdout}"
+            assert "keeping the pair in /etc/taogpud" in done.stderr, done.stderr
+            assert {name: (pair / name).read_bytes() for name in mine} == mine, attempt
+            assert container.running(), f"{attempt}: {container.log_tail()}"
+        with Client(container.socket_path, timeout_s=30) as client:
+            assert client.status()["max_concurrent_tasks"] == 5
 
 
 # --- the package ------------------------------------------------------------------------
@@ -590,9 +788,25 @@ def test_deb_installs_enables_and_starts(container: Container) -> None:
     assert sock == ["660", "root", "taogpu"]
 
 
+def test_the_container_sees_none_of_the_hosts_state(container: Container) -> None:
+    """The host's /var (bar dpkg's database), /run and /etc stay outside: a directory made
+    in the host's /var/lib before the boot is not there, and the package's state directory
+    is the container's own (a root-run leftover on the host once turned 12 tests red)."""
+    assert container.host_probe is not None
+    assert container.host_probe.is_dir()
+    assert not (container.root / container.host_probe.relative_to("/")).exists()
+    assert (container.root / "var/lib/dpkg/status").exists()
+    mounts = container.run("findmnt", "--noheadings", "--output", "TARGET,FSTYPE", "--list")
+    fstype = dict(line.split() for line in mounts.splitlines() if len(line.split()) == 2)
+    assert (fstype["/var/lib"], fstype["/var/lib/dpkg"]) == ("tmpfs", "overlay"), mounts
+    for own in ("/var/lib/taogpud", "/run/taogpud", "/etc/taogpud"):
+        assert own not in fstype, f"{own} is a mount: {mounts}"
+
+
 def test_units_verify_without_a_word(container: Container) -> None:
     """systemd-analyze verify prints nothing on stderr for every unit the package ships."""
-    system = [f"/lib/systemd/system/taogpud.{kind}" for kind in ("service", "socket")]
+    system = [f"/lib/systemd/system/{u}" for u in ("taogpud.service", "taogpud.socket")]
+    system.append("/lib/systemd/system/taogpud-relay.socket")
     user = [f"/usr/lib/systemd/user/taogpud.{kind}" for kind in ("service", "socket")]
     # A user manager's view needs a runtime dir. The host's gpg-agent environment
     # generator needs awk, whose /etc/alternatives link this container's /etc lacks.
