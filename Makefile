@@ -1,9 +1,11 @@
 # One entry point for people and CI. `make test` is the README's test command.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# hashed lock files, one per extra that ships (`make lock`)
+LOCKS := packaging/locks
 STAMP := $(VENV)/.installed
 
-.PHONY: venv check i18n test test-gpu gpu-check gpu-wheels gpu-replica demo bench deb clean
+.PHONY: venv check i18n test test-gpu gpu-check gpu-wheels gpu-replica demo bench deb lock clean
 
 venv: $(STAMP)
 
@@ -58,11 +60,11 @@ DEMO_STAMP := $(DEMO_VENV)/.installed-$(or $(DEMO_EXTRAS),cpu)
 demo: $(DEMO_STAMP)
 	$(DEMO_VENV)/bin/python scripts/demo.py
 
-$(DEMO_STAMP): pyproject.toml
+$(DEMO_STAMP): pyproject.toml $(LOCKS)/$(or $(DEMO_EXTRAS),cpu).txt
 	rm -f $(DEMO_VENV)/.installed-*
 	python3 -m venv $(DEMO_VENV)
-	$(DEMO_VENV)/bin/python -m pip install -q --upgrade pip
-	$(DEMO_VENV)/bin/python -m pip install -q '.$(if $(DEMO_EXTRAS),[$(DEMO_EXTRAS)])'
+	$(DEMO_VENV)/bin/python -m pip install -q --require-hashes --no-deps -r $(LOCKS)/$(or $(DEMO_EXTRAS),cpu).txt
+	$(DEMO_VENV)/bin/python -m pip install -q --no-deps --no-build-isolation --no-index .
 	touch $@
 
 # Not part of the tests: installs dask, Ray and matplotlib to measure beside them.
@@ -73,15 +75,30 @@ bench: venv
 # dist/taogpud_<version>_<arch>.deb: the units, sysusers/tmpfiles, /etc/taogpud and the app
 # in a venv under /opt/taogpud. EXTRAS= for CPU only. The package's venv is filled from a
 # build venv holding only what it ships (taogpud[EXTRAS]'s runtime closure, and `packaging`
-# for build.py), at the versions of $(VENV) when there is one: not the development venv.
+# for build.py), installed from the lock file with --require-hashes: not the development venv,
+# and never whatever the index serves today (a daemon that holds the API key).
 EXTRAS ?= cuda12
 DEB_VENV := build/deb-venv
 deb:
 	rm -rf $(DEB_VENV) && mkdir -p build
 	/usr/bin/python3 -m venv $(DEB_VENV)
-	if [ -x $(VENV)/bin/pip ]; then $(VENV)/bin/pip freeze --exclude-editable > build/deb-constraints.txt; else : > build/deb-constraints.txt; fi
-	$(DEB_VENV)/bin/pip install -q -c build/deb-constraints.txt '.$(if $(EXTRAS),[$(EXTRAS)])' packaging
+	$(DEB_VENV)/bin/pip install -q --require-hashes --no-deps -r $(LOCKS)/$(or $(EXTRAS),cpu).txt
+	$(DEB_VENV)/bin/pip install -q --no-deps --no-build-isolation --no-index .
 	$(DEB_VENV)/bin/python packaging/build.py deb --extras '$(EXTRAS)'
+
+# packaging/locks/<extra>.txt: taogpud[extra]'s runtime closure (and the build backend), each
+# version pinned with the hashes of its files, for every extra that ships: cpu (none) and
+# cuda12. `make deb`, `make demo` and the README install from them with --require-hashes;
+# tests/test_locks.py fails when pyproject.toml asks for what a lock lacks. `make lock` keeps
+# the pins it can; `make lock UPGRADE=1` takes the newest. Needs uv (the dev extra) and PyPI.
+LOCK_EXTRAS := cpu cuda12
+lock:
+	for extra in $(LOCK_EXTRAS); do \
+	    $(PY) -m uv pip compile --quiet pyproject.toml $(LOCKS)/build.in \
+	        $$( [ $$extra = cpu ] || echo --extra $$extra ) $(if $(UPGRADE),--upgrade) \
+	        --generate-hashes --universal --python-version 3.11 \
+	        --custom-compile-command "make lock" -o $(LOCKS)/$$extra.txt || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) $(DEMO_VENV) .mypy_cache .ruff_cache .pytest_cache
