@@ -464,17 +464,29 @@ def test_hints_name_what_works_in_a_package(tmp_path: Path) -> None:
     assert CPU_PAIR in install_hint("cuda", tmp_path)
 
 
-def test_make_deb_installs_only_what_the_package_ships(tmp_path: Path) -> None:
-    """`make deb EXTRAS=` builds its venv from taogpud's runtime closure, not from the
-    development venv's `.[dev,cuda12,ray,opencl]`."""
+@pytest.mark.parametrize(
+    ("target", "extras", "lock"),
+    [
+        ("deb", "EXTRAS=", "cpu"),
+        ("deb", "EXTRAS=cuda12", "cuda12"),
+        ("demo", "DEMO_EXTRAS=", "cpu"),
+    ],
+)
+def test_make_installs_only_the_locked_closure(
+    tmp_path: Path, target: str, extras: str, lock: str
+) -> None:
+    """`make deb` and `make demo` install taogpud's runtime closure from its lock file with
+    --require-hashes, then taogpud itself with nothing fetched: never the development venv's
+    extras, never an unpinned version from the index."""
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run(
-        ["make", "-n", "-B", "-C", str(root), "deb", "EXTRAS=", f"VENV={tmp_path}/venv"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+        ["make", "-n", "-B", "-C", str(root), target, extras, f"VENV={tmp_path}/venv",
+         f"DEMO_VENV={tmp_path}/demo"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
     installs = [line for line in done.stdout.splitlines() if "pip install" in line]
-    assert installs, done.stdout
-    assert all("dev" not in line and "cuda12" not in line for line in installs), installs
-    assert any(" '.' packaging" in line for line in installs), installs
+    assert len(installs) == 2, done.stdout
+    locked, own = installs
+    assert f"--require-hashes --no-deps -r packaging/locks/{lock}.txt" in locked, locked
+    assert "--no-deps --no-build-isolation --no-index ." in own, own
+    assert all("dev" not in line for line in installs), installs
