@@ -21,7 +21,7 @@ import typer
 from taogpud.cli.failures import CliError
 from taogpud.cli.output import emit_json, emit_line
 from taogpud.client import Client
-from taogpud.relay.tools import TOOLS, Recipe, recipe
+from taogpud.relay.tools import TOOLS, Recipe, recipe, with_mcp_server
 
 if TYPE_CHECKING:  # both import pydantic-settings: taogpuctl's start pays for them only here
     from taogpud.doctor import Check
@@ -100,7 +100,7 @@ def env_command(
         ),
     ] = False,
 ) -> None:
-    """Print the lines TOOL reads to use the relay (its base URL and your relay token)."""
+    """Print the lines TOOL reads to use the relay and taogpud's GPU tools (`taogpuctl mcp`)."""
     if tool not in TOOLS:
         raise typer.BadParameter(f"unknown tool {tool!r}; known: {', '.join(TOOLS)}")
     with _client(ctx) as client:
@@ -112,6 +112,8 @@ def env_command(
             )
         token = _usable_token(client, status)
     made = recipe(tool, f"http://{status['listen']}", token, status.get("models") or {})
+    socket_path = getattr(ctx.find_root().obj, "socket_path", None)
+    made = with_mcp_server(made, tool, None if socket_path is None else str(socket_path))
     lines = _written(made) if write else made.lines()
     print("\n".join(lines))  # as is: never through rich, whose markup eats `[table]` lines
 

@@ -33,7 +33,8 @@ def openclaw_path(environ: Mapping[str, str]) -> Path:
 
 
 def write_codex(path: Path, config: Mapping[str, Any]) -> None:
-    """Set model_provider, model and the [model_providers.NAME] table; keep the rest."""
+    """Set model_provider, model, the [model_providers.NAME] and [mcp_servers.NAME] tables;
+    keep the rest (other providers and servers among them)."""
     document = tomlkit.document()
     if path.exists():
         try:
@@ -41,25 +42,27 @@ def write_codex(path: Path, config: Mapping[str, Any]) -> None:
         except tomlkit.exceptions.ParseError as exc:
             raise _unreadable(path, "TOML", exc) from None
     for key, value in config.items():
-        if key != "model_providers":
+        if not isinstance(value, dict):
             document[key] = value
-    providers = document.setdefault("model_providers", tomlkit.table(is_super_table=True))
-    for name, table in config["model_providers"].items():
-        providers[name] = table
+            continue
+        group = document.setdefault(key, tomlkit.table(is_super_table=True))
+        for name, table in value.items():
+            group[name] = table
     _replace(path, tomlkit.dumps(document))
 
 
 def write_openclaw(path: Path, entry: Mapping[str, Any]) -> None:
-    """Set models.providers.NAME; keep the rest. OpenClaw also reads JSON5: a file with
-    comments is refused rather than rewritten without them."""
+    """Set models.providers.NAME and mcp.servers.NAME; keep the rest. OpenClaw also reads
+    JSON5: a file with comments is refused rather than rewritten without them."""
     document: dict[str, Any] = {}
     if path.exists():
         try:
             document = json.loads(path.read_text() or "{}")
         except ValueError as exc:
             raise _unreadable(path, "plain JSON", exc) from None
-    providers = document.setdefault("models", {}).setdefault("providers", {})
-    providers.update(entry["models"]["providers"])
+    for top, groups in entry.items():  # {"models": {"providers": {NAME: …}}, "mcp": …}
+        for group, named in groups.items():
+            document.setdefault(top, {}).setdefault(group, {}).update(named)
     _replace(path, json.dumps(document, indent=2) + "\n", secret=True)
 
 

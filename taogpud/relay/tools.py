@@ -6,6 +6,10 @@ imports the daemon. Each recipe is the way the tool's current release is configu
     codex               a custom provider in $CODEX_HOME/config.toml (wire_api = "responses",
                         env_key naming the variable that holds the token); Codex no longer
                         reads OPENAI_BASE_URL (openai/codex PR 16720, April 2026)
+
+`with_mcp_server` adds `taogpuctl mcp`'s registration to a recipe (agents/registration.py):
+[mcp_servers.taogpud] for Codex, mcp.servers.taogpud for OpenClaw, the `claude mcp add` line
+for Claude Code.
     claude-code         ANTHROPIC_BASE_URL + ANTHROPIC_AUTH_TOKEN (sent as Bearer)
     openclaw[-anthropic] a models.providers entry of openclaw.json; OpenClaw's validation
                         refuses a custom provider without its `models`
@@ -18,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # (pattern, tool name), first match wins: the tools themselves, searched in User-Agent and in
@@ -85,6 +89,7 @@ class Recipe:
     exports: list[tuple[str, str]]
     file_kind: str | None = None  # "codex-toml" | "openclaw-json"
     merge: dict[str, Any] = field(default_factory=dict)  # the document to merge into it
+    notes: list[str] = field(default_factory=list)  # comments after the exports
 
     @property
     def export_lines(self) -> list[str]:
@@ -93,7 +98,7 @@ class Recipe:
     def lines(self) -> list[str]:
         """The whole recipe as printed: the file's part (if any), then the shell's."""
         if self.file_kind is None:
-            return self.export_lines
+            return [*self.export_lines, *self.notes]
         if self.file_kind == "codex-toml":
             head = ["# merge into $CODEX_HOME/config.toml (~/.codex/config.toml), or use --write"]
             body = codex_toml(self.merge)
@@ -125,6 +130,20 @@ def recipe(tool: str, base_url: str, token: str, aliases: Mapping[str, str]) -> 
     raise ValueError(f"unknown tool {tool!r}; known: {', '.join(TOOLS)}")
 
 
+def with_mcp_server(made: Recipe, tool: str, socket_path: str | None) -> Recipe:
+    """The recipe with `taogpuctl mcp` registered in the tool's own form (issue 39): merged
+    into the file a tool reads, or for Claude Code the `claude mcp add` line as a comment."""
+    from taogpud.agents import registration
+
+    if made.file_kind == "codex-toml":
+        return replace(made, merge={**made.merge, **registration.codex_servers(socket_path)})
+    if made.file_kind == "openclaw-json":
+        return replace(made, merge={**made.merge, **registration.openclaw_servers(socket_path)})
+    if tool == "claude-code":
+        return replace(made, notes=registration.claude_code_lines(socket_path))
+    return made
+
+
 def default_model(aliases: Mapping[str, str]) -> str:
     """The alias a coding agent starts with: `coding`, else `default`, else the first."""
     for name in ("coding", "default"):
@@ -148,12 +167,15 @@ def codex_config(v1: str, aliases: Mapping[str, str]) -> dict[str, Any]:
 
 
 def codex_toml(config: Mapping[str, Any]) -> list[str]:
-    """The Codex config as TOML lines (root keys first, as TOML requires)."""
-    root = {key: value for key, value in config.items() if key != "model_providers"}
-    lines = [f"{key} = {json.dumps(value)}" for key, value in root.items()]
-    for name, table in config["model_providers"].items():
-        lines += ["", f"[model_providers.{name}]"]
-        lines += [f"{key} = {json.dumps(value)}" for key, value in table.items()]
+    """The Codex config as TOML lines: root keys first, as TOML requires, then each table
+    of named tables ([model_providers.NAME], [mcp_servers.NAME]). JSON's strings and arrays
+    of strings are TOML's too."""
+    groups = {key: value for key, value in config.items() if isinstance(value, dict)}
+    lines = [f"{key} = {json.dumps(value)}" for key, value in config.items() if key not in groups]
+    for group, named in groups.items():
+        for name, table in named.items():
+            lines += ["", f"[{group}.{name}]"]
+            lines += [f"{key} = {json.dumps(value)}" for key, value in table.items()]
     return lines
 
 
