@@ -23,6 +23,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from websockets.frames import Opcode
+from websockets.protocol import State as WsState
+from websockets.server import ServerProtocol
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -191,6 +195,9 @@ class FakeProvider:
         self.script: list[Reply] = []
         self.default = OK
         self.require_auth = False  # True: a request without the expected key gets a 401
+        self.ws_refuse: int | None = None  # a status: WebSocket upgrades refused with it
+        self.ws_words = 3  # words in each WebSocket response
+        self.ws_ends: list[str] = []  # per WebSocket session: how it ended
         self.seen: list[Seen] = []
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -217,13 +224,86 @@ class FakeProvider:
                 pass
 
             def do_GET(self) -> None:
+                if self.headers.get("upgrade", "").lower() == "websocket":
+                    self._websocket()
+                    return
                 self.do_POST()
+
+            def _websocket(self) -> None:
+                seen = self._seen(b"")
+                if provider.ws_refuse is not None or (
+                    provider.require_auth and not (seen.auth_matches or seen.x_api_key_matches)
+                ):
+                    status = provider.ws_refuse or 401
+                    self._send(Reply(status, {"error": {"message": "no websocket here"}}), "m")
+                    return
+                protocol = ServerProtocol()
+                head = "".join(f"{name}: {value}\r\n" for name, value in self.headers.items())
+                protocol.receive_data(f"GET {self.path} HTTP/1.1\r\n{head}\r\n".encode())
+                (request,) = protocol.events_received()
+                protocol.send_response(protocol.accept(request))
+                self.close_connection = True
+                self._pump(protocol)
+
+            def _pump(self, protocol: ServerProtocol) -> None:
+                """Frames in, a Responses stream out for each response.create, until closed."""
+                end = "client_closed"
+                try:
+                    while protocol.state is not WsState.CLOSED:
+                        self.wfile.write(b"".join(protocol.data_to_send()))
+                        self.wfile.flush()
+                        data = self.rfile.read1(65536)
+                        if not data:
+                            protocol.receive_eof()
+                            end = "eof" if end == "client_closed" else end
+                            break
+                        protocol.receive_data(data)
+                        for frame in protocol.events_received():
+                            if frame.opcode is Opcode.TEXT:
+                                self._ws_answer(protocol, json.loads(frame.data))
+                    self.wfile.write(b"".join(protocol.data_to_send()))
+                except OSError:
+                    end = "broken"
+                with provider._lock:
+                    provider.ws_ends.append(end)
+
+            def _ws_answer(self, protocol: ServerProtocol, event: dict[str, Any]) -> None:
+                seen = Seen(self.path, False, False, event, "WS")
+                with provider._lock:
+                    provider.seen.append(seen)
+                model = event.get("model") if isinstance(event.get("model"), str) else "m"
+                for sse in responses_stream(model, provider.ws_words):
+                    protocol.send_text(sse.split(b"data: ", 1)[1].strip())
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
+                seen = self._seen(raw)
+                if provider.require_auth and not (seen.auth_matches or seen.x_api_key_matches):
+                    # as real providers do, the refusal echoes what it got: the channel must
+                    # keep that out of everything it shows
+                    message = f"Incorrect API key provided: {self.headers.get('Authorization')}"
+                    reply = Reply(401, {"error": {"message": message, "type": "auth_error"}})
+                else:
+                    reply = provider.next_reply()
+                if reply.echo_auth:
+                    message = (
+                        f"Incorrect API key provided: {self.headers.get('Authorization')} / "
+                        f"{self.headers.get('x-api-key')}"
+                    )
+                    reply = Reply(401, {"error": {"message": message, "type": "auth_error"}})
+                body = seen.body
+                asked = body.get("model") if isinstance(body, dict) else None
+                self._send(reply, asked if isinstance(asked, str) else "claude-sonnet")
+
+            def _seen(self, raw: bytes) -> Seen:
+                """Record the request (the key only as whether it matched)."""
                 auth = self.headers.get("Authorization")
                 x_api_key = self.headers.get("x-api-key")
+                self.echoed = {
+                    b"@AUTH@": (auth or "").encode(),
+                    b"@XKEY@": (x_api_key or "").encode(),
+                }
                 try:
                     body = json.loads(raw)
                 except ValueError:
@@ -242,22 +322,7 @@ class FakeProvider:
                 )
                 with provider._lock:
                     provider.seen.append(seen)
-                if provider.require_auth and not (matches or x_matches):
-                    # as real providers do, the refusal echoes what it got: the channel must
-                    # keep that out of everything it shows
-                    message = f"Incorrect API key provided: {auth}"
-                    reply = Reply(401, {"error": {"message": message, "type": "auth_error"}})
-                else:
-                    reply = provider.next_reply()
-                if reply.echo_auth:
-                    message = f"Incorrect API key provided: {auth} / {x_api_key}"
-                    reply = Reply(401, {"error": {"message": message, "type": "auth_error"}})
-                asked = body.get("model") if isinstance(body, dict) else None
-                self.echoed = {
-                    b"@AUTH@": (auth or "").encode(),
-                    b"@XKEY@": (x_api_key or "").encode(),
-                }
-                self._send(reply, asked if isinstance(asked, str) else "claude-sonnet")
+                return seen
 
             def _echo(self, reply: Reply, data: bytes) -> bytes:
                 for mark, value in self.echoed.items() if reply.echo else ():

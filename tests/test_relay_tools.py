@@ -405,3 +405,106 @@ def test_the_trace_names_the_tool(relayd: RunningDaemon, provider: FakeProvider)
             assert client.get("/relay/v1/models", headers=headers).status_code == 200
     lines = relay_lines(relayd, len(NAMED))
     assert [line["tool"] for line in lines] == [tool for _, _, tool in NAMED]
+
+
+# ---- the Responses API over WebSocket -------------------------------------------------------
+
+
+# the openai SDK calls websockets' connect() outside a `with` (its own affair, not the relay's)
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager")
+def test_responses_over_websocket_on_tcp(relayd: RunningDaemon, provider: FakeProvider) -> None:
+    """The openai SDK's responses.connect() through the TCP listener: the upgrade is let in by
+    the relay token, the provider's socket opened with the key, two turns relayed frame by
+    frame (aliases resolved), their usage counted; one trace line for the session."""
+    token, base = token_of(relayd)
+    client = kept(openai.OpenAI(base_url=base + "/v1", api_key=token, max_retries=0))
+    texts = []
+    with client.responses.connect() as connection:
+        for _ in range(2):
+            connection.response.create(model="coding", input="hi")
+            for event in connection:
+                if event.type == "response.completed":
+                    texts.append(event.response.output_text)
+                    break
+    assert texts == ["w0 w1 w2 ", "w0 w1 w2 "]
+    handshake = next(seen for seen in provider.seen if seen.method == "GET")
+    assert handshake.path == "/api/v1/responses" and handshake.auth_matches
+    assert token not in json.dumps(handshake.headers)
+    turns = [seen for seen in provider.seen if seen.method == "WS"]
+    assert [turn.body["model"] for turn in turns] == [MODELS["coding"]] * 2
+    line = relay_lines(relayd)[-1]
+    assert line["method"] == "WEBSOCKET" and line["status"] == 101 and line["tool"] == "openai-sdk"
+    assert line["tokens"] == {"input": 22, "output": 6, "total": 28}
+    assert line["session"]["messages_in"] == 2 and line["session"]["turns"] == 2
+    assert line["alias"] == "coding" and line["hung_up"] is False
+
+
+def test_websocket_over_the_unix_socket(relayd: RunningDaemon, provider: FakeProvider) -> None:
+    """/relay/v1/responses upgrades on the daemon's socket too (the caller: SO_PEERCRED)."""
+    from websockets.sync.client import unix_connect
+
+    with unix_connect(str(relayd.socket_path), "ws://taogpud/relay/v1/responses") as ws:
+        ws.send(json.dumps({"type": "response.create", "model": "default", "input": "x"}))
+        events = [json.loads(ws.recv(timeout=30))]
+        while events[-1]["type"] != "response.completed":
+            events.append(json.loads(ws.recv(timeout=30)))
+    assert events[-1]["response"]["model"] == MODELS["default"]
+    line = relay_lines(relayd)[-1]
+    assert line["via"] == "unix" and line["uid"] is not None and line["status"] == 101
+    assert line["tokens"] == {"input": 11, "output": 3, "total": 14}
+
+
+def test_websocket_refusals_are_http_errors_in_the_one_shape(
+    relayd: RunningDaemon, provider: FakeProvider
+) -> None:
+    """No token: 401; a provider without WebSocket: 426 upstream_no_websocket at once, so the
+    client falls back to HTTP (never uvicorn's plain 500); each refusal traced."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    token, base = token_of(relayd)
+    url = base.replace("http://", "ws://") + "/v1/responses"
+    with pytest.raises(InvalidStatus) as no_token, connect(url, open_timeout=30):
+        pass
+    assert no_token.value.response.status_code == 401
+    assert json.loads(no_token.value.response.body)["code"] == "relay_token_required"
+    provider.ws_refuse = 404
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, additional_headers={"authorization": f"Bearer {token}"}, open_timeout=30)
+    answer = refused.value.response
+    assert (
+        answer.status_code == 426 and answer.headers["x-taogpud-error"] == "upstream_no_websocket"
+    )
+    assert set(json.loads(answer.body)) == {"code", "message", "hint"}
+    assert_no_key(answer.body)
+    lines = relay_lines(relayd, 2)
+    assert [line["status"] for line in lines[-2:]] == [401, 426]
+
+
+def test_websocket_sessions_are_limited(
+    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider
+) -> None:
+    """A session holds one concurrent slot; the day's token budget, spent by its turns, closes
+    it with 1008 at the next message, and a new session is refused with 429."""
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+    from websockets.sync.client import unix_connect
+
+    limits = {"tokens_per_day": 20, "concurrent": 1}
+    daemon = start_relay(daemon_factory, provider.base_url, {"limits": limits})
+    url = "ws://taogpud/relay/v1/responses"
+    create = json.dumps({"type": "response.create", "model": "default", "input": "x"})
+    with unix_connect(str(daemon.socket_path), url) as ws:
+        busy = unix_get(daemon, "GET", "/relay/v1/models")
+        assert busy.status_code == 429 and "concurrent=1" in busy.json()["message"]
+        for _ in range(2):  # 14 tokens a turn: the second passes the budget
+            ws.send(create)
+            while json.loads(ws.recv(timeout=30))["type"] != "response.completed":
+                pass
+        ws.send(create)
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    assert "tokens_per_day=20" in closed.value.rcvd.reason
+    with pytest.raises(InvalidStatus) as refused, unix_connect(str(daemon.socket_path), url):
+        pass
+    assert refused.value.response.status_code == 429

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -26,11 +26,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from taogpud import trace, wire
 from taogpud.channel import ChannelSettings, Scrubber, public_url
-from taogpud.config import ConfigSnapshot, RelaySection
+from taogpud.config import ConfigSnapshot, RelayLimits, RelaySection
 from taogpud.errors import ErrorBody
 from taogpud.i18n import Text, accepted_language, render
 from taogpud.logging import get_logger, request_trace_enabled
-from taogpud.relay import upstream
+from taogpud.relay import upstream, websocket
 from taogpud.relay.limits import Limiter
 from taogpud.relay.scrub import KeyBytes
 from taogpud.relay.tokens import TokenStore
@@ -70,6 +70,7 @@ class Exchange:
     tokens: Tokens = field(default_factory=Tokens)
     hung_up: bool = False
     stream: bool = False
+    session: dict[str, Any] | None = None  # a WebSocket session's messages, turns and close
     on_end: Callable[[], None] | None = None  # once, just before the answer's last byte
     language: str | None = None  # the client's Accept-Language, for the relay's own errors
 
@@ -222,6 +223,87 @@ class Relay:
         finally:
             response.close()  # a whole answer's connection is back in the pool already
 
+    async def serve_websocket(
+        self, scope: Scope, receive: Receive, send: Send, path: str, uid: int | None, via: str
+    ) -> None:
+        """A WebSocket upgrade (the Responses API's WebSocket mode, Codex's first choice):
+        let in like any request, limited as one request for its whole session (its tokens
+        counted turn by turn), traced as one line when it ends."""
+        exchange = self._exchange(scope, path, uid, via)
+        exchange.method, exchange.stream = "WEBSOCKET", True
+        snapshot = self._snapshot()
+        try:
+            if (await receive())["type"] != "websocket.connect":
+                return
+            if not snapshot.config.relay.enabled:
+                raise RelayError(404, _disabled())
+            over = self.limiter.admit(uid, snapshot.config.relay.limits)
+            if over is not None:
+                hint = f"wait {over.retry_after_s} s, or ask the admin about [relay.limits]"
+                body = ErrorBody("relay_limit", over.message, hint)
+                raise RelayError(429, body, over.retry_after_s)
+            exchange.on_end = lambda: self.limiter.release(uid)
+            try:
+                await self._websocket_session(scope, receive, send, exchange, snapshot)
+            finally:
+                exchange.end()
+        except RelayError as exc:
+            await _refuse_websocket(scope, send, exc, exchange)
+        except Exception as exc:  # a bug: the one error shape, not uvicorn's plain-text 500
+            if exchange.status:
+                raise
+            await _refuse_websocket(scope, send, _internal_error(exc, exchange, snapshot), exchange)
+        finally:
+            self._finish(exchange, snapshot)
+
+    async def _websocket_session(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        exchange: Exchange,
+        snapshot: ConfigSnapshot,
+    ) -> None:
+        channel = self._channel_of(snapshot)
+        settings = channel.settings
+        family = upstream.family_of(exchange.path, scope["headers"])
+        key = upstream.key_header(settings.api_key, snapshot.config.relay.key_header, family)
+        headers, protocols = websocket.handshake_headers(scope["headers"], key)
+        url = upstream.upstream_url(settings.base_url, exchange.raw_path, scope["query_string"])
+        exchange.attempts = 1
+        try:
+            provider = await websocket.open_upstream(
+                self._session(), url, headers, protocols, settings.timeout_s, channel.proxy
+            )
+        except websocket.NoWebSocket as exc:
+            said = ErrorBody(exc.code, channel.scrub(exc.message), exc.hint)
+            raise RelayError(exc.status, said) from None
+        exchange.status = 101
+        await send({"type": "websocket.accept", "subprotocol": provider.protocol})
+        turns = _SessionTurns(self.limiter, exchange, snapshot.config.relay.limits, settings.models)
+        session = await websocket.relay_frames(
+            receive, send, provider, turns.rewrite, channel.scrub, turns.may_go_on
+        )
+        turns.credit(session)
+        exchange.tokens = session.tokens
+        exchange.session = {
+            "messages_in": session.messages_in,
+            "messages_out": session.messages_out,
+            "turns": session.turns,
+            "closed_by": session.closed_by,
+            "close_code": session.close_code,
+        }
+
+    async def refuse_websocket(self, scope: Scope, send: Send, exc: RelayError) -> None:
+        """Answer an upgrade the listener turned away (no token, a foreign Host): an HTTP
+        error in the one shape, traced all the same."""
+        exchange = self._exchange(scope, scope["path"], None, "tcp")
+        exchange.method = "WEBSOCKET"
+        try:
+            await _refuse_websocket(scope, send, exc, exchange)
+        finally:
+            self._finish(exchange, self._snapshot())
+
     async def refuse(self, scope: Scope, send: Send, exc: RelayError) -> None:
         """Answer a request the listener turned away before reading it (traced all the same)."""
         exchange = self._exchange(scope, scope["path"], None, "tcp")
@@ -252,6 +334,42 @@ class Relay:
             )
 
 
+class _SessionTurns:
+    """A WebSocket session's turns against the limits: the tokens counted so far credited to
+    the user before each new client message, which the day's budget may then refuse; each
+    client message's model alias resolved."""
+
+    def __init__(
+        self,
+        limiter: Limiter,
+        exchange: Exchange,
+        limits: RelayLimits,
+        models: Mapping[str, str],
+    ) -> None:
+        self.limiter = limiter
+        self.exchange = exchange
+        self.limits = limits
+        self.models = models
+        self.credited = 0
+
+    def credit(self, session: websocket.Session) -> None:
+        total = session.tokens.total
+        if total > self.credited:
+            self.limiter.add_tokens(self.exchange.uid, total - self.credited)
+            self.credited = total
+
+    def may_go_on(self, session: websocket.Session) -> str | None:
+        self.credit(session)
+        over = self.limiter.tokens_over(self.exchange.uid, self.limits)
+        return None if over is None else over.message
+
+    def rewrite(self, text: bytes) -> bytes:
+        aliased = upstream.resolve_alias(text, self.models)
+        self.exchange.alias = aliased.alias or self.exchange.alias
+        self.exchange.model = aliased.model or self.exchange.model
+        return aliased.body
+
+
 def trace_fields(exchange: Exchange, key_source: str, channel: str) -> dict[str, Any]:
     return {
         "uid": exchange.uid,
@@ -273,7 +391,7 @@ def trace_fields(exchange: Exchange, key_source: str, channel: str) -> dict[str,
         "hung_up": exchange.hung_up,
         "channel": channel,
         "key_source": key_source,
-    }
+    } | ({} if exchange.session is None else {"session": exchange.session})
 
 
 def raw_path_of(scope: Scope, prefix: str = "") -> str:
@@ -496,6 +614,27 @@ async def _answer_error(send: Send, exc: RelayError, exchange: Exchange) -> None
     await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
+async def _refuse_websocket(scope: Scope, send: Send, exc: RelayError, exchange: Exchange) -> None:
+    """An upgrade refused before it was accepted: the HTTP answer of the one error shape (the
+    ASGI server's websocket.http.response extension), so the client sees why at once; where
+    the server lacks it, a close (403)."""
+    exchange.status, exchange.code = exc.status, exc.body.code
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": websocket.POLICY_CLOSE})
+        return
+    payload = orjson.dumps(exc.body.as_dict())
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(payload)),
+        (ERROR_HEADER, exc.body.code.encode()),
+    ]
+    if exc.retry_after_s is not None:
+        headers.append((b"retry-after", str(exc.retry_after_s).encode()))
+    exchange.bytes_out += len(payload)
+    await send({"type": "websocket.http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": payload})
+
+
 def _internal_error(exc: Exception, exchange: Exchange, snapshot: ConfigSnapshot) -> RelayError:
     """Logged with its traceback (called from the except block), answered as a 500."""
     log.exception("relay.unexpected_error", path=exchange.path)
@@ -541,11 +680,12 @@ class UnixRelay:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or not path.startswith(PREFIX + "/"):
+        if scope["type"] not in ("http", "websocket") or not path.startswith(PREFIX + "/"):
             await self.app(scope, receive, send)
             return
         uid = peer_in(scope).uid
-        await self.relay.serve(scope, receive, send, path[len(PREFIX) :], uid, "unix")
+        serve = self.relay.serve if scope["type"] == "http" else self.relay.serve_websocket
+        await serve(scope, receive, send, path[len(PREFIX) :], uid, "unix")
 
 
 class TcpRelay:
@@ -560,15 +700,18 @@ class TcpRelay:
         self.relay = relay
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
             return
         try:
             self._check_host(scope)
             uid = self._caller(scope)
         except RelayError as exc:
-            await self.relay.refuse(scope, send, exc)
+            refuse = self.relay.refuse if kind == "http" else self.relay.refuse_websocket
+            await refuse(scope, send, exc)
             return
-        await self.relay.serve(scope, receive, send, scope["path"], uid, "tcp")
+        serve = self.relay.serve if kind == "http" else self.relay.serve_websocket
+        await serve(scope, receive, send, scope["path"], uid, "tcp")
 
     def _check_host(self, scope: Scope) -> None:
         host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")

@@ -83,6 +83,14 @@ class Limiter:
                 "in the last 60 s",
                 max(1, wait_s),
             )
+        return self._over_budget(user, limits)
+
+    def tokens_over(self, uid: int | None, limits: RelayLimits) -> OverLimit | None:
+        """The day's token budget alone: checked again at each message of a WebSocket session,
+        which counts as one request however many turns it holds."""
+        return self._over_budget(self._users.setdefault(uid, _User()), limits)
+
+    def _over_budget(self, user: _User, limits: RelayLimits) -> OverLimit | None:
         budget = limits.tokens_per_day
         if budget is not None and user.day == _today() and user.tokens >= budget:
             return OverLimit(
