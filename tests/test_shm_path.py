@@ -31,9 +31,13 @@ SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 FROZEN = SIZE_SEALS | fcntl.F_SEAL_WRITE
 
 
-def memfd(size: int, seals: int = SIZE_SEALS) -> int:
+def memfd(size: int, seals: int = SIZE_SEALS, allocated: bool = True) -> int:
+    """A memfd of `size`; allocated: its pages allocated here, as the client does (so they
+    are charged to this process), else sparse."""
     fd = os.memfd_create("test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
+    if allocated:
+        os.posix_fallocate(fd, 0, size)
     if seals:
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
     return fd
@@ -50,8 +54,10 @@ class Raw:
         wire.send(self.sock, message, fds)
         return wire.receive(self.sock)
 
-    def attach(self, size: int = 1 << 20, seals: int = SIZE_SEALS) -> dict[str, Any]:
-        fd = memfd(size, seals)
+    def attach(
+        self, size: int = 1 << 20, seals: int = SIZE_SEALS, allocated: bool = True
+    ) -> dict[str, Any]:
+        fd = memfd(size, seals, allocated)
         try:
             return self.ask({"op": "attach"}, [fd])
         finally:
@@ -294,8 +300,42 @@ def test_a_sealed_handover_that_is_not_write_sealed_is_refused(raw: Raw) -> None
     )
 
 
+def test_regions_of_pages_the_client_never_allocated_are_refused(daemon: RunningDaemon) -> None:
+    """A worker touching pages the client never allocated would allocate them itself, charged
+    to the service (measured: 384 MiB of a client's untouched memory landed in the daemon's
+    memory cgroup). A region past what the memory has allocated is refused, inputs and
+    output alike, in a frozen memfd too; the same job on allocated pages runs. Before,
+    each ran, on pages the worker allocated."""
+    inputs = {"a": region(0, [4]), "b": region(4096, [4])}
+    sparse, allocated, partly = Raw(daemon), Raw(daemon), Raw(daemon)
+    try:
+        sparse.attach(1 << 20, allocated=False)
+        answer = sparse.ask(submit(inputs))
+        assert answer["error"]["code"] == "region_not_allocated", answer
+        assert "input 'a': bytes 0..16 lie past the 0 bytes" in answer["error"]["message"]
+        assert set(answer["error"]) == {"code", "message", "hint"}
+        fd = memfd(4096, FROZEN, allocated=False)
+        frozen = {**submit({"a": region(0, [4]), "b": region(0, [4])}), "sealed": True}
+        sealed = allocated.ask(frozen, [fd])
+        os.close(fd)
+        assert sealed["error"]["code"] == "region_not_allocated", sealed
+        allocated.attach(1 << 20)  # allocated, as Client does as it hands out space
+        assert allocated.ask(submit(inputs))["job"]["status"] == "succeeded"
+        fd = memfd(1 << 20, 0, allocated=False)
+        os.posix_fallocate(fd, 0, 8192)  # the inputs' pages, not the output's
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SIZE_SEALS)
+        assert "memory" in partly.ask({"op": "attach"}, [fd])
+        os.close(fd)
+        output = partly.ask(submit(inputs, {"offset": 8192, "nbytes": 4096}))
+        assert output["error"]["code"] == "region_not_allocated", output
+        assert "output: bytes 8192..12288 lie past the 8192 bytes" in output["error"]["message"]
+    finally:
+        for connection in (sparse, allocated, partly):
+            connection.close()
+
+
 def test_memory_over_the_users_quota_is_refused(raw: Raw) -> None:
-    answer = raw.attach(64 << 30)  # sparse: no page is allocated, the size is what counts
+    answer = raw.attach(64 << 30, allocated=False)  # no page is allocated: the size counts
     assert answer["error"]["code"] == "memory_quota_exceeded"
     assert "the quota is" in answer["error"]["message"]
 

@@ -6,8 +6,9 @@ server is not involved. The daemon never maps a client's memory: it vets the des
 memfd, sealed against shrinking and growing so a worker can never fault past its end),
 holds it while a connection or a job needs it, and names it to the worker, which maps the
 job's regions itself (pool/regions.py). The memory counts against its owner: its pages are
-charged to the client that allocated them, and each uid may hold at most `quota_bytes` of
-memory here at once.
+charged to the client that allocated them (a region past the bytes it allocated is refused,
+or the worker would allocate them, charged to the service), and each uid may hold at most
+`quota_bytes` of memory here at once.
 
 The socket is a door like the others (taogpud/doors): opened through the registry, its
 connections held to the same caps per uid and in all, accepted with backoff when the daemon
@@ -66,6 +67,10 @@ class RegionOutside(RequestError):
 
 class RegionMismatch(RequestError):
     code = "region_mismatch"
+
+
+class RegionNotAllocated(RequestError):
+    code = "region_not_allocated"
 
 
 class MemoryQuota(RequestError):
@@ -165,7 +170,26 @@ def _inside(offset: int, nbytes: int, memory: Memory, what: str) -> int:
             f"{memory.handle.size} bytes",
             "regions must lie inside the memfd handed over",
         )
+    if nbytes:
+        _allocated(offset, offset + nbytes, memory, what)
     return nbytes
+
+
+def _allocated(offset: int, end: int, memory: Memory, what: str) -> None:
+    """A region ends within the bytes its memory has allocated (fstat's st_blocks: one call,
+    whatever the size), so a worker does not allocate the client's pages on first touch,
+    charged to the service. Our Client allocates from the start of its memory, as it hands
+    out space, so for it the count is exact; a client that allocates elsewhere than it names
+    can still leave holes, at most as many bytes as it allocated itself (see the docs)."""
+    allocated = os.fstat(memory.fd).st_blocks * 512
+    if end > allocated:
+        raise RegionNotAllocated(
+            f"{what}: bytes {offset}..{end} lie past the {allocated} bytes your memory has "
+            "allocated; a worker touching them would allocate them, charged to the service, "
+            "not to you",
+            "allocate the memory's pages before naming them (os.posix_fallocate, or write "
+            "them); taogpud.client's Client does so as it hands out space",
+        )
 
 
 def _is_count(value: Any) -> bool:
