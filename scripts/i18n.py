@@ -72,7 +72,9 @@ def rebuild() -> None:
         write_po(pot, template, omit_header=True, no_location=True, sort_output=True)
     for po_path in catalogs():
         catalog = read(po_path)
+        created = catalog.creation_date  # kept: a date that changed at every run made conflicts
         catalog.update(template, no_fuzzy_matching=True)
+        catalog.creation_date = created
         catalog.obsolete.clear()  # a string gone from the code has no use in the catalog
         with po_path.open("wb") as po:
             write_po(po, catalog, no_location=True, sort_output=True, width=100)

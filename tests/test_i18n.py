@@ -131,7 +131,8 @@ def test_a_config_error_names_file_key_and_fix_in_chinese(tmp_path: Path) -> Non
 def test_the_daemon_refuses_a_bad_config_in_chinese_at_a_terminal(tmp_path: Path) -> None:
     """A start-up refusal read at a terminal is in the user's language; into a file (the
     journal) it stays English."""
-    pair = testing.write_pair(tmp_path, {"gpu": {"memoryFracton": 0.5}}, {"runtime": {}})
+    config = {"runtime": {"thread_num": 4}}
+    pair = testing.write_pair(tmp_path, {"gpu": {"memoryFracton": 0.5}}, config)
     command = [sys.executable, "-m", "taogpud", *pair.flags(), "--state-dir", str(tmp_path / "s")]
     env = testing.same_code_env({**os.environ, **ZH, "TAOGPUD_LANG": ""})
     main, child = pty.openpty()
@@ -222,3 +223,24 @@ def test_the_relays_own_errors_follow_accept_language(
         assert english.json()["message"].startswith("the request carries no relay token")
         assert chinese.headers["x-taogpud-error"] == "relay_token_required"
         assert provider.seen == []
+
+
+@pytest.mark.skipif(Path("/proc/driver/nvidia").exists(), reason="CUDA can start on this host")
+def test_a_backend_that_cannot_start_is_refused_in_chinese_at_a_terminal(tmp_path: Path) -> None:
+    """The guide's GPU pair on a host without a driver: at a terminal the refusal and its fix
+    are in zh-CN (the reason itself, from the driver, may stay English); exit 1."""
+    # the embedded seed's backend (CUDA, GPU 0); a file needs one key to be a file
+    pair = testing.write_pair(tmp_path, {}, {"runtime": {"thread_num": 4}})
+    command = [sys.executable, "-m", "taogpud", *pair.flags(), "--state-dir", str(tmp_path / "s")]
+    command += ["--socket", str(tmp_path / "t.sock")]
+    env = testing.same_code_env({**os.environ, **ZH, "TAOGPUD_LANG": ""})
+    main, child = pty.openpty()
+    proc = subprocess.Popen(command, stdin=child, stdout=child, stderr=child, env=env)
+    os.close(child)
+    seen = _read_all(main)
+    assert proc.wait(timeout=60) == 1
+    assert "taogpud: CUDA 无法启动：" in seen
+    assert (
+        "（修复：修好驱动或设备列表，或者在 settings.json 中把 gpu.allowFallbackToCpu 设为 true"
+        in seen
+    )

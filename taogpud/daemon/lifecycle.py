@@ -42,7 +42,13 @@ from taogpud.daemon.shm_server import ShmServer
 from taogpud.daemon.state import DaemonState, DaemonStatus, Limits, Phase
 from taogpud.daemon.state_lock import StateDirLocked, StateDirNotOurs, lock_state_dir, not_ours
 from taogpud.doors import Doors, http_protocol
-from taogpud.errors import BackendUnavailable, ConfigError, HostCannotRun, StateDiskFull
+from taogpud.errors import (
+    BackendUnavailable,
+    ConfigError,
+    HostCannotRun,
+    StateDiskFull,
+    TaogpudError,
+)
 from taogpud.i18n import _, user_language
 from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.pool import shm
@@ -443,7 +449,7 @@ def _run(daemon: Daemon, notifier: systemd.Notifier) -> int:
         log.error("daemon.backend_unavailable", error=exc.message, hint=exc.hint)
         line = f"{exc.message} (fix: {exc.hint})" if exc.hint else exc.message
         code = EXIT_HOST_CANNOT_RUN if isinstance(exc, HostCannotRun) else EXIT_MAY_PASS_LATER
-        return _refuse(notifier, line, code)
+        return _refuse(notifier, line, code, exc)
     except (StateDirLocked, StateDirNotOurs, sqlite3.Error, OSError) as exc:
         return _refuse(notifier, *_state_refusal(daemon.state_dir, exc))
 
@@ -472,17 +478,27 @@ def _configure_logging(snapshot: config.ConfigSnapshot) -> str | None:
 
 
 def _refuse(
-    notifier: systemd.Notifier, line: str, code: int, error: ConfigError | None = None
+    notifier: systemd.Notifier, line: str, code: int, error: TaogpudError | None = None
 ) -> int:
     """A start that failed: one line on stderr (the journal keeps it) and in STATUS=.
-    A config error read at a terminal is in its user's language; the journal's stays English."""
+    Read at a terminal, `error` is in its user's language; the journal's line stays English."""
     shown = line
     if error is not None and sys.stderr.isatty():
-        shown = _("config error: {error}").format(error=error.render(user_language()))
+        shown = _in_language(error, user_language())
     print(f"taogpud: {shown}", file=sys.stderr)
     notifier.status(f"failed to start: {line}")
     notifier.close()
     return code
+
+
+def _in_language(error: TaogpudError, language: str | None) -> str:
+    """A refusal's line as a person at a terminal reads it."""
+    if isinstance(error, ConfigError):
+        return _("config error: {error}").format(error=error.render(language))
+    said = error.body(language)
+    if not said.hint:
+        return said.message
+    return _("{message} (fix: {fix})").format(message=said.message, fix=said.hint)
 
 
 def _loop_factory() -> type[asyncio.AbstractEventLoop] | None:

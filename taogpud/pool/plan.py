@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from taogpud.backends.base import WorkerSpec
 from taogpud.config import ConfigSnapshot
 from taogpud.errors import BackendUnavailable, HostCannotRun
+from taogpud.i18n import Text
 from taogpud.logging import get_logger
 
 log = get_logger("taogpud.pool")
@@ -46,9 +47,11 @@ def _plan_cuda(snapshot: ConfigSnapshot) -> WorkerPlan:
             return _plan(snapshot, "cuda", ids, None)
     if not snapshot.settings.gpu.allow_fallback_to_cpu:
         raise _cuda_refusal()(
-            f"CUDA cannot start: {reason}",
-            "fix the driver or the device list, or set gpu.allowFallbackToCpu to true in "
-            "settings.json to run on the CPU (every job then says fallback=true)",
+            Text("CUDA cannot start: {reason}", reason=reason),
+            Text(
+                "fix the driver or the device list, or set gpu.allowFallbackToCpu to true in "
+                "settings.json to run on the CPU (every job then says fallback=true)"
+            ),
         )
     log.warning("backend.fallback", reason=reason, allow_fallback_to_cpu=True)
     return _plan(snapshot, "cpu", list(range(snapshot.config.runtime.cpu_devices)), reason)
@@ -75,10 +78,12 @@ def _plan_opencl(snapshot: ConfigSnapshot) -> WorkerPlan:
         return _plan(snapshot, "opencl", list(range(count)) if wanted == "all" else wanted, None)
     if not snapshot.settings.gpu.allow_fallback_to_cpu:
         raise BackendUnavailable(
-            f"OpenCL cannot start: {reason}",
-            "fix the OpenCL driver or backend.opencl in config.toml, or set "
-            "gpu.allowFallbackToCpu to true in settings.json to run on the CPU (every job then "
-            "says fallback=true)",
+            Text("OpenCL cannot start: {reason}", reason=reason),
+            Text(
+                "fix the OpenCL driver or backend.opencl in config.toml, or set "
+                "gpu.allowFallbackToCpu to true in settings.json to run on the CPU (every job "
+                "then says fallback=true)"
+            ),
         )
     log.warning("backend.fallback", reason=reason, allow_fallback_to_cpu=True, wanted="opencl")
     return _plan(snapshot, "cpu", list(range(snapshot.config.runtime.cpu_devices)), reason)
