@@ -1,10 +1,13 @@
-"""The array store's bounds, on the real store and real /dev/shm images (a daemon only for
-the config key): an upload makes room only from its own owner's pending arrays."""
+"""The array store's bounds, on the real store and real /dev/shm images (a daemon for the
+config keys and the body timeout): an upload makes room only from its own owner's pending
+arrays, and one in progress holds what it reserved until it ends, however it ends."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import numpy as np
@@ -189,3 +192,28 @@ def test_uploads_in_progress_count_against_the_budget_and_their_owners_quota() -
         store.release_unused()
         for name in _images(namespace):
             shm.unlink(name)
+
+
+def test_an_upload_the_body_timeout_cuts_gives_its_reservation_back(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """An upload held mid-body past server.body_timeout_s: the daemon answers 408 and
+    closes, and its reservation and partial file go with it, the client still connected."""
+    daemon = daemon_factory(config={"server": {"body_timeout_s": 1}})
+    npy_head = shm.npy_header((1 << 18,), "<f4")
+    head = (
+        f"POST /v1/arrays HTTP/1.1\r\nHost: localhost\r\n"
+        f"Content-Type: application/octet-stream\r\nContent-Length: {len(npy_head) + (1 << 20)}"
+        "\r\n\r\n"
+    )
+    images = f"{shm.PREFIX}{shm.namespace_of(daemon.state_dir)}.*"
+    with daemon.client() as client, socket.socket(socket.AF_UNIX) as held:
+        held.connect(str(daemon.socket_path))
+        held.sendall(head.encode() + npy_head + bytes(64 * 1024))
+        answer = held.recv(4096)  # the daemon's, once the timeout has cut the body
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        deadline = time.monotonic() + 60  # the release follows the close; a bound, not a speed
+        while client.status()["arrays"]["reserved_bytes"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.status()["arrays"]["reserved_bytes"] == 0
+        assert list(shm.SHM_DIR.glob(images)) == []
