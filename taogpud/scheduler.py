@@ -910,22 +910,63 @@ class Scheduler:
         self._stop_program(job.id, JobState.failed)
 
     def _recover_program(self, job: JobRecord) -> None:
-        """A program a previous run accepted: queued, it queues again while its client lives
-        (pid and start time); granted, its lease ended with that run."""
+        """A program a previous run accepted. Queued, it queues again while its client lives;
+        granted, its lease is adopted while its program or its starter lives (pid and start
+        time: a pid given again is not theirs), its devices held as before; else it ends."""
         program = job.program
         assert program is not None
-        if job.status is JobState.queued and leases.alive(program.client_pid, program.client_start):
-            assert program.client_pid is not None and program.client_start is not None
-            watch = self._watch(job.id, program.client_pid, program.client_start, client=True)
-            self._programs[job.id] = Lease(watch)
+        client_alive = leases.alive(program.client_pid, program.client_start)
+        program_alive = leases.alive(program.pid, program.pid_start)
+        if job.status is JobState.queued and client_alive:
+            self._programs[job.id] = Lease(self._rewatch(job, client=True))
             self._move(job, JobState.queued)
-            return
-        self._programs[job.id] = Lease()
+        elif job.status is JobState.running and (client_alive or program_alive):
+            self._adopt(job, client_alive)
+        else:
+            self._programs[job.id] = Lease()
+            self._end_unadopted(job)
+
+    def _rewatch(self, job: JobRecord, *, client: bool) -> leases.Watch:
+        program = job.program
+        assert program is not None
+        pid, start = (
+            (program.client_pid, program.client_start)
+            if client
+            else (program.pid, program.pid_start)
+        )
+        assert pid is not None and start is not None
+        return self._watch(job.id, pid, start, client=client)
+
+    def _adopt(self, job: JobRecord, client_alive: bool) -> None:
+        """Hold a running program's devices again, and follow its processes as before."""
+        program = job.program
+        assert program is not None
+        lease = Lease(
+            indexes=list(program.device_indexes),
+            reserved=list(program.reserved_bytes),
+            whole=not program.share,
+            client_gone=not client_alive,
+        )
+        self._programs[job.id] = lease
+        if client_alive:
+            lease.client = self._rewatch(job, client=True)
+        if program.pid is not None:  # gone already: its watch says so, its starter reports
+            lease.program = self._rewatch(job, client=False)
+            lease.proof = self._proof_for(job)
+        if program.stop:
+            self._stop_reason[job.id] = JobState(program.stop)
+        trace.log.info("program.adopted", job_id=job.id, pid=program.pid, devices=program.devices)
+        self._hold(job)
+
+    def _end_unadopted(self, job: JobRecord) -> None:
         if job.status is JobState.queued:
             message = "taogpud restarted and the program's client is gone"
             self._finish(job, JobState.cancelled, _error("client_gone", message))
         else:
-            message = "taogpud stopped while the program held its lease (it restarted since)"
+            message = (
+                "taogpud stopped while the program held its lease, and neither the program "
+                "nor its starter runs any more: its exit status is unknown"
+            )
             self._finish(job, JobState.interrupted, _error("interrupted", message))
 
     # -- stopping -------------------------------------------------------------------------

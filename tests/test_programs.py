@@ -283,3 +283,33 @@ def test_the_ray_executor_refuses_programs(tmp_path: Path) -> None:
         incarnation.end()
     assert "local executor only; this daemon runs executor 'ray'" in refused.value.message
     assert refused.value.http_status == 422 and "docs/programs.md" in refused.value.hint
+
+
+def test_a_daemon_killed_mid_program_adopts_its_lease_after_the_restart(
+    daemon: RunningDaemon, work: Path, execs: list[Exec]
+) -> None:
+    """kill -9 of the daemon while two programs run: both run on. One ends while the daemon
+    is down: its starter reports the status once it is back. The other is adopted (pid and
+    start time): its device stays held (a task for it waits) until it ends, succeeded."""
+    kept = Exec(daemon, work / "kept", "--device", "0")
+    ended = Exec(daemon, work / "ended", "--device", "1", status=4)
+    execs.extend([kept, ended])
+    kept_id = kept.wait_started()["TAOGPUD_JOB_ID"]
+    ended_id = ended.wait_started()["TAOGPUD_JOB_ID"]
+    daemon.kill()
+    (ended.folder / "release").touch()  # it ends while the daemon is down (or restarting)
+    again = daemon.restart()
+    try:
+        assert ended.finish()[0] == 4  # its starter waited for the daemon to report it
+        with again.client() as client:
+            assert client.wait(ended_id, timeout_s=60)["result"]["exit_code"] == 4
+            assert client.get(kept_id)["status"] == "running"
+            waiting = client.submit("noop", device=0)
+            assert client.get(waiting["id"])["status"] == "queued"
+            assert kept.release()[0] == 0
+            assert client.wait(kept_id, timeout_s=60)["status"] == "succeeded"
+            assert client.wait(waiting["id"], timeout_s=60)["status"] == "succeeded"
+        adopted = [e["job_id"] for e in again.events("program.adopted")]
+        assert adopted.count(kept_id) == 1
+    finally:
+        again.stop()

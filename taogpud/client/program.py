@@ -22,15 +22,19 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from taogpud.client import ApiError, Client, DaemonUnreachable, Job
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 LEASE_POLL_S = 30.0  # one long-poll of the lease
+RECONNECT_S = 300.0  # how long a starter tries to reach a restarting daemon before it gives up
+RETRY_PAUSE_S = 0.2
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 OnQueued = Callable[[dict[str, Any]], None]
+T = TypeVar("T")
 
 
 class Outcome(NamedTuple):
@@ -75,11 +79,13 @@ class ProgramRun:
             _signal_group(self.process.pid, signum)
 
     def _wait_for_lease(self, job_id: str) -> dict[str, Any]:
-        lease = self.client.lease(job_id)
+        lease = _retrying(lambda: self.client.lease(job_id))
         while lease["phase"] == "queued":
             if self.on_queued is not None:
                 self.on_queued(lease)
-            lease = self.client.lease(job_id, after="queued", wait_s=LEASE_POLL_S)
+            lease = _retrying(
+                lambda: self.client.lease(job_id, after="queued", wait_s=LEASE_POLL_S)
+            )
         return lease
 
     def _run_granted(self, job: Job) -> Outcome:
@@ -91,7 +97,8 @@ class ProgramRun:
         except OSError as exc:
             why = f"cannot run {self.argv[0]!r}: {exc.strerror or exc}"
             return Outcome(self.client.program_exited(job_id, not_started=why), 127)
-        self.client.program_started(job_id, self.process.pid)
+        pid = self.process.pid
+        _retrying(lambda: self.client.program_started(job_id, pid))
         stopper = Stopper(self.client.socket_path, job_id, self.process)
         stopper.start()
         returncode = self.process.wait()
@@ -106,8 +113,8 @@ class ProgramRun:
         else:
             how["exit_code"] = returncode
         status = 128 - returncode if returncode < 0 else returncode
-        try:
-            job = self.client.program_exited(job_id, **how)
+        try:  # a daemon restarting meanwhile adopts the lease: the report waits for it
+            job = _retrying(lambda: self.client.program_exited(job_id, **how))
         except DaemonUnreachable as exc:  # the program ran; its status is still the caller's
             print(f"taogpuctl: could not report the exit: {exc.message}", file=sys.stderr)
             job = {"id": job_id, "status": "unknown"}
@@ -127,9 +134,17 @@ class Stopper(threading.Thread):
         with contextlib.suppress(ApiError, DaemonUnreachable), Client(self.socket_path) as client:
             phase = "granted"
             while phase == "granted" and self.process.poll() is None:
-                phase = client.lease(self.job_id, after="granted", wait_s=LEASE_POLL_S)["phase"]
+                phase = self._next_phase(client)
             if phase == "stopping":
                 self._stop()
+
+    def _next_phase(self, client: Client) -> str:
+        """The lease's next phase; through a daemon restart, "granted" again meanwhile."""
+        try:
+            return str(client.lease(self.job_id, after="granted", wait_s=LEASE_POLL_S)["phase"])
+        except DaemonUnreachable:
+            time.sleep(RETRY_PAUSE_S)
+            return "granted"
 
     def _stop(self) -> None:
         _signal_group(self.process.pid, signal.SIGTERM)
@@ -137,6 +152,18 @@ class Stopper(threading.Thread):
             self.process.wait(STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             _signal_group(self.process.pid, signal.SIGKILL)
+
+
+def _retrying(call: Callable[[], T]) -> T:
+    """`call`, again while the daemon cannot be reached (a restart), for RECONNECT_S."""
+    deadline = time.monotonic() + RECONNECT_S
+    while True:
+        try:
+            return call()
+        except DaemonUnreachable:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(RETRY_PAUSE_S)
 
 
 def _start(argv: list[str], env: dict[str, str], cwd: str) -> subprocess.Popen[bytes]:
