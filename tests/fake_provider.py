@@ -17,7 +17,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -195,6 +195,7 @@ class FakeProvider:
         self.script: list[Reply] = []
         self.default = OK
         self.require_auth = False  # True: a request without the expected key gets a 401
+        self.respond: Callable[[Seen], Reply] | None = None  # a reply per request, over script
         self.ws_refuse: int | None = None  # a status: WebSocket upgrades refused with it
         self.ws_words = 3  # words in each WebSocket response
         self.ws_ends: list[str] = []  # per WebSocket session: how it ended
@@ -222,6 +223,11 @@ class FakeProvider:
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass
+
+            def do_HEAD(self) -> None:  # Claude Code's preflight: an empty 200
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
 
             def do_GET(self) -> None:
                 if self.headers.get("upgrade", "").lower() == "websocket":
@@ -284,6 +290,8 @@ class FakeProvider:
                     # keep that out of everything it shows
                     message = f"Incorrect API key provided: {self.headers.get('Authorization')}"
                     reply = Reply(401, {"error": {"message": message, "type": "auth_error"}})
+                elif provider.respond is not None:
+                    reply = provider.respond(seen)
                 else:
                     reply = provider.next_reply()
                 if reply.echo_auth:

@@ -1,0 +1,182 @@
+"""The real coding agents through the relay (issue 38): Codex (`codex exec`) and Claude Code
+(`claude -p`), from npm at the versions .ci/run installs, each set up by nothing but what
+`taogpuctl relay env --tool X` printed or wrote, completing a streamed turn against
+tests/fake_provider.py on 127.0.0.1.
+
+A tool that is not installed, or whose binary cannot start on this host, is skipped with the
+reason; once it runs, the test asserts the provider saw its turn with the daemon's key and
+the relay's trace counted it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import RunningDaemon
+from fake_provider import (
+    FakeProvider,
+    Reply,
+    Seen,
+    anthropic_message,
+    anthropic_stream,
+    fake_provider,
+    responses_stream,
+)
+from test_relay import KEY, MODELS, relay_lines, start_relay
+
+pytestmark = pytest.mark.slow
+
+# What .ci/run installs (npm --prefix .ci/tools); TAOGPUD_TOOLS_BIN points elsewhere.
+CODEX_VERSION = "0.171.0"
+CLAUDE_CODE_VERSION = "2.1.197"  # the last release whose engines accept node 20 (>= 18)
+TOOLS_BIN = Path(__file__).resolve().parent.parent / ".ci" / "tools" / "node_modules" / ".bin"
+TURN_TIMEOUT_S = 180
+QUIET = {  # no update checks, telemetry or error reports: nothing leaves the host
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "NO_COLOR": "1",
+}
+
+
+def tool_binary(name: str, version: str) -> Path:
+    """The installed tool, or a skip saying why it cannot run here."""
+    where = Path(os.environ.get("TAOGPUD_TOOLS_BIN", TOOLS_BIN)) / name
+    if not where.exists():
+        pytest.skip(
+            f"{name} is not installed at {where}: .ci/run installs it "
+            f"(npm install --prefix .ci/tools of version {version})"
+        )
+    try:
+        shown = subprocess.run(
+            [str(where), "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except OSError as exc:
+        pytest.skip(f"{name} cannot start on this host: {exc}")
+    if shown.returncode != 0:
+        pytest.skip(f"{name} --version failed on this host: {shown.stderr.strip()[:300]}")
+    assert version in shown.stdout, f"{name} is {shown.stdout.strip()}, not the pinned {version}"
+    return where
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    with fake_provider(KEY) as server:
+        server.require_auth = True
+        yield server
+
+
+def clean_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
+    """A user's environment with nothing of the test's: no key, no proxy, its own HOME."""
+    keep = {name: os.environ[name] for name in ("PATH", "LANG", "TERM") if name in os.environ}
+    return {**keep, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), **QUIET, **extra}
+
+
+def exports(printed: str) -> dict[str, str]:
+    lines = [line.removeprefix("export ") for line in printed.splitlines()]
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
+def relay_env(daemon: RunningDaemon, env: dict[str, str], *args: str) -> dict[str, str]:
+    out = daemon.ctl("relay", "env", *args, env=env, timeout_s=60)
+    assert out.returncode == 0, out.stderr
+    return exports(out.stdout)
+
+
+def codex_answers(seen: Seen) -> Reply:
+    if seen.path.split("?")[0].endswith("/responses"):
+        model = seen.body.get("model", "m") if isinstance(seen.body, dict) else "m"
+        return Reply(events=responses_stream(model, words=3))
+    return Reply(body={"object": "list", "data": [], "models": []})
+
+
+def test_codex_exec_through_the_relay(
+    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider, tmp_path: Path
+) -> None:
+    """`relay env --tool codex --write` then `codex exec`: a streamed Responses turn."""
+    codex = tool_binary("codex", CODEX_VERSION)
+    daemon = start_relay(daemon_factory, provider.base_url)
+    provider.respond = codex_answers
+    home = tmp_path / "home"
+    codex_home = home / ".codex"
+    env = clean_env(home, {"CODEX_HOME": str(codex_home)})
+    env |= relay_env(daemon, env, "--tool", "codex", "--write")
+    done = subprocess.run(
+        [str(codex), "exec", "--skip-git-repo-check", "Say pong."],
+        cwd=home,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TURN_TIMEOUT_S,
+        check=False,
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert "w0 w1 w2" in done.stdout
+    turns = [s for s in provider.seen if s.path.split("?")[0] == "/api/v1/responses"]
+    assert turns and all(turn.auth_matches for turn in turns)
+    assert turns[-1].body["model"] == MODELS["coding"] and turns[-1].body["stream"] is True
+    line = next(line for line in relay_lines(daemon) if line["path"] == "/v1/responses")
+    assert line["tool"] == "codex" and line["status"] == 200 and line["hung_up"] is False
+    assert line["tokens"] == {"input": 11, "output": 3, "total": 14}
+    assert KEY not in said and KEY not in json.dumps(dict(env))
+
+
+def claude_answers(seen: Seen) -> Reply:
+    path = seen.path.split("?")[0]
+    body: dict[str, Any] = seen.body if isinstance(seen.body, dict) else {}
+    model = str(body.get("model", "m"))
+    if path.endswith("/v1/messages/count_tokens"):
+        return Reply(body={"input_tokens": 42})
+    if path.endswith("/v1/messages"):
+        if body.get("stream"):
+            return Reply(events=anthropic_stream(model, words=3))
+        return Reply(body=anthropic_message(model))
+    return Reply(body={"data": [], "has_more": False})
+
+
+def test_claude_code_print_through_the_relay(
+    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider, tmp_path: Path
+) -> None:
+    """`relay env --tool claude-code` then `claude -p`, with a stray ANTHROPIC_API_KEY in the
+    shell too (Claude Code then sends both headers): a streamed Messages turn."""
+    claude = tool_binary("claude", CLAUDE_CODE_VERSION)
+    daemon = start_relay(daemon_factory, provider.base_url)
+    provider.respond = claude_answers
+    home = tmp_path / "home"
+    home.mkdir()
+    env = clean_env(home, {"CLAUDE_CONFIG_DIR": str(home / ".claude")})
+    env |= relay_env(daemon, env, "--tool", "claude-code")
+    env["ANTHROPIC_API_KEY"] = "sk-ant-a-stray-key-of-the-users-own"
+    done = subprocess.run(
+        [str(claude), "-p", "Say pong."],
+        cwd=home,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TURN_TIMEOUT_S,
+        check=False,
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert "w0 w1 w2" in done.stdout
+    streamed = [
+        s
+        for s in provider.seen
+        if s.path.split("?")[0] == "/api/v1/messages"
+        and isinstance(s.body, dict)
+        and s.body.get("stream")
+    ]
+    assert streamed and all(s.x_api_key_matches and not s.has_auth for s in streamed)
+    assert all(s.headers.get("anthropic-version") for s in streamed)
+    lines = [line for line in relay_lines(daemon) if line["path"] == "/v1/messages"]
+    assert any(line["tool"] == "claude-code" and line["tokens"] for line in lines)
+    assert all(line["status"] == 200 for line in lines)
+    assert KEY not in said
