@@ -17,6 +17,7 @@ from babel.messages.catalog import Message
 
 from scripts import i18n as catalogs
 from taogpud import testing
+from taogpud.daemon.lifecycle import EXIT_HOST_CANNOT_RUN
 from taogpud.i18n import Text, accepted_language, catalog_for, user_language
 from tests.fake_provider import fake_provider
 from tests.test_relay import KEY, start_relay, token_of
@@ -228,7 +229,8 @@ def test_the_relays_own_errors_follow_accept_language(
 @pytest.mark.skipif(Path("/proc/driver/nvidia").exists(), reason="CUDA can start on this host")
 def test_a_backend_that_cannot_start_is_refused_in_chinese_at_a_terminal(tmp_path: Path) -> None:
     """The guide's GPU pair on a host without a driver: at a terminal the refusal and its fix
-    are in zh-CN (the reason itself, from the driver, may stay English); exit 1."""
+    are in zh-CN (the reason itself, from the driver, may stay English); the exit status of a
+    host that cannot run it."""
     # the embedded seed's backend (CUDA, GPU 0); a file needs one key to be a file
     pair = testing.write_pair(tmp_path, {}, {"runtime": {"thread_num": 4}})
     command = [sys.executable, "-m", "taogpud", *pair.flags(), "--state-dir", str(tmp_path / "s")]
@@ -238,7 +240,7 @@ def test_a_backend_that_cannot_start_is_refused_in_chinese_at_a_terminal(tmp_pat
     proc = subprocess.Popen(command, stdin=child, stdout=child, stderr=child, env=env)
     os.close(child)
     seen = _read_all(main)
-    assert proc.wait(timeout=60) == 1
+    assert proc.wait(timeout=60) == EXIT_HOST_CANNOT_RUN
     assert "taogpud: CUDA 无法启动：" in seen
     assert (
         "（修复：修好驱动或设备列表，或者在 settings.json 中把 gpu.allowFallbackToCpu 设为 true"
