@@ -180,3 +180,57 @@ def test_claude_code_print_through_the_relay(
     assert any(line["tool"] == "claude-code" and line["tokens"] for line in lines)
     assert all(line["status"] == 200 for line in lines)
     assert KEY not in said
+
+
+def with_websockets(codex_home: Path) -> None:
+    """The provider block `relay env --tool codex --write` made, with supports_websockets."""
+    config = codex_home / "config.toml"
+    text = config.read_text()
+    config.write_text(
+        text.replace('wire_api = "responses"', 'wire_api = "responses"\nsupports_websockets = true')
+    )
+
+
+@pytest.mark.parametrize("provider_ws", [True, False], ids=["provider-ws", "provider-no-ws"])
+def test_codex_over_websocket_and_its_fallback(
+    daemon_factory: Callable[..., RunningDaemon],
+    provider: FakeProvider,
+    tmp_path: Path,
+    provider_ws: bool,
+) -> None:
+    """Codex with supports_websockets: its turn goes over the relay's WebSocket when the
+    provider takes one; when the provider refuses, the relay's 426 sends Codex to HTTP after
+    one try, not seven."""
+    codex = tool_binary("codex", CODEX_VERSION)
+    daemon = start_relay(daemon_factory, provider.base_url)
+    provider.respond = codex_answers
+    provider.ws_refuse = None if provider_ws else 404
+    home = tmp_path / "home"
+    env = clean_env(home, {"CODEX_HOME": str(home / ".codex")})
+    env |= relay_env(daemon, env, "--tool", "codex", "--write")
+    with_websockets(home / ".codex")
+    done = subprocess.run(
+        [str(codex), "exec", "--skip-git-repo-check", "Say pong."],
+        cwd=home,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TURN_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "w0 w1 w2" in done.stdout
+    lines = relay_lines(daemon)
+    sockets = [line for line in lines if line["method"] == "WEBSOCKET"]
+    posts = [line for line in lines if line["method"] == "POST" and line["path"] == "/v1/responses"]
+    if provider_ws:
+        assert [line["status"] for line in sockets][-1] == 101 and not posts
+        turns = sockets[-1]["session"]["turns"]  # Codex may prewarm: a response.create more
+        assert turns >= 1 and sockets[-1]["session"]["messages_in"] == turns
+        assert sockets[-1]["tokens"] == {"input": 11 * turns, "output": 3 * turns} | {
+            "total": 14 * turns
+        }
+        assert sockets[-1]["tool"] == "codex"
+    else:
+        assert [line["status"] for line in sockets] == [426]
+        assert posts and posts[-1]["status"] == 200
