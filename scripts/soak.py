@@ -19,6 +19,11 @@ max_concurrent_tasks — a half-applied config would show here — p99 latency w
 schemathesis cases and failures, and a scan of every log line and API answer for the key.
 
     python -m scripts.soak [--seconds-per-phase 8] [--fuzz-per-operation 200]   (from the root)
+
+`--growth 0,10000,100000` instead: tiny jobs from 8 clients without a pause, and at each count
+the largest WAL seen (looked at every 500 jobs: by count), the database's size, the daemon's
+RSS, and the time a restart takes (SIGTERM, then a start until ready); the store keeps its
+default limits (10,000 finished jobs, pruned by housekeeping every 10 minutes).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from taogpud.client import ApiError, Client, DaemonUnreachable
+from taogpud.daemon.lifecycle import RECENT_JOBS_SHOWN
+from taogpud.store import JobStore
 from taogpud.testing import (
     CPU_CONFIG,
     RunningDaemon,
@@ -286,11 +293,107 @@ def runs_by_job(home: Path) -> Counter[str]:
 KEY = "tk-soak-" + secrets.token_hex(12)  # made at run time: no key in any file
 
 
+@dataclass
+class Growth:
+    """What the growth run saw at one count of jobs."""
+
+    jobs: int
+    largest_wal: int
+    database: int
+    rss_kib: int
+    restart_s: float
+    store_open_s: float  # of restart_s: the store opened, checked and read (the rest: workers)
+
+
+def file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def submit_tiny_jobs(daemon: RunningDaemon, count: int) -> int:
+    """`count` noop jobs from CLIENTS threads, each waited for; the largest WAL seen, every
+    500 jobs."""
+    wal = daemon.state_dir / "jobs.sqlite3-wal"
+    left, largest, lock = [count], [file_size(wal)], threading.Lock()
+
+    def client_thread() -> None:
+        with daemon.client() as client:
+            while True:
+                with lock:
+                    if left[0] <= 0:
+                        return
+                    left[0] -= 1
+                    if left[0] % 500 == 0:
+                        largest[0] = max(largest[0], file_size(wal))
+                client.submit("noop", {}, wait_s=5)
+
+    threads = [threading.Thread(target=client_thread) for _ in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return largest[0]
+
+
+def growth(counts: list[int]) -> int:
+    home = Path(tempfile.mkdtemp(prefix="tgd-soak-growth-", dir="/tmp"))
+    config = deep_merge(CPU_CONFIG, {"scheduling": {"max_concurrent_tasks": MAX_CONCURRENT}})
+    daemon = start_daemon(home, {"gpu": {"backend": "cpu"}}, config)
+    rows, done = [], 0
+    try:
+        for count in counts:
+            largest = submit_tiny_jobs(daemon, count - done)
+            done = count
+            rss = rss_kib(daemon.proc.pid)
+            database = file_size(daemon.state_dir / "jobs.sqlite3")
+            started = time.monotonic()
+            daemon.stop()
+            store_open_s = reopen_store(daemon.state_dir / "jobs.sqlite3")
+            daemon = daemon.restart()
+            restart_s = time.monotonic() - started - store_open_s
+            rows.append(Growth(count, largest, database, rss, restart_s, store_open_s))
+    finally:
+        daemon.stop()
+        shutil.rmtree(home, ignore_errors=True)
+    print("| jobs | largest WAL (MB) | database (MB) | daemon RSS (MB) | restart (s) | store (s) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(
+            f"| {row.jobs:,} | {row.largest_wal / 1e6:.1f} | {row.database / 1e6:.1f} "
+            f"| {row.rss_kib / 1024:.0f} | {row.restart_s:.2f} | {row.store_open_s:.3f} |"
+        )
+    return 0
+
+
+def reopen_store(path: Path) -> float:
+    """Seconds to do what a start does with the store: open and check it, take back the
+    unfinished jobs, bring the last finished ones into memory (lifecycle's RECENT_JOBS_SHOWN)."""
+    started = time.monotonic()
+    store = JobStore(path)
+    store.unfinished()
+    store.load_recent(RECENT_JOBS_SHOWN)
+    took = time.monotonic() - started
+    store.close()
+    return took
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds-per-phase", type=float, default=8.0)
     parser.add_argument("--fuzz-per-operation", type=int, default=200)
+    parser.add_argument("--growth", help="job counts, e.g. 0,10000,100000")
     args = parser.parse_args()
+    if args.growth:
+        return growth([int(count) for count in args.growth.split(",")])
     home = Path(tempfile.mkdtemp(prefix="tgd-soak-", dir="/tmp"))
     no_tmpfs = mount_state_fs(home)
     scheduling = {**FUZZ_CONFIG["scheduling"], "max_concurrent_tasks": MAX_CONCURRENT}

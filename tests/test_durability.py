@@ -448,3 +448,24 @@ def test_full_dev_shm_is_a_clear_error(
         ArrayStore(budget_bytes=1 << 30)._create(4 << 20)
     assert "no room" in full.value.message
     assert list(small_state_dir.iterdir()) == []  # nothing half-made is left
+
+
+def test_pruning_gives_the_space_back(tmp_path: Path) -> None:
+    """The pages of pruned jobs go back to the file system (an incremental vacuum after the
+    prune), not onto the database's free list for ever: the file shrinks."""
+    path = tmp_path / "jobs.sqlite3"
+    store = JobStore(path, keep_finished=100)
+    now = time.time()
+    for n in range(3000):
+        job = JobRecord(id=f"{n:017x}", task="noop", params={"pad": "x" * 1000}, created_at=now)
+        job.status, job.finished_at = JobState.succeeded, now + n
+        store.add(job)
+    store.flush()
+    store.close()  # the WAL copied into the file: its size is the store's
+    full = path.stat().st_size
+    store = JobStore(path, keep_finished=100)
+    assert store.prune(now) == 2900
+    store.close()
+    assert path.stat().st_size < full / 5, (path.stat().st_size, full)
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 100

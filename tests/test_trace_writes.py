@@ -14,7 +14,7 @@ import pytest
 from taogpud import trace
 from taogpud.api.trace import _lines
 from taogpud.logging import configure
-from taogpud.trace_ring import TraceLine
+from taogpud.trace_ring import TraceLine, TraceRing
 
 
 @pytest.fixture
@@ -98,3 +98,17 @@ def test_a_trace_read_has_the_lines_still_waiting_for_their_write() -> None:
 
     lines = asyncio.run(read_right_after_an_answer())
     assert [orjson.loads(line)["event"] for line in lines] == ["job.succeeded"]
+
+
+def test_the_trace_ring_is_bounded_in_bytes_as_well_as_lines() -> None:
+    """Long lines (a relay request's trace, several KB) cannot grow the ring past its byte
+    budget: the oldest go first, the newest are all there, in order."""
+    ring = TraceRing(size=20_000, max_bytes=1_000_000)
+    line = b"x" * 8_000
+    for number in range(2_000):  # 16 MB of lines offered
+        ring.append(line, {"job_id": f"j{number}"})
+    kept = list(ring.after(0))
+    assert sum(len(item.line) for item in kept) <= 1_000_000
+    assert len(kept) == 1_000_000 // 8_000
+    assert [item.job_id for item in kept][-1] == "j1999"
+    assert [item.seq for item in kept] == list(range(kept[0].seq, kept[0].seq + len(kept)))

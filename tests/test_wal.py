@@ -33,6 +33,7 @@ def test_no_commit_copies_the_wal_into_the_database(
     every page went to the WAL. (SQLite's own checkpoint, in a commit, would have grown it.)"""
     monkeypatch.setattr(wal, "CHECKPOINT_EVERY_S", 3600.0)
     monkeypatch.setattr(wal, "CHECKPOINT_EVERY_COMMITS", 10**9)
+    monkeypatch.setattr(wal, "MOST_COMMITS_UNCHECKED", 10**9)  # nor made to catch up
     path = tmp_path / "jobs.sqlite3"
     store = JobStore(path)
     try:
@@ -114,5 +115,47 @@ async def _refused_batch(store: JobStore) -> None:
         bad.created_at = 1.0
         assert set(store.flush()) == {good.id, bad.id}
         assert store._db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 2
+    finally:
+        store.close()
+
+
+def largest_wal_while_committing(store: JobStore, path: Path, jobs: int) -> int:
+    """The WAL's largest size, looked at every 50 jobs, while `jobs` jobs are each committed
+    three times (submit, start, finish: a tiny job not waited for) as fast as they can be."""
+    largest = 0
+    wal_file = Path(f"{path}-wal")
+    for number in range(jobs):
+        job = JobRecord(id=f"{number:017x}", task="noop", params={}, peer=Peer(uid=0))
+        store.add(job)
+        store.flush()
+        job.status = JobState.running
+        store.save(job)
+        store.flush()
+        job.status, job.result = JobState.succeeded, {"n": number}
+        store.save(job)
+        store.flush()
+        if number % 50 == 0 and wal_file.exists():
+            largest = max(largest, wal_file.stat().st_size)
+    return largest
+
+
+def test_the_wal_stays_bounded_by_count_under_a_sustained_rate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commits that never pause (each checkpoint ends with newer commits behind it, so the WAL
+    could never start over) leave a WAL no larger than its limit and what the commits allowed
+    before the thread must catch up: bounded by a count of commits, however the thread is
+    scheduled. (It grew ~35 KB a job, never truncated: 346 MB after 10,000 jobs.)"""
+    monkeypatch.setattr(wal, "WAL_LIMIT_BYTES", 256 * 1024)
+    monkeypatch.setattr(wal, "CHECKPOINT_EVERY_COMMITS", 50)
+    monkeypatch.setattr(wal, "MOST_COMMITS_UNCHECKED", 200)
+    path = tmp_path / "jobs.sqlite3"
+    store = JobStore(path)
+    try:
+        largest = largest_wal_while_committing(store, path, 2000)
+        # 200 commits of ~4 pages (4 KiB and a frame header each) past the limit at most
+        assert largest <= 256 * 1024 + 200 * 6 * 4120, largest
+        assert store._db is not None
+        assert store._db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 2000
     finally:
         store.close()
