@@ -27,7 +27,7 @@ from tests.test_access_users import pytestmark as needs_real_users
 
 __all__ = ["shared_daemon", "users"]  # the real users' fixtures, from test_access_users.py
 
-TOOLS = {"gpu_status", "run_task", "job", "job_logs", "cancel_job"}  # run_program: issue 37
+TOOLS = {"gpu_status", "run_task", "run_program", "job", "job_logs", "cancel_job"}
 
 Scenario = Callable[[ClientSession], Awaitable[Any]]
 
@@ -35,9 +35,8 @@ Scenario = Callable[[ClientSession], Awaitable[Any]]
 def server_parameters(daemon: RunningDaemon) -> StdioServerParameters:
     """`taogpuctl --socket S mcp` with this checkout's code, as an agent's config starts it."""
     command = testing.ctl_command(daemon.socket_path)
-    return StdioServerParameters(
-        command=command[0], args=[*command[1:], "mcp"], env=testing.ctl_env()
-    )
+    env = testing.ctl_env({"XDG_STATE_HOME": str(daemon.home / "agent-state")})  # its logs
+    return StdioServerParameters(command=command[0], args=[*command[1:], "mcp"], env=env)
 
 
 def with_session(daemon: RunningDaemon, scenario: Scenario) -> Any:
@@ -92,6 +91,7 @@ def test_the_tools_are_listed_with_their_schemas(daemon: RunningDaemon) -> None:
     assert "evidence" in tools["job"].output_schema["properties"]
     assert tools["job_logs"].input_schema["properties"]["lines"]["maximum"] == MAX_LOG_LINES
     assert tools["cancel_job"].input_schema["required"] == ["job_id"]
+    assert tools["run_program"].input_schema["required"] == ["argv"]
 
 
 def test_gpu_status_gives_the_devices_backend_and_caps(daemon: RunningDaemon) -> None:
@@ -139,6 +139,33 @@ def test_run_task_waits_no_longer_than_its_bound(daemon: RunningDaemon) -> None:
     assert run["id"] in run["note"] and "job" in run["note"]
     with daemon.client() as client:
         assert client.wait(run["id"], timeout_s=60)["status"] == "succeeded"
+
+
+def test_run_program_queues_the_program_and_answers_its_id_at_once(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """run_program answers the job's id before the program ran; the server starts it as the
+    user once its lease is granted, its output in the log file it named (never on stdout,
+    the JSON-RPC channel), and the job ends succeeded with the program's exit status."""
+    (tmp_path / "marker").write_text("here")
+    argv = ["sh", "-c", 'echo "hello from $TAOGPUD_JOB_ID in $(cat marker)"; read x; echo "<$x>"']
+
+    async def scenario(session: ClientSession) -> tuple[dict[str, Any], dict[str, Any]]:
+        started = structured(
+            await session.call_tool("run_program", {"argv": argv, "cwd": str(tmp_path)})
+        )
+        with daemon.client() as client:  # the session stays open while the program runs
+            ended = await anyio.to_thread.run_sync(lambda: client.wait(started["id"], 60))
+        return started, ended
+
+    started, ended = with_session(daemon, scenario)
+    assert started["status"] in ("queued", "running") and started["task"] == "program"
+    assert ended["status"] == "succeeded", ended
+    assert Path(started["log_path"]).parent == daemon.home / "agent-state/taogpud/programs"
+    log = Path(started["log_path"]).read_text()
+    assert log == f"hello from {started['id']} in here\n<>\n"  # its stdin: /dev/null
+    call = daemon.wait_for_event(lambda e: e.get("tool") == "run_program")
+    assert call["job_id"] == started["id"] and call["ok"] is True
 
 
 def test_a_bad_task_name_is_a_tool_error_with_the_daemons_code(daemon: RunningDaemon) -> None:

@@ -72,6 +72,11 @@ class RunTaskResult(JobSummary):
     note: str = Field(description="what to do next, when it did not finish within wait_s")
 
 
+class ProgramStarted(JobSummary):
+    log_path: str = Field(description="where the program's output goes (stdout and stderr)")
+    note: str = Field(description="what happens next, and how to follow it")
+
+
 class EvidenceFact(BaseModel):
     key: str
     value: Any
@@ -220,3 +225,12 @@ def job_logs(job_id: str, events: list[dict[str, Any]], lines: int) -> JobLogs:
 
 def _line_head(event: dict[str, Any]) -> dict[str, Any]:
     return {key: event[key] for key in ("timestamp", "event", "status") if key in event}
+
+
+def program_started(job: Job, log_path: str) -> ProgramStarted:
+    note = (
+        f"job {job['id']} is {job['status']}: this server starts the program as your user "
+        "once its lease is granted; `job` shows it, its output is in log_path. It runs while "
+        "this MCP session does (the agent ends the server, and the program with it)"
+    )
+    return ProgramStarted(**summary_fields(job), log_path=log_path, note=note)

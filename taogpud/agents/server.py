@@ -18,8 +18,11 @@ content is the daemon's own {code, message, hint}, with the HTTP status beside t
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, BinaryIO, TypeVar, cast
 
 from pydantic import Field
 
@@ -41,8 +44,9 @@ MAX_RUN_WAIT_S = 600.0  # run_task's longest wait: an agent's turn should not ha
 INSTRUCTIONS = (
     "taogpud runs GPU compute jobs for everyone on this host, as your user. gpu_status shows "
     "the devices, the backend (and any CPU fallback) and the caps; run_task runs a built-in "
-    "task or a `kernel` job and answers where it ran; job shows a job and its NVML evidence; "
-    "job_logs its trace lines; cancel_job stops one of your jobs."
+    "task or a `kernel` job and answers where it ran; run_program queues your own program "
+    "and starts it once it has its GPUs; job shows a job and its NVML evidence; job_logs its "
+    "trace lines; cancel_job stops one of your jobs."
 )
 JobId = Annotated[str, Field(min_length=1, max_length=64, description="a job id, or a prefix")]
 
@@ -96,6 +100,55 @@ class Daemon:
                 return cast(T, tool_error(fields))
             tell(client, tool, getattr(result, "id", None) or job_id, None)
             return result
+
+    def start_program(self, argv: list[str], request: dict[str, Any]) -> results.ProgramStarted:
+        """Queue the program now; a thread of this server waits for its lease, runs it with
+        its output in a log file (stdout here is the agent's JSON-RPC) and reports its end."""
+        client = Client(self.socket_path)  # the thread's own, for the program's whole life
+        try:
+            return start_program(client, argv, request)
+        except BaseException:
+            client.close()
+            raise
+
+
+def start_program(
+    client: Client, argv: list[str], request: dict[str, Any]
+) -> results.ProgramStarted:
+    """Submit through `client`, then follow the program on a thread that closes it."""
+    from taogpud.client.program import ProgramRun
+
+    run = ProgramRun(client, argv, **request)
+    job = run.submit()
+    path = programs_dir() / f"{job['id']}.log"
+    output = open_private(path)
+    run.output = output
+    threading.Thread(target=follow, args=(run, job, output), name=f"program-{job['id']}").start()
+    return results.program_started(job, str(path))
+
+
+def follow(run: Any, job: dict[str, Any], output: BinaryIO) -> None:
+    """The program's whole life after its submit; whatever happens, its log and client close."""
+    try:
+        run.follow(job)
+    except (ApiError, DaemonUnreachable) as exc:
+        log.warning("program %s: %s", job["id"], exc)
+    finally:
+        output.close()
+        run.client.close()
+
+
+def programs_dir() -> Path:
+    """$XDG_STATE_HOME/taogpud/programs (~/.local/state/…): the user's own, 0700."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    folder = Path(state) / "taogpud" / "programs"
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return folder
+
+
+def open_private(path: Path) -> BinaryIO:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    return os.fdopen(fd, "wb")
 
 
 def tell(client: Client, tool: str, job_id: str | None, error_code: str | None) -> None:
@@ -190,6 +243,42 @@ def tools(daemon: Daemon) -> list[Callable[..., Any]]:
 
         return daemon.call("run_task", run)
 
+    def run_program(
+        argv: Annotated[
+            list[str],
+            Field(
+                min_length=1, description='the program and its arguments, e.g. ["python3", "t.py"]'
+            ),
+        ],
+        cwd: Annotated[
+            str | None, Field(description="its working directory; default: this server's")
+        ] = None,
+        gpus: Annotated[
+            int, Field(ge=1, le=wire.MAX_PROGRAM_GPUS, description="devices at once, all or none")
+        ] = 1,
+        device: Annotated[int | None, Field(ge=0, description="this device index only")] = None,
+        mem_bytes: Annotated[
+            int | None, Field(gt=0, description="its memory reservation; default: whole devices")
+        ] = None,
+        share: Annotated[bool, Field(description="one slot of a device, not all of it")] = False,
+        priority: Annotated[
+            int,
+            Field(ge=wire.PRIORITY_MIN, le=wire.PRIORITY_MAX, description="higher runs first"),
+        ] = 0,
+        timeout_s: Annotated[
+            float | None, Field(gt=0, le=wire.MAX_JOB_TIMEOUT_S, description="stop it after S s")
+        ] = None,
+    ) -> results.ProgramStarted:
+        """Run your own program (a training script, a benchmark) on this host's GPUs through
+        the daemon's queue, as `taogpuctl exec` does: answers its job id at once; once its
+        lease is granted this server starts it as your user with CUDA_VISIBLE_DEVICES set to
+        its GPUs, its output going to log_path. `job` shows where it ran, its evidence that
+        it used the GPU, and how it ended; `cancel_job` stops it."""
+        request: dict[str, Any] = {"cwd": cwd, "gpus": gpus, "device": device}
+        request |= {"mem_bytes": mem_bytes, "share": share, "priority": priority}
+        request["timeout_s"] = timeout_s
+        return daemon.call("run_program", lambda _: daemon.start_program(argv, request))
+
     def job(job_id: JobId) -> results.JobWithEvidence:
         """One job's record: state, device, backend, fallback, timings, result or error, and
         its evidence: each fact NVML saw while it ran (the GPU's UUID, the job's process on
@@ -230,7 +319,7 @@ def tools(daemon: Daemon) -> list[Callable[..., Any]]:
 
         return daemon.call("cancel_job", cancel, job_id)
 
-    return [gpu_status, run_task, job, job_logs, cancel_job]
+    return [gpu_status, run_task, run_program, job, job_logs, cancel_job]
 
 
 def read_gpu_status(client: Client) -> results.GpuStatus:

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, BinaryIO, NamedTuple, TypeVar
 
 from taogpud.client import ApiError, Client, DaemonUnreachable, Job
 
@@ -53,20 +53,30 @@ class ProgramRun:
         *,
         reap_descendants: bool = False,
         on_queued: OnQueued | None = None,
+        output: BinaryIO | None = None,
         **request: Any,
     ) -> None:
+        """output: where the program's stdout and stderr go, its stdin then /dev/null (a
+        starter whose own stdio is a protocol: `taogpuctl mcp`); None: this process's."""
         self.client = client
         self.argv = list(argv)
         self.request = request  # submit_program's keywords: gpus, device, mem_bytes, share, …
         self.reap_descendants = reap_descendants
         self.on_queued = on_queued
+        self.output = output
         self.job: Job | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.cancelled = False  # it was interrupted here (Ctrl-C): the job ends cancelled
 
     def run(self) -> Outcome:
-        job = self.client.submit_program(self.argv, **self.request)
-        self.job = job
+        return self.follow(self.submit())
+
+    def submit(self) -> Job:
+        """Queue the program; `follow` then waits for its lease, runs it and reports."""
+        self.job = self.client.submit_program(self.argv, **self.request)
+        return self.job
+
+    def follow(self, job: Job) -> Outcome:
         lease = self._wait_for_lease(job["id"])
         if lease["phase"] != "granted":  # cancelled while it waited, or told to stop already
             return Outcome(lease["job"], 1)
@@ -93,7 +103,7 @@ class ProgramRun:
         if self.reap_descendants:
             _become_subreaper()
         try:
-            self.process = _start(self.argv, env, job["params"]["cwd"])
+            self.process = _start(self.argv, env, job["params"]["cwd"], self.output)
         except OSError as exc:
             why = f"cannot run {self.argv[0]!r}: {exc.strerror or exc}"
             return Outcome(self.client.program_exited(job_id, not_started=why), 127)
@@ -166,9 +176,21 @@ def _retrying(call: Callable[[], T]) -> T:
             time.sleep(RETRY_PAUSE_S)
 
 
-def _start(argv: list[str], env: dict[str, str], cwd: str) -> subprocess.Popen[bytes]:
+def _start(
+    argv: list[str], env: dict[str, str], cwd: str, output: BinaryIO | None
+) -> subprocess.Popen[bytes]:
     """The program in a process group of its own (its children get what it gets); a
     terminal's input stays with the terminal's foreground group, so it reads /dev/null then."""
+    if output is not None:
+        return subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
     stdin = subprocess.DEVNULL if os.isatty(0) else None
     return subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, process_group=0)
 
