@@ -982,13 +982,21 @@ class Scheduler:
         return self.running_total - self._granted
 
     def interrupt_running(self) -> None:
+        """The jobs still running at the drain deadline: queued again for the next start when
+        they allow another attempt (a restart, an upgrade), else interrupted. Not a job whose
+        inputs are a client's memory, nor a program: neither outlives this daemon."""
         for worker in self.pool.workers:
             for job_id in list(worker.running):
                 job = self._withdrawn.pop(job_id, None) or self.store.get(job_id)
                 self._release(worker, job_id, job)
                 if job is not None and job.status is JobState.running:
-                    message = "taogpud stopped while the job ran (drain timeout)"
-                    self._finish(job, JobState.interrupted, _error("interrupted", message))
+                    self._interrupt(job)
+
+    def _interrupt(self, job: JobRecord) -> None:
+        outlives = job.memory is None and job.program is None
+        if not (outlives and self._retry(job, "taogpud stopped (drain timeout)")):
+            message = "taogpud stopped while the job ran (drain timeout)"
+            self._finish(job, JobState.interrupted, _error("interrupted", message))
 
 
 @dataclass

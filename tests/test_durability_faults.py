@@ -99,6 +99,54 @@ def test_a_job_outliving_the_drain_stays_interrupted(
     assert shown["status"] == "interrupted"
 
 
+def test_a_retryable_job_outliving_the_drain_runs_again_after_the_restart(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """drain_timeout_s 1 and a 3 s job that allows one retry (a restart or an upgrade, not
+    the job's fault): queued again with its attempt counted, never interrupted; the next
+    start runs it to success, and its first attempt's late finish is dropped."""
+    daemon = daemon_factory(config={"scheduling": {"drain_timeout_s": 1}})
+    with daemon.client() as client:
+        job = client.submit("sleep", {"ms": 3000}, max_retries=1)
+    daemon.wait_running(job["id"])
+    daemon.stop(signal.SIGTERM)
+    assert job_events(daemon, "job.retry", job["id"])
+    assert not job_events(daemon, "job.interrupted", job["id"])
+    assert not job_events(daemon, "job.succeeded", job["id"])
+    again = daemon.restart()
+    try:
+        with again.client() as client:
+            done = client.wait(job["id"], timeout_s=60)
+    finally:
+        again.stop()
+    assert (done["status"], done["attempts"]) == ("succeeded", 1), done
+
+
+def test_taogpuctl_wait_rides_through_a_restart(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """`taogpuctl wait` on a job queued again at the drain deadline: the daemon stops (its
+    socket file goes) and starts again; the wait reconnects and exits 0 with the job's
+    success, instead of exit 3 the moment the socket was gone."""
+    daemon = daemon_factory(config={"scheduling": {"drain_timeout_s": 1}})
+    with daemon.client() as client:
+        job = client.submit("sleep", {"ms": 3000}, max_retries=1)
+    daemon.wait_running(job["id"])
+    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path)]
+    waiting = subprocess.Popen(
+        [*command, "wait", job["id"], "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    daemon.stop(signal.SIGTERM)
+    again = daemon.restart()
+    try:
+        out, err = waiting.communicate(timeout=120)
+    finally:
+        again.stop()
+    assert waiting.returncode == 0, err
+    assert json.loads(out)["status"] == "succeeded"
+
+
 # -- one daemon per state directory ------------------------------------------------------
 
 

@@ -686,22 +686,38 @@ class TestMinimalDebianJourney:
         assert _sh(container, README_STEPS["restart"]).returncode == 0
         assert _relay(container) == "systemd HTTP/1.1 401 Unauthorized"
 
-    def test_7_an_upgrade_stops_and_starts_both_units(self, box: tuple[Container, Path]) -> None:
-        """dpkg -i over the installed package: prerm stops socket and service, postinst
-        starts both again; no warning that the socket would start the service back. The
-        relay's socket comes back with them, systemd's again."""
+    def test_7_an_upgrade_with_a_client_waiting(self, box: tuple[Container, Path]) -> None:
+        """dpkg -i over the installed package while `taogpuctl wait` follows a job that
+        outlives the drain and allows a retry: prerm stops only the service, the sockets
+        (the relay's too) never close, the wait rides through the restart, and the job,
+        queued again at the drain deadline, succeeds on the new daemon."""
         container, deb = box
+        config = container.root / "etc/taogpud/config.toml"
+        drain = "max_concurrent_tasks = 8\ndrain_timeout_s = 2"
+        config.write_text(config.read_text().replace("max_concurrent_tasks = 8", drain))
+        assert _sh(container, README_STEPS["restart"]).returncode == 0
         pid = _main_pid(container)
+        with container.client() as client:
+            job = client.submit("sleep", {"ms": 6000}, max_retries=1)
+        taogpuctl = Path(sys.executable).parent / "taogpuctl"
+        wait = [str(taogpuctl), "--socket", str(container.socket_path), "wait", job["id"]]
+        waiting = subprocess.Popen(
+            [*wait, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         since = _now(container)
         done = _sh(container, f"dpkg -i {deb}")
         assert done.returncode == 0, done.stderr
+        out, err = waiting.communicate(timeout=120)
+        assert waiting.returncode == 0, f"taogpuctl wait exited {waiting.returncode}: {err}"
+        finished = json.loads(out)
+        assert (finished["status"], finished["attempts"]) == ("succeeded", 1), finished
         assert "still active" not in done.stderr + done.stdout
         for unit in ("taogpud.socket", "taogpud.service", "taogpud-relay.socket"):
             assert container.show("ActiveState", unit=unit)["ActiveState"] == "active", unit
-        assert _relay(container) == "systemd HTTP/1.1 401 Unauthorized"
         assert _main_pid(container) != pid
+        assert _relay(container) == "systemd HTTP/1.1 401 Unauthorized"
         said = _manager_says(container, since)
-        assert any(m.startswith("Closed taogpud.socket") for m in said), said
+        assert not [m for m in said if m.startswith("Closed taogpud")], said
 
     def test_8_stop_with_the_socket_stays_stopped_and_leaves_nothing(
         self, box: tuple[Container, Path]

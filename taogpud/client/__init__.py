@@ -39,6 +39,7 @@ from taogpud.wire import FINISHED_STATES, JobRequest, ProgramRequest, Route
 # path (submit → result of a tiny job) must stay well under 1 ms per job.
 
 WAIT_CHUNK_S = min(1.0, wire.MAX_WAIT_S)  # one long-poll: progress is shown at least this often
+RECONNECT_PAUSE_S = 0.2  # a wait whose daemon is away (restarting) tries again this often
 PING_WAIT_S = 600.0  # an uncapped channel ping: the daemon bounds it by its own config
 FIRST_UPDATE_S = 0.1  # with on_update, how long the submit itself waits: progress starts early
 JSON_TYPE = "application/json"
@@ -288,16 +289,34 @@ class Client:
     def wait(
         self, job_id: str, timeout_s: float | None = None, on_update: OnUpdate | None = None
     ) -> Job:
-        """Long-poll until the job finished or timeout_s passed; the latest record either way."""
+        """Long-poll until the job finished or timeout_s passed; the latest record either way.
+        Rides through a restart of the daemon (an upgrade's): reconnects for up to the
+        client's timeout_s before DaemonUnreachable."""
         deadline = _deadline(timeout_s)
         while True:
-            chunk_s = _chunk_s(deadline)
-            url = wire.WAIT_JOB.url({"timeout_s": _seconds(chunk_s)}, job_id=job_id)
-            job = self._dict(wire.WAIT_JOB, url, wait_s=chunk_s)
+            job = self._wait_chunk(job_id, deadline)
             if on_update is not None:
                 on_update(job)
             if is_finished(job) or _left_s(deadline) <= 0:
                 return job
+
+    def _wait_chunk(self, job_id: str, deadline: float | None) -> Job:
+        """One long-poll, tried again while the daemon is away (its socket gone, or the
+        daemon gone mid-answer), for up to timeout_s; the job is the store's, not the
+        daemon's, so the next one answers for it."""
+        away_since: float | None = None
+        while True:
+            chunk_s = _chunk_s(deadline)
+            url = wire.WAIT_JOB.url({"timeout_s": _seconds(chunk_s)}, job_id=job_id)
+            try:
+                return self._dict(wire.WAIT_JOB, url, wait_s=chunk_s)
+            except NotInGroup:
+                raise
+            except DaemonUnreachable:
+                away_since = away_since or time.monotonic()
+                if time.monotonic() - away_since > self.timeout_s or _left_s(deadline) <= 0:
+                    raise
+                time.sleep(RECONNECT_PAUSE_S)
 
     # --- programs: your own, under a lease (docs/programs.md) --------------------------------
 
