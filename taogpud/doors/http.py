@@ -32,6 +32,7 @@ relay's TCP port) to the same bounds, before the application sees a byte of it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from typing import Any, cast
 
@@ -300,11 +301,25 @@ def http_protocol(
     return type("DoorHttpProtocol", (DoorHttpProtocol,), {"doors": doors, "door": door})
 
 
+ABANDONED: contextvars.ContextVar[bool] = contextvars.ContextVar("abandoned", default=False)
+UNPARSEABLE = "Invalid HTTP request received."
+UNFINISHED = "ASGI callable returned without completing response."
+
+
+def abandon_response() -> None:
+    """The application leaves its answer unfinished on purpose (the relay, when the provider
+    hung up mid-body): uvicorn closes the connection, and its error line is not needed, the
+    application has said why. Set in the request's own task, which uvicorn logs from."""
+    ABANDONED.set(True)
+
+
 class _CountedElsewhere(logging.Filter):
-    """uvicorn warns once per unparseable request; the door counts those (door.bad_request)."""
+    """uvicorn's lines for what the doors count or the application said already: a request
+    it cannot parse (door.bad_request), an answer left unfinished on purpose."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != "Invalid HTTP request received."
+        message = record.getMessage()
+        return message != UNPARSEABLE and not (message == UNFINISHED and ABANDONED.get())
 
 
 def quiet_uvicorns_parser_warning() -> None:

@@ -13,6 +13,7 @@ masked forms go too). A client that hangs up cancels the upstream request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -27,6 +28,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from taogpud import trace, wire
 from taogpud.channel import ChannelSettings, Scrubber, public_url
 from taogpud.config import ConfigSnapshot, RelayLimits, RelaySection
+from taogpud.doors.http import abandon_response
+from taogpud.doors.noise import Noise
 from taogpud.errors import ErrorBody
 from taogpud.i18n import Text, accepted_language, render
 from taogpud.logging import get_logger, request_trace_enabled
@@ -42,6 +45,7 @@ ERROR_HEADER = b"x-taogpud-error"  # on the relay's own error answers: its code
 log = get_logger("taogpud.relay")
 # On the Unix socket: /relay/v1/chat/completions → {base}/v1/chat/completions.
 PREFIX = wire.RELAY_PREFIX
+CLIENT_CLOSED = 499  # nginx's "client closed request"
 MAX_ERROR_BYTES = 1 << 20  # an upstream error body is read whole, to scrub the key from it
 DROPPED_RESPONSE_HEADERS = frozenset(
     {b"connection", b"keep-alive", b"transfer-encoding", b"set-cookie", b"content-length"}
@@ -108,6 +112,7 @@ class Relay:
         self._snapshot = snapshot
         self.tokens = tokens
         self.limiter = Limiter()
+        self.noise = Noise()  # refusals of callers without a uid, as summaries
         self.use = UseTable()
         self.tcp_address: str | None = None  # "127.0.0.1:PORT" once the listener is bound
         self._rng = random.Random()
@@ -155,11 +160,14 @@ class Relay:
             if not snapshot.config.relay.enabled:
                 raise RelayError(404, _disabled())
             _check_path(exchange.raw_path)
-            body = await _read_body(receive, snapshot.config.relay.max_body_mb << 20)
-            exchange.bytes_in = len(body)
-            await self._admitted(scope, receive, send, body, exchange, snapshot)
+            limit = snapshot.config.relay.max_body_mb << 20
+            _check_declared_length(scope, limit)  # before a byte of the body is read
+            await self._admitted(scope, receive, send, exchange, snapshot, limit)
         except RelayError as exc:
             await _answer_error(send, exc, exchange)
+        except ClientGone:  # nobody to answer: one line, no traceback
+            exchange.status, exchange.hung_up = CLIENT_CLOSED, True
+            log.info("relay.client_gone", uid=exchange.uid, via=via, bytes_in=exchange.bytes_in)
         except Exception as exc:  # a bug: the one error shape, not uvicorn's plain-text 500
             if exchange.status:
                 raise  # the answer has begun: nothing to say in its place
@@ -172,16 +180,18 @@ class Relay:
         scope: Scope,
         receive: Receive,
         send: Send,
-        body: bytes,
         exchange: Exchange,
         snapshot: ConfigSnapshot,
+        limit: int,
     ) -> None:
+        """The user's limits first, then the body: a user over them never has one buffered."""
         over = self.limiter.admit(exchange.uid, snapshot.config.relay.limits)
         if over is not None:
             hint = f"wait {over.retry_after_s} s, or ask the admin about [relay.limits]"
             raise RelayError(429, ErrorBody("relay_limit", over.message, hint), over.retry_after_s)
         exchange.on_end = lambda: self._ended(exchange)
         try:
+            body = await _read_body(receive, limit, exchange)
             forwarding = self._forward(scope, send, body, exchange, snapshot)
             await _until_hang_up(receive, forwarding, exchange)
         finally:
@@ -305,12 +315,13 @@ class Relay:
             self._finish(exchange, self._snapshot())
 
     async def refuse(self, scope: Scope, send: Send, exc: RelayError) -> None:
-        """Answer a request the listener turned away before reading it (traced all the same)."""
-        exchange = self._exchange(scope, scope["path"], None, "tcp")
-        try:
-            await _answer_error(send, exc, exchange)
-        finally:
-            self._finish(exchange, self._snapshot())
+        """Answer a request the listener turned away before reading it: a caller without a
+        uid, so counted into a summary line (doors/noise.py), never traced with its path or
+        User-Agent, which every member could read."""
+        exchange = self._exchange(scope, scope["path"], None, "tcp")  # never traced
+        await _answer_error(send, exc, exchange)
+        self.noise.note("info", "relay.refused", via="tcp", uid=None, code=exc.body.code)
+        self.use.record(UseKey(None, "-", exchange.status), exchange.tokens)
 
     def _exchange(self, scope: Scope, path: str, uid: int | None, via: str) -> Exchange:
         headers = dict(scope["headers"])
@@ -411,21 +422,35 @@ def _channel_host(base_url: str) -> str:
 # ---- the request and the answer -----------------------------------------------------------
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
+class ClientGone(Exception):
+    """The client hung up before its request's body was whole."""
+
+
+def _check_declared_length(scope: Scope, limit: int) -> None:
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.strip().isdigit() and int(value) > limit:
+            said = Text(
+                "the request body declares {count} bytes, over the relay's limit of {mib} MiB",
+                count=int(value),
+                mib=limit >> 20,
+            )
+            raise RelayError(413, ErrorBody("body_too_large", said, _SEND_LESS))
+
+
+_SEND_LESS = Text("send less, or raise [relay] max_body_mb in config.toml")
+
+
+async def _read_body(receive: Receive, limit: int, exchange: Exchange) -> bytes:
     pieces: list[bytes] = []
-    seen = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError  # nobody to answer
+            raise ClientGone
         piece = message.get("body", b"")
-        seen += len(piece)
-        if seen > limit:
-            message_text = Text(
-                "the request body passed the relay's limit of {mib} MiB", mib=limit >> 20
-            )
-            hint = Text("send less, or raise [relay] max_body_mb in config.toml")
-            raise RelayError(413, ErrorBody("body_too_large", message_text, hint))
+        exchange.bytes_in += len(piece)
+        if exchange.bytes_in > limit:
+            said = Text("the request body passed the relay's limit of {mib} MiB", mib=limit >> 20)
+            raise RelayError(413, ErrorBody("body_too_large", said, _SEND_LESS))
         pieces.append(piece)
         if not message.get("more_body", False):
             return b"".join(pieces)
@@ -458,7 +483,7 @@ async def _until_hang_up(
     except asyncio.CancelledError:
         if not exchange.hung_up or task.uncancel() > 0:
             raise  # the daemon is stopping, not the client
-        exchange.status = exchange.status or 499  # nginx's "client closed request"
+        exchange.status = exchange.status or CLIENT_CLOSED
     finally:
         finished = True
         watch.cancel()
@@ -496,8 +521,12 @@ async def _relay_body(
 ) -> None:
     kept: list[bytes] = []  # for its usage; a huge answer (embeddings) is not kept
     scrub = key_bytes.stream()
-    async for piece in response.content.iter_any():
-        await _send_piece(send, exchange, scrub.feed(piece), kept)
+    try:
+        async for piece in response.content.iter_any():
+            await _send_piece(send, exchange, scrub.feed(piece), kept)
+    except (aiohttp.ClientError, TimeoutError) as exc:  # the provider hung up mid-body
+        _upstream_gone(exchange, exc)
+        return
     await _send_piece(send, exchange, scrub.end(), kept)
     if exchange.bytes_out <= MAX_JSON_BYTES:
         usage_of_json(b"".join(kept), exchange.tokens)
@@ -545,6 +574,20 @@ async def _relay_stream(
     await send({"type": "http.response.body", "body": tail, "more_body": False})
 
 
+def _upstream_gone(exchange: Exchange, exc: BaseException) -> None:
+    """The answer cannot be finished: it is left unfinished, so that the client sees it cut
+    (uvicorn closes the connection) rather than a short body taken for whole. One line."""
+    exchange.code = "upstream_broken"
+    log.info(
+        "relay.upstream_gone",
+        uid=exchange.uid,
+        status=exchange.status,
+        bytes_out=exchange.bytes_out,
+        error=type(exc).__name__,
+    )
+    abandon_response()
+
+
 def _error_event(family: str, message: str) -> bytes:
     """The event each family's SDK raises on: anthropic's `event: error`, OpenAI's error data."""
     if family == "anthropic":
@@ -559,10 +602,11 @@ async def _relay_error_answer(
 ) -> None:
     """The provider's error, whole, with the key scrubbed out (providers echo what they got)."""
     raw = b""
-    async for piece in response.content.iter_any():
-        raw += piece
-        if len(raw) > MAX_ERROR_BYTES:
-            break
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):  # cut short: what came
+        async for piece in response.content.iter_any():
+            raw += piece
+            if len(raw) > MAX_ERROR_BYTES:
+                break
     body = channel.scrub(raw[:MAX_ERROR_BYTES].decode("utf-8", "replace")).encode()
     exchange.status = response.status
     headers = _response_headers(response, channel.key_bytes, keep_length=False)

@@ -47,6 +47,7 @@ DROPPED_REQUEST_HEADERS = frozenset(
         b"x-api-key",
         b"host",
         b"content-length",
+        b"expect",  # 100-continue is the relay's to answer (uvicorn does, as the body is read)
         b"accept-encoding",
         b"connection",
         b"keep-alive",
