@@ -19,7 +19,13 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 
 from taogpud import testing
-from taogpud.agents.results import MAX_LOG_CHARS, MAX_LOG_LINES, job_logs
+from taogpud.agents.results import (
+    MAX_LOG_CHARS,
+    MAX_LOG_LINES,
+    MAX_OUTPUT_CHARS,
+    job_logs,
+    output_tail,
+)
 from taogpud.client import ApiError, Client
 from taogpud.testing import RunningDaemon
 from tests.test_access_users import User, as_user, shared_daemon, users, value
@@ -156,7 +162,8 @@ def test_run_program_queues_the_program_and_answers_its_id_at_once(
         )
         with daemon.client() as client:  # the session stays open while the program runs
             ended = await anyio.to_thread.run_sync(lambda: client.wait(started["id"], 60))
-        return started, ended
+        logs = structured(await session.call_tool("job_logs", {"job_id": started["id"]}))
+        return started, {**ended, "logs": logs}
 
     started, ended = with_session(daemon, scenario)
     assert started["status"] in ("queued", "running") and started["task"] == "program"
@@ -164,6 +171,7 @@ def test_run_program_queues_the_program_and_answers_its_id_at_once(
     assert Path(started["log_path"]).parent == daemon.home / "agent-state/taogpud/programs"
     log = Path(started["log_path"]).read_text()
     assert log == f"hello from {started['id']} in here\n<>\n"  # its stdin: /dev/null
+    assert ended["logs"]["output"] == log and ended["logs"]["output_truncated"] is False
     call = daemon.wait_for_event(lambda e: e.get("tool") == "run_program")
     assert call["job_id"] == started["id"] and call["ok"] is True
 
@@ -259,6 +267,16 @@ def test_job_logs_keeps_within_its_character_bound() -> None:
     huge = job_logs("j1", [{"event": "job.failed", "error": "y" * (3 * MAX_LOG_CHARS)}], 5)
     assert huge.truncated is True and len(huge.model_dump_json()) < MAX_LOG_CHARS + 2_000
     assert huge.lines[0]["event"] == "job.failed" and huge.lines[0]["cut_chars"] > MAX_LOG_CHARS
+
+
+def test_a_programs_output_in_job_logs_is_its_tail(tmp_path: Path) -> None:
+    """A program's output far past the bound: job_logs answers its last MAX_OUTPUT_CHARS
+    characters, says it cut the rest, and reads no more of the file than that."""
+    log = tmp_path / "j.log"
+    log.write_bytes(b"x" * 10_000_000 + b"\nthe end\n")
+    text, cut = output_tail(log)
+    assert cut is True and len(text) == MAX_OUTPUT_CHARS and text.endswith("\nthe end\n")
+    assert output_tail(tmp_path / "none.log") == (None, False)
 
 
 def test_cancel_job_cancels_the_users_own_job(daemon: RunningDaemon) -> None:

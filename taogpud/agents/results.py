@@ -6,6 +6,8 @@ tests feed these the daemon's own JSON.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -188,10 +190,17 @@ MAX_LOG_LINES = 200  # job_logs' `lines` at most
 MAX_LOG_CHARS = 32_000  # the lines job_logs answers, as JSON, at most: an agent's context is dear
 
 
+MAX_OUTPUT_CHARS = 16_000  # of a program's output, the tail job_logs answers
+
+
 class JobLogs(BaseModel):
     job_id: str
     lines: list[dict[str, Any]] = Field(description="its trace lines, oldest first")
     truncated: bool = Field(description="true: older lines (or a line's end) were left out")
+    output: str | None = Field(
+        default=None, description="a program run_program started: the end of its output"
+    )
+    output_truncated: bool = Field(default=False, description="true: its output began earlier")
 
 
 def job_summary(job: Job) -> JobSummary:
@@ -234,3 +243,16 @@ def program_started(job: Job, log_path: str) -> ProgramStarted:
         "this MCP session does (the agent ends the server, and the program with it)"
     )
     return ProgramStarted(**summary_fields(job), log_path=log_path, note=note)
+
+
+def output_tail(path: Path) -> tuple[str | None, bool]:
+    """The last MAX_OUTPUT_CHARS characters of a program's log (its bytes as UTF-8, a bad
+    byte replaced), and whether it held more; (None, False) when there is no such log."""
+    try:
+        with path.open("rb") as log:
+            start = max(0, log.seek(0, os.SEEK_END) - MAX_OUTPUT_CHARS * 4)  # ≤ 4 bytes a char
+            log.seek(start)
+            text = log.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None, False
+    return text[-MAX_OUTPUT_CHARS:], start > 0 or len(text) > MAX_OUTPUT_CHARS

@@ -120,7 +120,7 @@ def start_program(
 
     run = ProgramRun(client, argv, **request)
     job = run.submit()
-    path = programs_dir() / f"{job['id']}.log"
+    path = program_log(job["id"])
     output = open_private(path)
     run.output = output
     threading.Thread(target=follow, args=(run, job, output), name=f"program-{job['id']}").start()
@@ -144,6 +144,11 @@ def programs_dir() -> Path:
     folder = Path(state) / "taogpud" / "programs"
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     return folder
+
+
+def program_log(job_id: str) -> Path:
+    """Where a program that run_program started writes its output."""
+    return programs_dir() / f"{job_id}.log"
 
 
 def open_private(path: Path) -> BinaryIO:
@@ -298,7 +303,8 @@ def tools(daemon: Daemon) -> list[Callable[..., Any]]:
     ) -> results.JobLogs:
         """The tail of one job's trace: a line per state change (queued, running, where it
         ran, how it ended, its error), oldest first, bounded in lines and in size; says when
-        older lines were left out. The daemon keeps recent lines in memory only."""
+        older lines were left out. The daemon keeps recent lines in memory only. For a
+        program run_program started, also the end of its output."""
 
         def read(client: Client) -> results.JobLogs:
             full = full_id(client, job_id)
@@ -306,7 +312,9 @@ def tools(daemon: Daemon) -> list[Callable[..., Any]]:
             # so that the tail is the job's own even after many mcp.call lines naming it
             path = wire.JOB_EVENTS.url({"limit": RING_LINES}, job_id=full)
             events = list(stream_lines(client.socket_path, path, client.timeout_s))
-            return results.job_logs(full, results.job_lines(events), lines)
+            logs = results.job_logs(full, results.job_lines(events), lines)
+            logs.output, logs.output_truncated = results.output_tail(program_log(full))
+            return logs
 
         return daemon.call("job_logs", read, job_id)
 
