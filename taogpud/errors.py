@@ -136,8 +136,9 @@ class ConfigError(TaogpudError):
         )
 
     def render(self, language: str | None) -> str:
-        """Every problem, one after another, in `language` (None: the English message)."""
-        if language is None or not self.problems:
+        """Every problem, one after another, in `language` (None: English): a start refused
+        names them all, so that one edit can fix them all."""
+        if not self.problems:
             return self.message
         return "; ".join(problem.line(language) for problem in self.problems)
 

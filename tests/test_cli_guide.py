@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from taogpud.cli.guide import emit_evidence
-from tests.test_cli import Ctl, json_out
+from tests.test_cli import Ctl, assert_one_error_line, json_out
 
 
 def test_guide_run_with_its_own_flags(ctl: Ctl, daemon: Any) -> None:
@@ -31,6 +31,17 @@ def test_guide_run_warns_when_the_daemon_reads_other_files(ctl: Ctl, tmp_path: A
     result = ctl("run", "--config", str(other), "--task", "noop")
     assert result.returncode == 0, result.stderr
     assert f"not {other}: this job says nothing about {other}" in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--config", "--settings"])
+def test_guide_run_with_a_file_that_is_not_there_is_a_usage_error(ctl: Ctl, flag: str) -> None:
+    """`run --config /nonexistent.toml` (a mistyped $OPENCLAW_CONFIG): exit 2 naming the path,
+    and no job run, so the guide's check cannot pass on a file nobody read (it warned and
+    exited 0)."""
+    result = ctl("run", flag, "/nonexistent.toml", "--task", "noop")
+    line = assert_one_error_line(result, 2)
+    assert "/nonexistent.toml" in line and "no such file" in line
+    assert "job " not in result.stdout
 
 
 def test_show_evidence_on_cpu_says_there_is_none(ctl: Ctl) -> None:

@@ -303,6 +303,20 @@ def test_json_parse_error_has_line_and_column(files: Files) -> None:
     assert "trailing" in problems[0].fix or "none after the last" in problems[0].fix
 
 
+@pytest.mark.parametrize(
+    "cut", ['{\n  "provider": {"baseUrl": "https://taotok', '{\n  "gpu": {"deviceId": 0'], ids=str
+)
+def test_a_truncated_settings_json_says_it_ends_early(files: Files, cut: str) -> None:
+    """A settings.json cut short (a copy interrupted, a full disk) says so in a whole sentence:
+    where the string it cut began, and that the file ends there. (json's own words ended in a
+    dangling "Unterminated string starting at".)"""
+    problem = files.problems(cut)[0]
+    assert not problem.message.rstrip().endswith(("at", ":")), problem.message
+    assert "the file ends" in problem.message and "cut short" in problem.message
+    if '"https' in cut:
+        assert "unterminated string" in problem.message and problem.key == "line 2, column 27"
+
+
 def test_toml_parse_error_has_line_and_column(files: Files) -> None:
     """A TOML syntax error names the file, its line and column."""
     problems = files.problems(None, "[runtime]\nthread_num = 4\ndevice_type = gpu\n")

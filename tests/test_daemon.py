@@ -120,6 +120,26 @@ def test_broken_config_exits_2_with_one_line(daemon_home: Path) -> None:
     assert "max_concurrent_tasks" in lines[0]  # the did-you-mean
 
 
+def test_a_start_up_config_error_shows_every_problem(daemon_home: Path) -> None:
+    """Two mistakes in config.toml: the one line on stderr names both (it said the first and
+    "(and 1 more)", so a fix took a restart per mistake)."""
+    home = daemon_home / "two"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        "[scheduling]\nmax_concurent_tasks = 3\n[runtime]\nthread_nun = 2\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "taogpud", "--config", str(home / "config.toml"),
+         "--socket", str(home / "s.sock")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "max_concurent_tasks" in lines[0] and "thread_nun" in lines[0]
+    assert "more)" not in lines[0]
+
+
 def test_socket_is_0660_and_openapi_is_served(daemon: RunningDaemon) -> None:
     """The socket is rw for owner and group only; GET /v1/openapi.json lists the job routes."""
     assert daemon.socket_path.stat().st_mode & 0o777 == 0o660

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from taogpud.cli.failures import CliError
 from taogpud.cli.options import ParamOption, SeedOption, SizeOption
 from taogpud.cli.output import emit_json, emit_line, warn
 from taogpud.i18n import _
@@ -59,11 +60,21 @@ def run_command(
     from taogpud.cli.output import Progress
 
     params = build_params(size, seed, param or [])
+    refuse_missing_files(settings=settings, config=config)
     with connect(ctx) as client:
         warn_if_other_files(client.config(), settings, config)
         with Progress(quiet=json_out) as progress:
             job = client.run(task, params, on_update=progress.update)
         return finish_waited(client, job, json_out, None)
+
+
+def refuse_missing_files(**given: Path | None) -> None:
+    """A file named on the command line that is not there: a usage error (exit 2), before any
+    job runs, so that the guide's check never passes on a path nobody could read."""
+    for flag, path in given.items():
+        if path is not None and not path.is_file():
+            why = _("no such file") if not path.exists() else _("not a file")
+            raise CliError(f"--{flag} {path}: {why}", _("give the path of the file the guide uses"))
 
 
 def warn_if_other_files(

@@ -240,7 +240,22 @@ def _json_complaint(text: str, exc: json.JSONDecodeError, label: str, fix: str) 
             f"comments are not JSON: {label} is read as strict JSON, without `//` or `/* */`",
             "delete the comment (keep notes in a file beside it)",
         )
-    return f"invalid JSON: {exc.msg}", fix
+    return f"invalid JSON: {_json_reason(exc.msg)}{_cut_short(text, exc)}", fix
+
+
+def _json_reason(reason: str) -> str:
+    """json's words, whole: "Unterminated string starting at" (the position follows in the
+    key) reads "unterminated string (it starts there)"."""
+    if reason.endswith(" starting at"):
+        return reason.removesuffix(" starting at").lower() + " (it starts there)"
+    return reason
+
+
+def _cut_short(text: str, exc: json.JSONDecodeError) -> str:
+    """Said when the error is at the end of the text: the file stops inside the document."""
+    if exc.msg.startswith("Unterminated string") or exc.pos >= len(text.rstrip()):
+        return "; the file ends before the JSON does: was it cut short?"
+    return ""
 
 
 def _parse_toml(
