@@ -157,7 +157,7 @@ def key_sources_tried(snapshot: ConfigSnapshot, environ: Mapping[str, str]) -> t
             f"the systemd credential {CREDENTIAL_NAME} "
             "($CREDENTIALS_DIRECTORY is not set: the unit has no LoadCredential=)"
         )
-    name = snapshot.config.api.api_key_env
+    name = snapshot.show(snapshot.config.api.api_key_env)  # the key itself, typed there?
     env_state = "set but empty" if name in environ else "not set"
     where = str(snapshot.settings_path) if snapshot.settings_path else "the embedded defaults"
     return (

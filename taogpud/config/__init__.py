@@ -34,6 +34,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from taogpud.config.loading import FileKind, default_config_dir, expand, pick_path, read_layer
 from taogpud.config.rules import REDACTED, check_pair, key_problems, resolve_api_key, scrub
+from taogpud.config.shown import hide_tree, shaped_in
 from taogpud.errors import ConfigError, Problem
 from taogpud.paths import user_mode
 
@@ -478,14 +479,33 @@ class ConfigSnapshot:
         return [ids] if isinstance(ids, int) else list(ids)
 
     def redacted(self) -> dict[str, Any]:
-        """The effective config as the user's files spell it, with the API key hidden."""
+        """The effective config as the user's files spell it, with the API key hidden, and
+        with it anything shaped like a key or a URL's userinfo (shown.py) in any field."""
         paths = {"settings": self.settings_path, "config": self.config_path}
         return {
-            "settings": redacted_settings(self.settings),
-            "config": self.config.model_dump(mode="json"),
+            **hide_tree(self._files(), self._known_secrets()),
             "paths": {name: None if path is None else str(path) for name, path in paths.items()},
             "key_source": self.key_source,
         }
+
+    def _files(self) -> dict[str, Any]:
+        """Both files' values, only the apiKey field hidden (what diff() compares)."""
+        return {
+            "settings": redacted_settings(self.settings),
+            "config": self.config.model_dump(mode="json"),
+        }
+
+    def _known_secrets(self) -> tuple[str, ...]:
+        return (self.api_key.get_secret_value(),) if self.api_key is not None else ()
+
+    def secrets(self) -> tuple[str, ...]:
+        """For the log's scrubber: the key, and every key-shaped token and URL userinfo in
+        the files' values (a key typed into the wrong field is kept out of every line)."""
+        return (*self._known_secrets(), *shaped_in(self._files()))
+
+    def show(self, value: Any) -> Any:
+        """`value` (of this config) as it may be shown: hidden as redacted() hides it."""
+        return hide_tree(value, self._known_secrets())
 
 
 def redacted_settings(settings: SettingsFile) -> dict[str, Any]:
@@ -609,10 +629,11 @@ def diff(old: ConfigSnapshot, new: ConfigSnapshot) -> list[tuple[str, Any, Any]]
     """
     changes: list[tuple[str, Any, Any]] = []
     for part, label in (("settings", "settings.json"), ("config", "config.toml")):
-        before, after = _flatten(old.redacted()[part]), _flatten(new.redacted()[part])
+        before, after = _flatten(old._files()[part]), _flatten(new._files()[part])
         for key in sorted(before.keys() | after.keys()):
             if before.get(key) != after.get(key):
-                changes.append((f"{label}: {key}", before.get(key), after.get(key)))
+                shown = (old.show(before.get(key)), new.show(after.get(key)))
+                changes.append((f"{label}: {new.show(key)}", *shown))
     return changes + _secret_changes(old, new, {key for key, _, _ in changes})
 
 

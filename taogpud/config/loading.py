@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tomllib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +54,14 @@ class FileKind(Generic[M]):
     spell: Callable[[str], str]  # field name → key as the file spells it
     point_at: str  # how a user names the file: "--settings or TAOGPUD_SETTINGS"
     prepare: Callable[[dict[str, Any], Mapping[str, str]], dict[str, Any]] = _unchanged
+    # Whether messages may quote the file's content (its key names and values): only when the
+    # path read is a regular file, the one the message names. A symlink's target is another
+    # file (any the daemon can read, /etc/shadow as well): its content is never repeated.
+    quote: bool = True
+
+    def shown_key(self, path: Sequence[str], tail: str) -> str:
+        """An unknown key from the file, as a message may name it."""
+        return self.key(path, tail if self.quote else "(a key not shown)")
 
     @property
     def env_prefix(self) -> str:
@@ -134,6 +143,7 @@ def read_layer(
 def _read_layer(
     kind: FileKind[M], path: Path | None, environ: Mapping[str, str], problems: list[Problem]
 ) -> Layer[M]:
+    kind = replace(kind, quote=path is None or _is_regular(path))
     document = {} if path is None else _read_document(kind, path, problems)
     checked = check_keys(kind, document or {}, problems)
     overrides, env_data = _env_layer(kind, environ, problems)
@@ -142,6 +152,14 @@ def _read_layer(
     model = _validate(kind, layer, problems)
     # a file that could not be read is not "the defaults": no model, so no cross-file checks
     return replace(layer, model=model) if document is not None else layer
+
+
+def _is_regular(path: Path) -> bool:
+    """Whether `path` itself (not what a link there points at) is a regular file."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def _validate(kind: FileKind[M], layer: Layer[M], problems: list[Problem]) -> M | None:
@@ -298,7 +316,7 @@ def _checked_keys(
     by_spelling = {kind.spell(name): name for name in model.model_fields}
     for repeated in getattr(document, "duplicates", ()):
         fix = "keep one of them: only the last would count"
-        problems.append(Problem(kind.label, kind.key(path, repeated), "is given twice", fix))
+        problems.append(Problem(kind.label, kind.shown_key(path, repeated), "is given twice", fix))
     checked: dict[str, Any] = {}
     for key, value in document.items():
         name = by_spelling.get(key)

@@ -27,12 +27,12 @@ _SHOWN_CHARS = 80
 
 
 def unknown_key(kind: FileKind[Any], path: KeyPath, key: str, valid: list[str]) -> Problem:
-    match = did_you_mean(key, valid)
+    match = did_you_mean(key, valid) if kind.quote else None
     if match:
         fix = Text('did you mean "{match}"?', match=match)
     else:
         fix = Text("remove it; valid here: {valid}", valid=", ".join(valid))
-    return Problem.of(kind.label, kind.key(path, key), Text("unknown key"), fix)
+    return Problem.of(kind.label, kind.shown_key(path, key), Text("unknown key"), fix)
 
 
 def did_you_mean(key: str, valid: Sequence[str]) -> str | None:
@@ -132,6 +132,8 @@ def _problem_for(
     var = layer.override_var(path)
     secret = info is not None and info.annotation is SecretStr
     given = _show(dig(layer.merged, path), whole=info is None or section_type(info) is None)
+    if not kind.quote and var is None:
+        given = "a value (not shown: the path is a link to another file)"
     origin = _origin(var, given, secret)
     ctx = error.get("ctx", {})
     if "fix" in ctx:

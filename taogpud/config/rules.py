@@ -25,6 +25,7 @@ from pydantic import SecretStr
 
 from taogpud.config.loading import has_reference
 from taogpud.config.messages import dig
+from taogpud.config.shown import hide
 from taogpud.errors import Problem
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ def _timeouts_agree(settings: SettingsFile, config: ConfigFile) -> list[Problem]
 
 
 def _show(value: Any) -> str:
-    return json.dumps(value)  # true/false and "quoted" strings, as both files write them
+    return hide(json.dumps(value))  # true/false and "quoted" strings, as both files write them
 
 
 # ---- the API key ----------------------------------------------------------------------
@@ -204,16 +205,15 @@ def scrub(
     problems: list[Problem], keys: list[str | SecretStr | None], layer: Layer[SettingsFile]
 ) -> list[Problem]:
     """The problems with every value that is or may be the key replaced by <redacted>: the
-    resolved key, the key env var, and the apiKey as expanded (even where validation failed)."""
+    resolved key, the key env var, the apiKey as expanded (even where validation failed), and
+    anything shaped like a key or a URL's userinfo (the key typed into another field)."""
     expanded = dig(layer.merged, _KEY_PATH)
     candidates = [*keys, expanded if isinstance(expanded, str) else None]
     secrets = [_plain(value) for value in candidates]
     secrets = [value for value in secrets if len(value) >= _MIN_SCRUBBED]
 
     def clean(text: str) -> str:
-        for secret in secrets:
-            text = text.replace(secret, REDACTED)
-        return text
+        return hide(text, secrets)
 
     return [p.cleaned(clean) for p in problems]
 

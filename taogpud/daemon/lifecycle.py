@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         return _refuse(notifier, "config error: " + exc.render(None), EXIT_CONFIG, exc)
     if unusable := _configure_logging(snapshot):
         return _refuse(notifier, unusable, EXIT_CONFIG)
-    tlog.set_secrets(snapshot.api_key.get_secret_value() if snapshot.api_key else None)
+    tlog.set_secrets(*snapshot.secrets())
     keep_from_children(snapshot.config.api.api_key_env)
     for problem in snapshot.warnings:
         log.warning("config.warning", **problem.as_dict())

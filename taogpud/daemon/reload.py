@@ -167,7 +167,7 @@ class Reloader:
         new_file = new.settings.logging.file
         if new_file != old.settings.logging.file and (problem := tlog.set_trace_file(new_file)):
             log.warning("logging.file_unusable", problem=problem)
-        tlog.set_secrets(*(k.get_secret_value() for k in (old.api_key, new.api_key) if k))
+        tlog.set_secrets(*old.secrets(), *new.secrets())
         if new.settings.gpu.memory_fraction != old.settings.gpu.memory_fraction:
             self.pool.set_memory_fraction(new.settings.gpu.memory_fraction)
         log.info(

@@ -70,7 +70,7 @@ async def relay_status(request: Request) -> dict[str, Any]:
         "key_source": snapshot.key_source,
         "key_header": settings.key_header,
         "limits": settings.limits.model_dump(),
-        "models": snapshot.settings.models.model_dump(),
+        "models": snapshot.show(snapshot.settings.models.model_dump()),
         "has_token": uid is not None and relay.tokens.has(uid),
         "token_fingerprint": None if uid is None else relay.tokens.fingerprint(uid),
         "use": relay.use.rows(),
