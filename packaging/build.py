@@ -3,11 +3,12 @@
     .venv/bin/python packaging/build.py deb [--extras cuda12] [--out dist]
     .venv/bin/python packaging/build.py stage DESTDIR [--unitdir /usr/lib/systemd/system]
 
-Run it with the Python of the environment the tests ran in (the project's venv, as
-`make deb` does). The application goes into a private venv under /opt/taogpud that runs
-on the distribution's python3, and is filled from that environment: taogpud from this
-source tree, its runtime dependencies (and those of --extras) copied as installed. The
-build needs no network, and the package holds exactly the versions that were tested.
+Run it with the Python of an environment that holds taogpud's runtime closure: `make deb`
+fills build/deb-venv from the hashed lock file (packaging/locks/<extras or cpu>.txt,
+--require-hashes) and runs it there; the systemd tests run it with the project's venv. The
+application goes into a private venv under /opt/taogpud that runs on the distribution's
+python3, and is filled from that environment: taogpud from this source tree, its runtime
+dependencies (and those of --extras) copied as installed. build.py itself needs no network.
 Installing needs no network either: nothing is fetched by a maintainer script.
 """
 
