@@ -69,6 +69,8 @@ class ProgramView(BaseModel):
     pid: int | None = None
     pid_start: int | None = None
     stop: str | None = None  # "cancelled" | "timed_out": its starter was told to stop it
+    log_bytes: int = 0  # its output kept as its log (a detached program: --detach)
+    log_dropped_bytes: int = 0  # past scheduling.program_log_kb
 
 
 class JobRecord(BaseModel):

@@ -53,6 +53,7 @@ from taogpud.pool import protocol as msg
 from taogpud.pool.interface import Pool, Worker
 from taogpud.pool.regions import RegionRef
 from taogpud.pool.worker import WorkerState
+from taogpud.program_logs import ProgramLogs
 from taogpud.store import JobStore
 from taogpud.tasks.kernel import KERNEL_TASK_NAME
 from taogpud.wire import JobRequest, ProgramRequest
@@ -73,6 +74,7 @@ class Policy:
     allow_user_kernels: bool = False  # the `kernel` task: CUDA C from clients
     allow_fallback_to_cpu: bool = False  # a program never seen on its GPU: flagged, not stopped
     first_use_timeout_s: float = 60.0  # gpu.firstUseTimeoutS (proof.py)
+    program_log_bytes: int = 16 << 20  # scheduling.program_log_kb: a detached program's log
 
     @functools.cached_property
     def rules(self) -> placement.Rules:
@@ -92,6 +94,7 @@ class Policy:
             allow_user_kernels=snapshot.config.backend.cuda.allow_user_kernels,
             allow_fallback_to_cpu=snapshot.settings.gpu.allow_fallback_to_cpu,
             first_use_timeout_s=snapshot.settings.gpu.first_use_timeout_s,
+            program_log_bytes=scheduling.program_log_kb << 10,
         )
 
 
@@ -127,6 +130,8 @@ class Scheduler:
         self._lease_changes: dict[str, asyncio.Event] = {}  # set when a lease's phase changes
         self._stop_errors: dict[str, JobErrorView] = {}  # a program stopped for what NVML saw
         self.program_verdicts: Counter[str] = Counter()  # proof.Verdict codes given, by code
+        self.program_logs = ProgramLogs(outputs_dir)  # detached programs' output
+        self._log_growth: dict[str, asyncio.Event] = {}  # set when a log grows or its job ends
 
     @property
     def queued(self) -> int:
@@ -735,9 +740,26 @@ class Scheduler:
         return self._lease_changes.setdefault(job_id, asyncio.Event())
 
     def _lease_changed(self, job_id: str) -> None:
-        event = self._lease_changes.pop(job_id, None)
+        for events in (self._lease_changes, self._log_growth):
+            event = events.pop(job_id, None)
+            if event is not None:
+                event.set()
+
+    def append_program_log(self, job_id: str, peer: Peer, data: bytes) -> None:
+        """Output of a program (its starter sends it: `--detach`), kept up to the bound."""
+        job, _ = self._granted_program(job_id, peer, "write the log of")
+        program = job.program
+        assert program is not None
+        kept = self.program_logs.append(job_id, data, self.policy.program_log_bytes)
+        program.log_bytes += kept
+        program.log_dropped_bytes += len(data) - kept
+        event = self._log_growth.pop(job_id, None)
         if event is not None:
             event.set()
+
+    def log_growth(self, job_id: str) -> asyncio.Event:
+        """An event set when the program's log next grows, or its job ends."""
+        return self._log_growth.setdefault(job_id, asyncio.Event())
 
     def program_started(self, job_id: str, pid: int, peer: Peer) -> JobRecord:
         """The starter's word that the program runs as `pid`: checked to be the caller's own

@@ -92,6 +92,8 @@ SUBMIT_PROGRAM = Route("POST", "/v1/programs")
 PROGRAM_LEASE = Route("GET", "/v1/programs/{job_id}/lease")
 PROGRAM_STARTED = Route("POST", "/v1/programs/{job_id}/started")
 PROGRAM_EXITED = Route("POST", "/v1/programs/{job_id}/exited")
+PROGRAM_LOG_APPEND = Route("POST", "/v1/programs/{job_id}/log")
+PROGRAM_LOG = Route("GET", "/v1/programs/{job_id}/log")
 
 # Every route the app serves itself (api/*.py and relay/routes.py declare theirs from these).
 ROUTES = (
@@ -100,6 +102,7 @@ ROUTES = (
     CONFIG, CONFIG_STATUS, RELOAD_CONFIG, CHANNEL_PING, DOCTOR,
     RELAY_TOKEN, RELAY_REVOKE, RELAY_STATUS, MCP_CALL,
     SUBMIT_PROGRAM, PROGRAM_LEASE, PROGRAM_STARTED, PROGRAM_EXITED,
+    PROGRAM_LOG_APPEND, PROGRAM_LOG,
 )  # fmt: skip
 
 # The relay (taogpud.relay) answers every path under this prefix on the Unix socket, in

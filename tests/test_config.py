@@ -157,6 +157,7 @@ def test_seed_values_are_the_model_defaults(files: Files) -> None:
         "scheduling.drain_timeout_s",
         "scheduling.job_timeout_s",
         "scheduling.executor",  # issue 10: the executor and its [ray] table
+        "scheduling.program_log_kb",  # issue 37: a detached program's log
         "ray.address",
         "ray.namespace",
         "ray.worker_num_gpus",

@@ -313,3 +313,55 @@ def test_a_daemon_killed_mid_program_adopts_its_lease_after_the_restart(
         assert adopted.count(kept_id) == 1
     finally:
         again.stop()
+
+
+def test_a_detached_program_logs_to_the_daemon_and_wait_returns_its_status(
+    daemon: RunningDaemon, work: Path
+) -> None:
+    """--detach prints the id at once; the supervisor runs the program, its stdout and
+    stderr go to the daemon as its log (logs ID, -f to its end), and wait ID exits with
+    the program's status."""
+    script = work / "talk.sh"
+    script.write_text(
+        'echo "out $TAOGPUD_DEVICES"; echo err >&2; touch started\n'
+        "while [ ! -e release ]; do sleep 0.02; done; echo bye; exit 5\n"
+    )
+    detached = subprocess.run(
+        [*ctl_command(daemon.socket_path), "exec", "--detach", "--", "sh", str(script)],
+        cwd=work, env=ctl_env(), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert detached.returncode == 0, detached.stderr
+    job_id = detached.stdout.strip()
+    wait_until((work / "started").exists, "the detached program started", 60)
+
+    def logged() -> str:
+        return daemon.ctl("logs", job_id).stdout
+
+    wait_until(lambda: "err" in logged(), "its output in the log", 60)
+    assert logged().splitlines() == ["out cpu:0", "err"]
+    (work / "release").touch()
+    waited = daemon.ctl("wait", job_id)
+    assert waited.returncode == 5, waited.stderr
+    assert daemon.ctl("logs", job_id, "-f").stdout.splitlines() == ["out cpu:0", "err", "bye"]
+    with daemon.client() as client:
+        job = client.get(job_id)
+    assert job["status"] == "failed" and job["program"]["log_bytes"] == len("out cpu:0\nerr\nbye\n")
+
+
+def test_a_detached_programs_log_is_bounded_and_cancel_stops_it(
+    daemon_factory: Any, work: Path
+) -> None:
+    """Past scheduling.program_log_kb the log says it was cut; cancel ID sends SIGTERM."""
+    daemon = daemon_factory(config={"scheduling": {"program_log_kb": 1}})
+    script = work / "flood.sh"
+    script.write_text("head -c 5000 /dev/zero | tr '\\0' x; echo; exec sleep 600\n")
+    detached = daemon.ctl("exec", "--detach", "--", "sh", str(script))
+    assert detached.returncode == 0, detached.stderr
+    job_id = detached.stdout.strip()
+    with daemon.client() as client:
+        wait_until(lambda: client.get(job_id)["program"]["log_dropped_bytes"] > 0, "log cut", 60)
+        log = daemon.ctl("logs", job_id).stdout
+        assert log.startswith("x" * 1024) and "reached its bound of 1024 bytes" in log
+        assert daemon.ctl("cancel", job_id).returncode == 0
+        job = client.wait(job_id, timeout_s=60)
+    assert job["status"] == "cancelled" and job["result"]["signal"] == "SIGTERM"

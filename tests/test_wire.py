@@ -78,6 +78,8 @@ def recording_client(requests: list[tuple[str, str]]) -> Client:
             request.method == "GET" and request.route == wire.LIST_JOBS.path
         )
         job = {"id": "0123abc", "status": "succeeded", "outputs": []}
+        if request.method == "GET" and request.route.endswith("/log"):  # a program's log
+            return Response(200, json={"data_b64": "", "next": 0, "ended": True})
         return Response(200, json=[] if listing else job)
 
     return Client(transport=MockTransport(handler))
@@ -98,6 +100,7 @@ def call_every_method(client: Client) -> None:
     client.download_output(odd, odd)
     client.submit_program(["true"]), client.lease(odd, after="queued", wait_s=0.5)
     client.program_started(odd, 1234), client.program_exited(odd, exit_code=0)
+    client.append_program_log(odd, b"out"), client.program_log(odd, 0, wait_s=0.5)
 
 
 def route_of(method: str, target: str) -> wire.Route | None:
@@ -117,7 +120,7 @@ def test_every_request_the_client_sends_is_a_wire_route() -> None:
     with recording_client(requests) as client:
         call_every_method(client)
     unmatched = [line for line in requests if route_of(*line) is None]
-    assert len(requests) == 29 and unmatched == []  # one per call above
+    assert len(requests) == 31 and unmatched == []  # one per call above
     assert ("GET", "/v1/jobs/a%2F..%2Fb%3Fc") in requests
     used = {route_of(*line) for line in requests}
     assert used >= set(wire.ROUTES) - {wire.METRICS, wire.OPENAPI, wire.TRACE, wire.JOB_EVENTS}

@@ -19,6 +19,8 @@ Routes (all JSON unless said; errors are always {code, message, hint}):
     GET  /v1/programs/{id}/lease?after=PHASE&wait_s=S  LeaseView  (once its phase is not PHASE)
     POST /v1/programs/{id}/started body: {pid}          JobRecord  (the pid checked, followed)
     POST /v1/programs/{id}/exited  body: ProgramExitModel → JobRecord  (the job ends)
+    POST /v1/programs/{id}/log     body: bytes       204  (a detached program's output)
+    GET  /v1/programs/{id}/log?offset=N&wait_s=S     LogView  (its log from N)
     GET  /v1/jobs/{id}/outputs/{name}     .npy bytes   (application/octet-stream)
     GET  /v1/config                       the effective config, redacted
     GET  /v1/config/status                ConfigStatusView
@@ -49,6 +51,7 @@ __all__ = [
     "InfoView",
     "JobRequestModel",
     "LeaseView",
+    "LogView",
     "McpCallModel",
     "McpCallView",
     "ProgramExitModel",
@@ -165,6 +168,14 @@ class LeaseView(BaseModel):
     phase: Literal["queued", "granted", "stopping", "ended"]
     queue_position: int | None = None  # 1: it starts next; None: not queued
     job: dict[str, Any]
+
+
+class LogView(BaseModel):
+    """A piece of a detached program's log (GET /v1/programs/{id}/log)."""
+
+    data_b64: str  # the bytes, base64: a program's output need not be text
+    next: int  # the offset to ask from next
+    ended: bool  # the job ended and this is the end of its log
 
 
 class ChangeModel(BaseModel):

@@ -9,6 +9,7 @@ and its descendants are gone, the caller reports how it ended (POST …/exited).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from typing import Annotated, Literal
 
@@ -19,6 +20,7 @@ from taogpud.access import check_access
 from taogpud.api.deps import Daemon
 from taogpud.api.models import (
     LeaseView,
+    LogView,
     ProgramExitModel,
     ProgramRequestModel,
     ProgramStartedModel,
@@ -80,6 +82,40 @@ async def program_started(
     job = daemon.scheduler.program_started(job_id, body.pid, peer_of(request))
     daemon.store.commit_now()
     return Response(job.model_dump_json(), media_type=JSON)
+
+
+@router.post(wire.PROGRAM_LOG_APPEND.path, status_code=204)
+async def append_log(job_id: str, request: Request, daemon: Daemon) -> Response:
+    """Output of a detached program, from its supervisor (application/octet-stream)."""
+    data = await request.body()
+    daemon.scheduler.append_program_log(job_id, peer_of(request), data)
+    return Response(status_code=204)
+
+
+@router.get(wire.PROGRAM_LOG.path, response_model=LogView)
+async def read_log(
+    job_id: str,
+    request: Request,
+    daemon: Daemon,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    wait_s: Annotated[float, Query(ge=0, le=wire.MAX_WAIT_S)] = 0.0,
+) -> LogView:
+    """The log from `offset` (at most 1 MiB); with wait_s, once there is more or it ended."""
+    scheduler = daemon.scheduler
+    job = scheduler.get(job_id)
+    check_access(job, peer_of(request), "read the log of")
+    logs = scheduler.program_logs
+    if wait_s and logs.size(job_id) <= offset and not job.status.finished:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait_s) as deadline:
+                daemon.waits.add(deadline)
+                try:
+                    await scheduler.log_growth(job_id).wait()
+                finally:
+                    daemon.waits.discard(deadline)
+    data = logs.read(job_id, offset)
+    ended = scheduler.get(job_id).status.finished and offset + len(data) >= logs.size(job_id)
+    return LogView(data_b64=base64.b64encode(data).decode(), next=offset + len(data), ended=ended)
 
 
 @router.post(wire.PROGRAM_EXITED.path, response_model=JobRecord)

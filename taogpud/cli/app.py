@@ -176,7 +176,20 @@ def report_job(job: Job, json_out: bool, extra: dict[str, Any] | None = None) ->
     if job["status"] == "succeeded":
         return EXIT_OK
     report_error(*job_problem(job))
-    return EXIT_FAILED if is_finished(job) else cli_conventions.EXIT_STILL_RUNNING
+    if not is_finished(job):
+        return cli_conventions.EXIT_STILL_RUNNING
+    return _exit_status(job)
+
+
+def _exit_status(job: Job) -> int:
+    """A failed job's exit code: 1, or a program's own exit status when it has one."""
+    if job.get("task") == "program":
+        from taogpud.cli.programs import program_status
+
+        status = program_status(job)
+        if status:
+            return status
+    return EXIT_FAILED
 
 
 def save_outputs(client: Client, job: Job, directory: Path) -> dict[str, str]:
@@ -286,6 +299,10 @@ def exec_command(
     priority: Annotated[int, typer.Option(help="Higher runs first (-1000..1000).")] = 0,
     timeout: Annotated[float | None, typer.Option(min=0.0, help="Stop it after S seconds.")] = None,
     name: Annotated[str | None, typer.Option(help="A name for the job.")] = None,
+    detach: Annotated[
+        bool,
+        typer.Option("--detach", "-d", help="Print the job id and leave it running; see logs."),
+    ] = False,
     json_out: JsonFlag = False,
 ) -> int:
     """Run your own program through the queue under a lease of devices (docs/programs.md);
@@ -305,6 +322,8 @@ def exec_command(
         "name": name,
     }
     with connect(ctx) as client:
+        if detach:
+            return cli_programs.detach_program(client, program, request, json_out)
         return cli_programs.exec_program(client, program, request, json_out)
 
 

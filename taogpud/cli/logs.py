@@ -48,7 +48,8 @@ def logs_command(
     ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="The raw JSON lines.")] = False,
 ) -> None:
-    """One job's trace lines: queued, running, where it ran, how it ended."""
+    """One job's trace lines: queued, running, where it ran, how it ended; a program's own
+    output (taogpuctl exec --detach)."""
     from taogpud.cli.app import connect
     from taogpud.cli.conventions import resolve_id
     from taogpud.client.stream import stream_lines
@@ -56,6 +57,11 @@ def logs_command(
     with connect(ctx) as client:
         job_id = resolve_id(client, job_id)
         socket_path = client.socket_path
+        if not json_out and client.get(job_id).get("task") == "program":
+            from taogpud.cli.programs import follow_log
+
+            follow_log(client, job_id, follow)  # its own output, kept by the daemon
+            return
     path = wire.JOB_EVENTS.url({"follow": str(follow).lower()}, job_id=job_id)
     for event in stream_lines(socket_path, path):
         emit_line(orjson.dumps(event).decode() if json_out else log_line(event))

@@ -8,20 +8,19 @@ SIGHUP go to the program's process group, and the job ends `cancelled`.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
+import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from taogpud.cli import EXIT_INTERRUPTED
+from taogpud.cli import EXIT_INTERRUPTED, EXIT_OK
 from taogpud.cli.failures import CliError
-from taogpud.cli.output import emit_json, report_error, warn
+from taogpud.cli.output import emit_json, emit_line, report_error, warn
 from taogpud.client import Client
-from taogpud.client.program import Outcome, ProgramRun
+from taogpud.client.program import Outcome, ProgramRun, forwarding
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 
@@ -38,7 +37,7 @@ def exec_program(client: Client, argv: list[str], request: dict[str, Any], json_
     """Run `argv` under a lease; taogpuctl's exit status is the program's."""
     run = ProgramRun(client, argv, reap_descendants=True, on_queued=_say_queued, **request)
     try:
-        with _forwarding(run):
+        with forwarding(run):
             outcome = run.run()
     except KeyboardInterrupt:  # Ctrl-C before the program started: the job goes with it
         if run.job is not None:
@@ -48,24 +47,50 @@ def exec_program(client: Client, argv: list[str], request: dict[str, Any], json_
     return _report(outcome, json_out)
 
 
-@contextmanager
-def _forwarding(run: ProgramRun) -> Iterator[None]:
-    """While the program runs, these signals go to it (and end the job cancelled); before,
-    Ctrl-C is a KeyboardInterrupt that cancels the queued job."""
-    previous = {signum: signal.getsignal(signum) for signum in FORWARDED}
+def detach_program(client: Client, argv: list[str], request: dict[str, Any], json_out: bool) -> int:
+    """Leave a supervisor (taogpud/client/supervise.py) to queue and run it; print its id."""
+    spec = {"socket": client.socket_path, "argv": argv, "request": request}
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "taogpud.client.supervise", json.dumps(spec)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # not this terminal's: a hang-up or Ctrl-C here is not its
+    )
+    assert supervisor.stdout is not None
+    said = json.loads(supervisor.stdout.readline() or '{"error": {"message": "it exited"}}')
+    supervisor.stdout.close()
+    if "error" in said:
+        supervisor.wait()
+        raise CliError(f"the program was not queued: {said['error']['message']}",
+                       said["error"].get("hint") or "")  # fmt: skip
+    job = said["job"]
+    if json_out:
+        emit_json(job)
+    else:
+        emit_line(job["id"])
+    return EXIT_OK
 
-    def forward(signum: int, _frame: Any) -> None:
-        if run.process is None:
-            raise KeyboardInterrupt
-        run.interrupt(signum)
 
-    for signum in FORWARDED:
-        signal.signal(signum, forward)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+def program_status(job: dict[str, Any]) -> int | None:
+    """A finished program's exit status as a shell gives it (128+N: killed by signal N)."""
+    result = job.get("result") or {}
+    if result.get("signal"):
+        return 128 + int(getattr(signal, result["signal"], 0))
+    code = result.get("exit_code")
+    return int(code) if isinstance(code, int) else None
+
+
+def follow_log(client: Client, job_id: str, follow: bool) -> None:
+    """A program's log to stdout, as it comes with `follow`, until its job ended."""
+    offset = 0
+    while True:
+        piece = client.program_log(job_id, offset, wait_s=30.0 if follow else 0.0)
+        sys.stdout.buffer.write(piece["data"])
+        sys.stdout.buffer.flush()
+        offset = piece["next"]
+        if piece["ended"] or not (follow or piece["data"]):
+            return
 
 
 def _say_queued(lease: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ answers them in this process, for tests of code that uses the client.
 
 from __future__ import annotations
 
+import base64
 import grp
 import json
 import os
@@ -362,6 +363,20 @@ class Client:
     def program_started(self, job_id: str, pid: int) -> Job:
         url = wire.PROGRAM_STARTED.url(job_id=job_id)
         return self._dict(wire.PROGRAM_STARTED, url, {"pid": pid})
+
+    def append_program_log(self, job_id: str, data: bytes) -> None:
+        """Output of a program this process runs (a detached one's supervisor)."""
+        route = wire.PROGRAM_LOG_APPEND
+        status, body = self._request(route.method, route.url(job_id=job_id), data, NPY_TYPE)
+        if status >= 400:
+            raise _api_error(status, body)
+
+    def program_log(self, job_id: str, offset: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
+        """A piece of a program's log: {data (bytes), next, ended}."""
+        query = {"offset": offset, "wait_s": _seconds(wait_s)}
+        url = wire.PROGRAM_LOG.url(query, job_id=job_id)
+        piece = self._dict(wire.PROGRAM_LOG, url, wait_s=wait_s)
+        return {**piece, "data": base64.b64decode(piece.pop("data_b64"))}
 
     def program_exited(self, job_id: str, **how: Any) -> Job:
         """How it ended: exit_code, signal ("SIGKILL"), cancelled, not_started (why)."""

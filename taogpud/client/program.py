@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, NamedTuple, TypeVar
 
 from taogpud.client import ApiError, Client, DaemonUnreachable, Job
@@ -54,16 +54,20 @@ class ProgramRun:
         reap_descendants: bool = False,
         on_queued: OnQueued | None = None,
         output: BinaryIO | None = None,
+        on_output: Callable[[bytes], None] | None = None,
         **request: Any,
     ) -> None:
         """output: where the program's stdout and stderr go, its stdin then /dev/null (a
-        starter whose own stdio is a protocol: `taogpuctl mcp`); None: this process's."""
+        starter whose own stdio is a protocol: `taogpuctl mcp`); on_output: the same, in
+        pieces to this callable (`exec --detach`'s supervisor ships them as the job's log);
+        neither: this process's own stdout and stderr, live."""
         self.client = client
         self.argv = list(argv)
         self.request = request  # submit_program's keywords: gpus, device, mem_bytes, share, …
         self.reap_descendants = reap_descendants
         self.on_queued = on_queued
         self.output = output
+        self.on_output = on_output
         self.job: Job | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self.cancelled = False  # it was interrupted here (Ctrl-C): the job ends cancelled
@@ -103,7 +107,8 @@ class ProgramRun:
         if self.reap_descendants:
             _become_subreaper()
         try:
-            self.process = _start(self.argv, env, job["params"]["cwd"], self.output)
+            piped = self.on_output is not None
+            self.process = _start(self.argv, env, job["params"]["cwd"], self.output, piped=piped)
         except OSError as exc:
             why = f"cannot run {self.argv[0]!r}: {exc.strerror or exc}"
             return Outcome(self.client.program_exited(job_id, not_started=why), 127)
@@ -111,10 +116,27 @@ class ProgramRun:
         _retrying(lambda: self.client.program_started(job_id, pid))
         stopper = Stopper(self.client.socket_path, job_id, self.process)
         stopper.start()
+        reader = self._read_output()
         returncode = self.process.wait()
         if self.reap_descendants:
             _reap_orphans()
+        if reader is not None:
+            reader.join()  # every descendant gone: the pipe has ended
         return self._report(job_id, returncode, stopper)
+
+    def _read_output(self) -> threading.Thread | None:
+        """The program's output to `on_output`, piece by piece, on a thread of its own."""
+        if self.on_output is None or self.process is None or self.process.stdout is None:
+            return None
+        pipe, sink = self.process.stdout, self.on_output
+
+        def pump() -> None:
+            while piece := os.read(pipe.fileno(), 1 << 16):
+                sink(piece)
+
+        reader = threading.Thread(target=pump, name="taogpud-program-output", daemon=True)
+        reader.start()
+        return reader
 
     def _report(self, job_id: str, returncode: int, stopper: Stopper) -> Outcome:
         how: dict[str, Any] = {"cancelled": self.cancelled}
@@ -177,22 +199,47 @@ def _retrying(call: Callable[[], T]) -> T:
 
 
 def _start(
-    argv: list[str], env: dict[str, str], cwd: str, output: BinaryIO | None
+    argv: list[str], env: dict[str, str], cwd: str, output: BinaryIO | None, *, piped: bool
 ) -> subprocess.Popen[bytes]:
     """The program in a process group of its own (its children get what it gets); a
-    terminal's input stays with the terminal's foreground group, so it reads /dev/null then."""
-    if output is not None:
+    terminal's input stays with the terminal's foreground group, so it reads /dev/null then.
+    With `output`, or `piped` (one pipe, read by _read_output), its stdout and stderr go
+    there together and its stdin is /dev/null."""
+    if output is not None or piped:
         return subprocess.Popen(
             argv,
             env=env,
             cwd=cwd,
             stdin=subprocess.DEVNULL,
-            stdout=output,
+            stdout=subprocess.PIPE if piped else output,
             stderr=subprocess.STDOUT,
             process_group=0,
         )
     stdin = subprocess.DEVNULL if os.isatty(0) else None
     return subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, process_group=0)
+
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def forwarding(run: ProgramRun) -> Iterator[None]:
+    """While the program runs, these signals go to it (and end the job cancelled); before,
+    each is a KeyboardInterrupt (the caller cancels the queued job)."""
+    previous = {signum: signal.getsignal(signum) for signum in FORWARDED}
+
+    def forward(signum: int, _frame: Any) -> None:
+        if run.process is None:
+            raise KeyboardInterrupt
+        run.interrupt(signum)
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _signal_group(pgid: int, signum: int) -> None:

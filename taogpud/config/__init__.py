@@ -335,6 +335,9 @@ class SchedulingSection(BaseModel):
     )
     # where the warm workers live: spawned processes here, or Ray actors (the [ray] table)
     executor: Literal["local", "ray"] = "local"
+    # a detached program's output, kept by the daemon as its log (docs/programs.md): at most
+    # this many KiB a program; past it the rest is dropped, and the log says so
+    program_log_kb: Int = Field(16384, ge=1)
 
 
 class RaySection(BaseModel):
