@@ -127,6 +127,7 @@ class ChannelSettings:
     max_retries: int
     models: Mapping[str, str]
     key_sources_tried: tuple[str, ...] = ()  # what was looked at, for a no_key answer
+    key_advice: str = ""  # how to give the daemon its key, the way it was started (key_advice)
 
     @classmethod
     def from_snapshot(
@@ -143,7 +144,35 @@ class ChannelSettings:
             key_sources_tried=key_sources_tried(
                 snapshot, os.environ if environ is None else environ
             ),
+            key_advice=key_advice(os.environ if environ is None else environ, api.api_key_env),
         )
+
+    def no_key(self) -> tuple[str, str]:
+        """(message, hint) of a daemon that holds no key: it sends nothing without one."""
+        tried = "; ".join(self.key_sources_tried) or "no source configured"
+        hint = self.key_advice or key_advice(os.environ, "TAOTOKEN_API_KEY")
+        return f"the daemon has no API key, so nothing was sent. Tried: {tried}", hint
+
+
+_KEYLESS_SERVER = (
+    'a local server that needs no key (vLLM, Ollama): set provider.apiKey to any text, e.g. "none"'
+)
+
+
+def key_advice(environ: Mapping[str, str], env_name: str) -> str:
+    """How to give the daemon its key, for the way it was started: systemd sets INVOCATION_ID
+    in every service's environment (and CREDENTIALS_DIRECTORY with LoadCredential=); a
+    daemon started in a terminal reads the shell's environment."""
+    if environ.get("INVOCATION_ID") or environ.get("CREDENTIALS_DIRECTORY"):
+        return (
+            f"give the service the key: LoadCredential={CREDENTIAL_NAME}:PATH in its unit "
+            f"(or Environment=/EnvironmentFile= with {env_name}), then restart it; your shell "
+            f"and taogpuctl never need it. For {_KEYLESS_SERVER}"
+        )
+    return (
+        f"export {env_name}=YOUR_KEY in the shell that starts taogpud, then restart taogpud. "
+        f"For {_KEYLESS_SERVER}"
+    )
 
 
 def key_sources_tried(snapshot: ConfigSnapshot, environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -346,7 +375,9 @@ class Channel:
         if problem is not None:
             return _Attempt(*problem)
         key = self.settings.api_key
-        if key is not None and not _header_safe(key.get_secret_value()):
+        if key is None:
+            return _Attempt("no_key", *self.settings.no_key())
+        if not _header_safe(key.get_secret_value()):
             return _Attempt(
                 "rejected_key",
                 f"the key from {self.settings.key_source} holds a character an HTTP header "
@@ -483,8 +514,6 @@ class Channel:
         answered = document.get("model")
         content = message.get("content")
         said = f": {self._scrub(str(content))[:40]!r}" if content else ""
-        if self.settings.api_key is None:
-            said += " (no key was sent: this server needs none)"
         return _Attempt(
             "ok",
             f"answered{said}",
@@ -504,16 +533,6 @@ class Channel:
         )
 
     def _key_refused(self, status: int, said: str) -> _Attempt:
-        if self.settings.api_key is None:
-            tried = "; ".join(self.settings.key_sources_tried) or "no source configured"
-            return _Attempt(
-                "no_key",
-                f"HTTP {status}: the daemon has no API key{_suffix(said)}. Tried: {tried}",
-                "give the daemon the key: LoadCredential=taotoken_api_key:PATH in its unit "
-                "(or Environment=/EnvironmentFile= with the env var named by api.api_key_env); "
-                "your shell and taogpuctl never need it",
-                http_status=status,
-            )
         return _Attempt(
             "rejected_key",
             f"HTTP {status}: the provider refused the key from {self.settings.key_source}"

@@ -29,6 +29,7 @@ from taogpud.channel import (
     PingResult,
     Scrubber,
     endpoint,
+    key_advice,
     key_sources_tried,
     public_url,
 )
@@ -151,12 +152,12 @@ def test_no_key_lists_the_sources_tried(tmp_path: Path) -> None:
     with fake_provider(KEY) as server:
         server.require_auth = True
         result = ping(settings_for(server.base_url, key=None, tried=tried))
-        assert not server.seen[0].has_auth
+        assert not server.seen  # nothing sent without a key
     assert result.status == "no_key" and result.key_source == "none"
     assert "taotoken_api_key" in result.detail and "$CREDENTIALS_DIRECTORY" in result.detail
     assert "TAOTOKEN_API_KEY (not set in the daemon's environment)" in result.detail
     assert f"provider.apiKey in {settings_file}" in result.detail
-    assert "LoadCredential" in result.hint
+    assert "TAOTOKEN_API_KEY=" in result.hint  # here the tests' shell: no systemd
 
 
 def test_credential_directory_is_named_when_set(tmp_path: Path) -> None:
@@ -167,12 +168,26 @@ def test_credential_directory_is_named_when_set(tmp_path: Path) -> None:
     assert "the embedded defaults" in tried[2]
 
 
-def test_no_key_and_a_server_that_needs_none_is_ok(provider: FakeProvider) -> None:
-    """A local server without auth (vLLM, Ollama): nothing sent as Authorization, ok, said so."""
+def test_no_key_is_said_and_nothing_is_sent(provider: FakeProvider) -> None:
+    """No key: the ping says so (no_key, not ok) and sends nothing, even to a server that
+    would answer without one (it said "ok", hiding that the daemon holds no key); the advice
+    names the way for a local server that needs none."""
     result = ping(settings_for(provider.base_url, key=None))
-    assert result.ok and result.key_source == "none"
-    assert not provider.seen[0].has_auth
-    assert "no key was sent" in result.detail
+    assert not result.ok and result.status == "no_key" and result.attempts == 0
+    assert "the daemon has no API key" in result.detail
+    assert not provider.seen
+    assert '"none"' in result.hint  # a keyless local server: any text as provider.apiKey
+
+
+def test_the_missing_key_advice_fits_how_the_daemon_was_started() -> None:
+    """Under systemd (INVOCATION_ID, or a credentials folder) the advice is the credential;
+    started in a terminal, the env var, exported in the shell that starts taogpud (it said
+    LoadCredential= to someone who had typed `taogpud`)."""
+    under_systemd = key_advice({"INVOCATION_ID": "5d1c"}, "TAOTOKEN_API_KEY")
+    assert "LoadCredential=taotoken_api_key" in under_systemd
+    in_a_terminal = key_advice({"TERM": "xterm"}, "TAOTOKEN_API_KEY")
+    assert "export TAOTOKEN_API_KEY=" in in_a_terminal and "restart taogpud" in in_a_terminal
+    assert "LoadCredential" not in in_a_terminal
 
 
 # --- retries --------------------------------------------------------------------------

@@ -109,18 +109,20 @@ def test_api_ping_rejected_key_exits_1(daemon_factory: Factory) -> None:
 
 
 def test_api_ping_without_a_key_lists_the_sources(daemon_factory: Factory) -> None:
-    """A daemon with no key: the 401 is no_key naming credential, env var and apiKey; exit 1."""
+    """A daemon with no key: no_key naming credential, env var and apiKey, and how to give it
+    one as it was started (here in a terminal: the env var); nothing sent; exit 1."""
     with fake_provider(KEY) as server:
         server.require_auth = True
         daemon = channel_daemon(daemon_factory, server, key=None)
         result = ctl("api", "ping", "--json", socket_path=daemon.socket_path)
-        assert not server.seen[0].has_auth
+        assert not server.seen
     assert result.returncode == 1
     answer = json.loads(result.stdout)
     assert answer["status"] == "no_key" and answer["key_source"] == "none"
     detail = answer["detail"]
     assert "taotoken_api_key" in detail and "TAOTOKEN_API_KEY (set but empty" in detail
     assert str(daemon.settings_path) in detail
+    assert "export TAOTOKEN_API_KEY=" in answer["hint"]
 
 
 def test_api_ping_classifies_a_dead_channel(

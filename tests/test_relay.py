@@ -212,6 +212,21 @@ def test_a_percent_encoded_path_goes_upstream_as_sent(
     assert response.status_code == 200 and provider.seen[-1].path == "/api/v1/files/x%3Ay"
 
 
+def test_without_a_key_the_relay_forwards_nothing_and_says_why(
+    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider
+) -> None:
+    """A daemon that holds no key (its env var empty) answers a relayed request itself: 503
+    no_key saying so and how to give it one (in a terminal: the env var), and nothing goes
+    upstream (it forwarded the request keyless and passed on the provider's 401)."""
+    daemon = start_relay(daemon_factory, provider.base_url, env={"TAOTOKEN_API_KEY": ""})
+    response = unix_get(daemon, "GET", "/relay/v1/models")
+    assert response.status_code == 503, response.text
+    body = response.json()
+    assert body["code"] == "no_key" and "the daemon has no API key" in body["message"]
+    assert "TAOTOKEN_API_KEY" in body["hint"]
+    assert not provider.seen
+
+
 def test_relay_errors_are_the_one_shape_and_provider_errors_pass_as_they_are(
     relayd: RunningDaemon, provider: FakeProvider
 ) -> None:

@@ -207,6 +207,7 @@ class Relay:
     ) -> None:
         channel = self._channel_of(snapshot)
         settings, scrub = channel.settings, channel.scrub
+        _require_key(settings)
         aliased = upstream.resolve_alias(body, settings.models)
         exchange.alias, exchange.model = aliased.alias, aliased.model
         family = upstream.family_of(exchange.path, scope["headers"])
@@ -276,6 +277,7 @@ class Relay:
     ) -> None:
         channel = self._channel_of(snapshot)
         settings = channel.settings
+        _require_key(settings)
         family = upstream.family_of(exchange.path, scope["headers"])
         key = upstream.key_header(settings.api_key, snapshot.config.relay.key_header, family)
         headers, protocols = websocket.handshake_headers(scope["headers"], key)
@@ -379,6 +381,13 @@ class _SessionTurns:
         self.exchange.alias = aliased.alias or self.exchange.alias
         self.exchange.model = aliased.model or self.exchange.model
         return aliased.body
+
+
+def _require_key(settings: ChannelSettings) -> None:
+    """A daemon without a key forwards nothing: the provider's 401 for a request sent keyless
+    hid the cause (503 no_key names where the key was looked for and how to give it)."""
+    if settings.api_key is None:
+        raise RelayError(503, ErrorBody("no_key", *settings.no_key()))
 
 
 def trace_fields(exchange: Exchange, key_source: str, channel: str) -> dict[str, Any]:
