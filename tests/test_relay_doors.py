@@ -7,9 +7,12 @@ Host headers are refused. Against tests/fake_provider.py and a raw upstream that
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -148,3 +151,40 @@ def test_two_host_headers_are_refused(relayd: RunningDaemon, provider: FakeProvi
     assert answer.startswith(b"HTTP/1.1 400 ")
     assert b'"code":"duplicate_host"' in answer
     assert provider.seen == []
+
+
+def _door(daemon: RunningDaemon, name: str) -> dict[str, Any]:
+    transport = httpx.HTTPTransport(uds=str(daemon.socket_path))
+    with httpx.Client(transport=transport, base_url="http://taogpud", timeout=30) as client:
+        doors = client.get("/v1/status").json()["doors"]
+    return {door["name"]: door for door in doors}[name]
+
+
+def test_websocket_sessions_give_their_place_back_and_outlive_the_body_clock(
+    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider
+) -> None:
+    """Sessions over TCP, one after another, more than the budget without a uid: each is
+    served (an upgraded connection gives its place back when it ends, and once its token is
+    read it counts against its uid, not that budget); one held past body_timeout_s still
+    relays (a session is not a slow body); afterwards the door has nothing open."""
+    from websockets.sync.client import connect
+
+    tight = {
+        "TAOGPUD_CONFIG__SERVER__MAX_CONNECTIONS_WITHOUT_UID": "2",
+        "TAOGPUD_CONFIG__SERVER__BODY_TIMEOUT_S": "1",
+    }
+    daemon = start_relay(daemon_factory, provider.base_url, env=tight)
+    token, base = token_of(daemon)
+    url = base.replace("http://", "ws://") + "/v1/responses"
+    create = json.dumps({"type": "response.create", "model": "default", "input": "x"})
+    for session in range(5):
+        headers = {"authorization": f"Bearer {token}"}
+        with connect(url, additional_headers=headers, open_timeout=30) as ws:
+            if session == 0:
+                time.sleep(2)  # past body_timeout_s: the session must still be there
+            ws.send(create)
+            events = [json.loads(ws.recv(timeout=30))]
+            while events[-1]["type"] != "response.completed":
+                events.append(json.loads(ws.recv(timeout=30)))
+    wait_until(lambda: _door(daemon, "relay")["open"] == 0, "the relay door's places back")
+    assert _door(daemon, "relay")["refused"] == 0

@@ -458,7 +458,8 @@ def test_websocket_refusals_are_http_errors_in_the_one_shape(
     relayd: RunningDaemon, provider: FakeProvider
 ) -> None:
     """No token: 401; a provider without WebSocket: 426 upstream_no_websocket at once, so the
-    client falls back to HTTP (never uvicorn's plain 500); each refusal traced."""
+    client falls back to HTTP (never uvicorn's plain 500); the member's refusal traced, the
+    tokenless one counted."""
     from websockets.exceptions import InvalidStatus
     from websockets.sync.client import connect
 
@@ -477,8 +478,9 @@ def test_websocket_refusals_are_http_errors_in_the_one_shape(
     )
     assert set(json.loads(answer.body)) == {"code", "message", "hint"}
     assert_no_key(answer.body)
-    lines = relay_lines(relayd, 2)
-    assert [line["status"] for line in lines[-2:]] == [401, 426]
+    assert relay_lines(relayd)[-1]["status"] == 426  # the member's session, traced
+    refused = relayd.events("relay.refused")  # no uid: counted, never traced (issue 34)
+    assert [(line["code"], line["count"]) for line in refused] == [("relay_token_required", 1)]
 
 
 def test_websocket_sessions_are_limited(

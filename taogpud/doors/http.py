@@ -45,6 +45,7 @@ from taogpud.unix_socket import PEER_KEY, read_peer
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_LINE_BYTES = 8 * 1024
+TICKET_KEY = "taogpud_door_ticket"  # scope["state"][TICKET_KEY]: the connection's place
 REASONS = {
     400: b"Bad Request",
     408: b"Request Timeout",
@@ -94,6 +95,7 @@ class DoorHttpProtocol(HttpToolsProtocol):
             transport.close()
             return
         self._connection_state[PEER_KEY] = peer
+        self._connection_state[TICKET_KEY] = self._ticket
         # A stand-in with the transport's whole interface (writes joined, the rest its own).
         super().connection_made(cast(asyncio.Transport, OneWritePerTurn(transport)))
         self._start_timer(self._caps().head_timeout_s, self._head_timed_out)
@@ -197,6 +199,17 @@ class DoorHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
         self._head_open, self._head_seen = True, 0
 
+    def handle_websocket_upgrade(self) -> None:
+        """The connection becomes uvicorn's WebSocket protocol's: the head's and body's clocks
+        stop (a session lasts), and its place is given back when that protocol's connection
+        is lost (this one's connection_lost is no longer called)."""
+        self._stop_timer()
+        self._cut = True
+        ticket, self._ticket = self._ticket, None
+        if ticket is not None:
+            self.ws_protocol_class = _releasing(self.ws_protocol_class, ticket)
+        super().handle_websocket_upgrade()
+
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer when the parser stops: ours when a callback here stopped it."""
         if self._refusal is None:
@@ -290,6 +303,23 @@ class OneWritePerTurn:
         held, self._held = self._held, None
         if held is not None and not self._transport.is_closing():
             self._transport.write(held)
+
+
+def _releasing(base: Any, ticket: Ticket) -> Any:
+    """`base` (uvicorn's WebSocket protocol class) releasing `ticket` when its connection ends."""
+
+    def connection_lost(self: Any, exc: Exception | None) -> None:
+        ticket.release()
+        base.connection_lost(self, exc)
+
+    return type(base.__name__, (base,), {"connection_lost": connection_lost})
+
+
+def claim_connection(scope: Any, uid: int) -> bool:
+    """For an application that learns who a peer without a uid is (the relay, from its
+    token): the connection counts against that uid from now on. False at the uid's cap."""
+    ticket = scope.get("state", {}).get(TICKET_KEY)
+    return not isinstance(ticket, Ticket) or ticket.guard.claim(ticket, uid)
 
 
 def http_protocol(

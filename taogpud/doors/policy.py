@@ -96,6 +96,20 @@ class ConnectionGuard:
         door.open += 1
         return Ticket(self, door, peer)
 
+    def claim(self, ticket: Ticket, uid: int) -> bool:
+        """The connection of a peer without a uid is now known to be `uid`'s (the relay read
+        its token): it leaves the shared budget for the uid's own; False at the uid's cap."""
+        if ticket.peer.uid is not None:
+            return ticket.peer.uid == uid
+        if self._open[uid] >= self.caps().max_connections_per_uid:
+            return False
+        self._open[None] -= 1
+        if self._open[None] <= 0:
+            del self._open[None]
+        self._open[uid] += 1
+        ticket.peer = Peer(uid=uid)
+        return True
+
     def release(self, ticket: Ticket) -> None:
         uid = ticket.peer.uid
         self._open[uid] -= 1

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from taogpud import trace, wire
 from taogpud.channel import ChannelSettings, Scrubber, public_url
 from taogpud.config import ConfigSnapshot, RelayLimits, RelaySection
-from taogpud.doors.http import abandon_response
+from taogpud.doors.http import abandon_response, claim_connection, too_many
 from taogpud.doors.noise import Noise
 from taogpud.errors import ErrorBody
 from taogpud.i18n import Text, accepted_language, render
@@ -308,13 +308,12 @@ class Relay:
 
     async def refuse_websocket(self, scope: Scope, send: Send, exc: RelayError) -> None:
         """Answer an upgrade the listener turned away (no token, a foreign Host): an HTTP
-        error in the one shape, traced all the same."""
-        exchange = self._exchange(scope, scope["path"], None, "tcp")
+        error in the one shape, counted as `refuse` counts (no uid: never traced)."""
+        exchange = self._exchange(scope, scope["path"], None, "tcp")  # never traced
         exchange.method = "WEBSOCKET"
-        try:
-            await _refuse_websocket(scope, send, exc, exchange)
-        finally:
-            self._finish(exchange, self._snapshot())
+        await _refuse_websocket(scope, send, exc, exchange)
+        self.noise.note("info", "relay.refused", via="tcp", uid=None, code=exc.body.code)
+        self.use.record(UseKey(None, "-", exchange.status), exchange.tokens)
 
     async def refuse(self, scope: Scope, send: Send, exc: RelayError) -> None:
         """Answer a request the listener turned away before reading it: a caller without a
@@ -759,6 +758,8 @@ class TcpRelay:
         try:
             self._check_host(scope)
             uid = self._caller(scope)
+            if not claim_connection(scope, uid):  # from the budget without a uid to its own
+                raise RelayError(503, too_many(uid))
         except RelayError as exc:
             refuse = self.relay.refuse if kind == "http" else self.relay.refuse_websocket
             await refuse(scope, send, exc)
