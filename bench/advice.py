@@ -43,7 +43,7 @@ ADVICE: dict[str, str] = {
         "httptools parsing and uvicorn's callbacks around it: the scope, a "
         "`RequestResponseCycle` and an ASGI task per request, job submits included (one "
         "handler per route, on uvicorn's public surface); the head and body of each answer "
-        "leave in one write (api/protocol.py). What is left is those per-request objects."
+        "leave in one write (doors/http.py). What is left is those per-request objects."
     ),
     "event loop (uvloop, in C)": (
         "uvloop's own C code: epoll, socket and pipe reads and writes, running callbacks. For "
