@@ -9,6 +9,11 @@ with 8 client threads; each direct to the fake provider (tests/fake_provider.py)
 the relay's TCP listener, and through LiteLLM's proxy (`litellm[proxy]` installed in a venv
 of its own; its `litellm` command is passed with --litellm). All rows in one run, one after
 another, against the same provider.
+
+Then streaming chat completions at 1, 8 and 64 concurrent clients (each its own kept-alive
+connection, about CONCURRENT_REQUESTS requests a level): p50 and p99 of the whole answer and
+of its first byte, direct and through each proxy, and what the proxy added at each
+percentile (the proxy's figure less the direct one of the same level, same run).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ STREAM_BODY = json.dumps(
     {"model": "default", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 )
 LITELLM_START_S = 120.0
+LEVELS = (1, 8, 64)  # concurrent streaming clients
+CONCURRENT_REQUESTS = 640  # per level, shared among its clients
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,55 @@ def throughput(target: Target, seconds: float = 3.0) -> float:
     for thread in threads:
         thread.join()
     return sum(done) / seconds
+
+
+@dataclass(frozen=True)
+class Spread:
+    """p50 and p99 of the whole answer and of its first byte, in seconds."""
+
+    p50: float
+    p99: float
+    ttfb_p50: float
+    ttfb_p99: float
+
+
+def concurrent_streams(target: Target, clients: int) -> Spread:
+    """`clients` threads, each on its own connection, stream until the level's requests are
+    done; every request's (total, first byte) kept."""
+    per_client = max(3, CONCURRENT_REQUESTS // clients)
+    samples: list[tuple[float, float]] = []
+    lock = threading.Lock()
+    start = threading.Barrier(clients)
+
+    def client(conn: http.client.HTTPConnection) -> None:
+        start.wait()
+        mine = [one(conn, target, STREAM_BODY) for _ in range(per_client)]
+        conn.close()
+        with lock:
+            samples.extend(mine)
+
+    connections = [http.client.HTTPConnection("127.0.0.1", target.port) for _ in range(clients)]
+    for conn in connections:  # connected one by one, before the clock starts
+        one(conn, target, STREAM_BODY)
+    threads = [threading.Thread(target=client, args=(conn,)) for conn in connections]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    totals = sorted(s[0] for s in samples)
+    firsts = sorted(s[1] for s in samples)
+    return Spread(_pct(totals, 50), _pct(totals, 99), _pct(firsts, 50), _pct(firsts, 99))
+
+
+def _pct(ordered: list[float], pct: int) -> float:
+    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
+
+
+def levels(provider: FakeProvider, target: Target) -> dict[int, Spread]:
+    provider.default = Reply(events=openai_stream("m", words=3))
+    spreads = {clients: concurrent_streams(target, clients) for clients in LEVELS}
+    provider.default = Reply()
+    return spreads
 
 
 def measure(provider: FakeProvider, target: Target, n: int) -> tuple[float, float, float]:
@@ -163,10 +219,33 @@ def main() -> None:
                 ),
             ]
             rows = {t.name: measure(provider, t, args.n) for t in targets}
+            spreads = {t.name: levels(provider, t) for t in targets}
             if args.litellm:
                 with litellm_proxy(args.litellm, provider, daemon.home) as target:
                     rows["litellm"] = measure(provider, target, args.n)
+                    spreads["litellm"] = levels(provider, target)
     report(rows)
+    report_levels(spreads)
+
+
+def report_levels(spreads: dict[str, dict[int, Spread]]) -> None:
+    print("streaming, concurrent clients (ms): p50 / p99 of the answer, of its first byte")
+    for name, by_level in spreads.items():
+        for clients, s in by_level.items():
+            print(
+                f"{name:7} {clients:3} clients  answer {s.p50 * 1e3:7.3f} / {s.p99 * 1e3:7.3f}"
+                f"  TTFB {s.ttfb_p50 * 1e3:7.3f} / {s.ttfb_p99 * 1e3:7.3f}"
+            )
+    direct = spreads["direct"]
+    for name in (n for n in spreads if n != "direct"):
+        for clients, s in spreads[name].items():
+            d = direct[clients]
+            print(
+                f"{name} added at {clients:3} clients: p50 {(s.p50 - d.p50) * 1e3:7.3f} ms, "
+                f"p99 {(s.p99 - d.p99) * 1e3:7.3f} ms, TTFB p50 "
+                f"{(s.ttfb_p50 - d.ttfb_p50) * 1e3:7.3f} ms, "
+                f"p99 {(s.ttfb_p99 - d.ttfb_p99) * 1e3:7.3f} ms"
+            )
 
 
 def report(rows: dict[str, tuple[float, float, float]]) -> None:
