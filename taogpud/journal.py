@@ -1,11 +1,13 @@
 """Job events as native journal entries, so `journalctl -u taogpud BACKEND=cpu` selects them.
 
 JSON on stdout lands in the journal as one MESSAGE string whose fields journald does
-not index. Under journald, a job event is therefore sent once as a native entry
-(datagrams to /run/systemd/journal/socket, the journal's documented protocol) whose
-MESSAGE is the exact JSON line stdout would have carried, with each of its keys also
-as a field (`job_id` → JOB_ID, `backend` → BACKEND, `uid` → UID, ...) and its level
-as PRIORITY. `journalctl -o cat | jq` reads the same lines as before, each once.
+not index. Under journald, a job event (and a relay request) is therefore sent once as a
+native entry (datagrams to /run/systemd/journal/socket, the journal's documented protocol)
+whose MESSAGE is one short human line, as journald's convention is (`job 1a2b3c succeeded
+vector_add on gpu:0 (cuda) in 31 ms`), with each key of the event as a field beside it
+(`job_id` → JOB_ID, `backend` → BACKEND, `uid` → UID, ...), its level as PRIORITY, and the
+exact JSON line stdout would have carried as TRACE_JSON (`journalctl -o json | jq -r
+.TRACE_JSON` reads the lines as before, each once). `journalctl -u taogpud` reads as a log.
 
 Active only when stdout is the journal stream systemd named in JOURNAL_STREAM; a
 no-op otherwise. A send that fails (a datagram too large, journald busy) returns
@@ -62,7 +64,8 @@ class JournalWriter:
 
 def entry_fields(line: bytes, event: Mapping[str, Any]) -> dict[str, str | bytes]:
     fields: dict[str, str | bytes] = {
-        "MESSAGE": line,
+        "MESSAGE": human_message(event) or line,
+        "TRACE_JSON": line,
         "PRIORITY": str(PRIORITIES.get(str(event.get("level", "info")), 6)),
         "SYSLOG_IDENTIFIER": SYSLOG_IDENTIFIER,
     }
@@ -71,6 +74,60 @@ def entry_fields(line: bytes, event: Mapping[str, Any]) -> dict[str, str | bytes
         if name and key not in SKIPPED_KEYS and value is not None and name not in fields:
             fields[name] = field_value(value)
     return fields
+
+
+SHORT_ID = 6  # as `taogpuctl list` shows ids (JOB_ID holds the whole one)
+FINISHED = frozenset({"succeeded", "failed", "cancelled", "timed_out", "interrupted"})
+
+
+def human_message(event: Mapping[str, Any]) -> str | None:
+    """The one line `journalctl -u taogpud` shows for a job event or a relay request; None
+    for other events (they keep their JSON line)."""
+    name = str(event.get("event", ""))
+    if name.startswith("job."):
+        return _job_message(name.removeprefix("job."), event)
+    if name == "relay.request":
+        return _relay_message(event)
+    return None
+
+
+def _job_message(state: str, event: Mapping[str, Any]) -> str:
+    """`job 1a2b3c succeeded vector_add on gpu:0 (cuda) in 31 ms`, then a fallback or an
+    error when there is one."""
+    words = ["job", str(event.get("job_id", "?"))[:SHORT_ID], state]
+    words += [str(event["task"])] if event.get("task") else []
+    words += _where(event)
+    if state == "queued" and event.get("priority"):
+        words.append(f"(priority {event['priority']})")
+    if state in FINISHED and isinstance(event.get("run_ms"), int | float):
+        words.append(f"in {event['run_ms']:.0f} ms")
+    text = " ".join(words)
+    if event.get("fallback"):
+        reason = event.get("fallback_reason")
+        text += ", a CPU fallback" + (f": {reason}" if reason else "")
+    if event.get("error"):
+        code = event.get("error_code")
+        text += ": " + (f"{code}: " if code else "") + str(event["error"])
+    return text
+
+
+def _where(event: Mapping[str, Any]) -> list[str]:
+    device, backend = event.get("device"), event.get("backend")
+    if device and backend:
+        return [f"on {device} ({backend})"]
+    return [f"on {device or backend}"] if device or backend else []
+
+
+def _relay_message(event: Mapping[str, Any]) -> str:
+    """`relay POST /v1/chat/completions 200 claude-sonnet in 212 ms (uid 1000, codex)`."""
+    words = ["relay"] + [
+        str(event[k]) for k in ("method", "path", "status", "model") if event.get(k)
+    ]
+    if isinstance(event.get("total_ms"), int | float):
+        words.append(f"in {event['total_ms']:.0f} ms")
+    who = [f"uid {event['uid']}"] if event.get("uid") is not None else []
+    who += [str(event["tool"])] if event.get("tool") else []
+    return " ".join(words) + (f" ({', '.join(who)})" if who else "")
 
 
 def field_name(key: str) -> str | None:

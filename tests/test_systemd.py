@@ -955,7 +955,8 @@ def test_journal_fields_select_exactly_the_job_entries(container: Container) -> 
         "false", "succeeded", "0", "6",
     )  # fmt: skip
     assert float(done["RUN_MS"]) >= 0 and float(done["QUEUE_MS"]) >= 0
-    assert json.loads(done["MESSAGE"])["job_id"] == job["id"]  # the same JSON line as stdout
+    assert json.loads(done["TRACE_JSON"])["job_id"] == job["id"]  # the JSON line stdout has
+    assert done["MESSAGE"].startswith(f"job {job['id'][:6]} succeeded saxpy on cpu:0 (cpu) in ")
     on_cpu = container.journal("-u", "taogpud", "BACKEND=cpu")
     assert on_cpu and all(e["EVENT"].startswith("job.") and e["JOB_ID"] for e in on_cpu)
     assert {e["JOB_ID"] for e in on_cpu} >= {job["id"]}

@@ -300,7 +300,8 @@ def test_field_names_and_values() -> None:
         },
     )
     assert fields == {
-        "MESSAGE": b"{}",
+        "MESSAGE": "job j1 succeeded in 2 ms, a CPU fallback",
+        "TRACE_JSON": b"{}",
         "PRIORITY": "4",
         "SYSLOG_IDENTIFIER": "taogpud",
         "EVENT": "job.succeeded",
@@ -310,6 +311,39 @@ def test_field_names_and_values() -> None:
         "PRIVATE": "x",
         "H2D_MS": "2",
     }
+
+
+def test_the_journal_message_reads_as_a_human_log() -> None:
+    """`journalctl -u taogpud` reads one short human line per event (it showed 300-character
+    JSON); the data stays in the fields beside it, the whole JSON line in TRACE_JSON."""
+    job = {"job_id": "1a2b3c4d5e6f70809", "task": "vector_add", "backend": "cuda"}
+    done = {**job, "event": "job.succeeded", "device": "gpu:0", "run_ms": 31.4, "queue_ms": 0.2}
+    fields = journal.entry_fields(b'{"event":"job.succeeded"}', done)
+    assert fields["MESSAGE"] == "job 1a2b3c succeeded vector_add on gpu:0 (cuda) in 31 ms"
+    assert fields["TRACE_JSON"] == b'{"event":"job.succeeded"}'
+    assert fields["JOB_ID"] == "1a2b3c4d5e6f70809" and fields["RUN_MS"] == "31.4"
+    messages = {
+        "job.queued": {**job, "backend": None, "priority": 5},
+        "job.failed": {**job, "device": "gpu:0", "error_code": "oom", "error": "out of memory"},
+        "job.succeeded": {**job, "device": "cpu:0", "backend": "cpu", "run_ms": 2.0,
+                          "fallback": True, "fallback_reason": "no driver"},
+        "relay.request": {"method": "POST", "path": "/v1/chat/completions", "status": 200,
+                          "model": "claude-sonnet", "total_ms": 212.4, "uid": 1000,
+                          "tool": "codex"},
+    }  # fmt: skip
+    said = {
+        event: journal.human_message({"event": event, **fields})
+        for event, fields in messages.items()
+    }
+    assert said == {
+        "job.queued": "job 1a2b3c queued vector_add (priority 5)",
+        "job.failed": "job 1a2b3c failed vector_add on gpu:0 (cuda): oom: out of memory",
+        "job.succeeded": "job 1a2b3c succeeded vector_add on cpu:0 (cpu) in 2 ms, "
+        "a CPU fallback: no driver",
+        "relay.request": "relay POST /v1/chat/completions 200 claude-sonnet in 212 ms "
+        "(uid 1000, codex)",
+    }
+    assert all(len(line) < 160 and "{" not in line for line in said.values())
 
 
 def test_journal_only_when_stdout_is_the_journal_stream(tmp_path: Path) -> None:
@@ -347,7 +381,8 @@ def _through_the_chain(event: str, **fields: Any) -> bytes | None:
 
 
 def test_job_event_goes_to_the_journal_once_and_redacted(journald: NotifySocket) -> None:
-    """A job event is one native entry (MESSAGE = the JSON line), with the key redacted."""
+    """A job event is one native entry (MESSAGE a human line, TRACE_JSON the JSON line), with
+    the key redacted in both."""
     line = _through_the_chain(
         "job.failed", job_id="j1", backend="cpu", error=f"bad key {SECRET}", api_key=SECRET
     )
@@ -357,7 +392,8 @@ def test_job_event_goes_to_the_journal_once_and_redacted(journald: NotifySocket)
     fields = parse_native(datagram)
     assert fields["JOB_ID"] == b"j1" and fields["BACKEND"] == b"cpu"
     assert fields["API_KEY"] == b"<redacted>"
-    assert json.loads(fields["MESSAGE"])["error"] == "bad key <redacted>"
+    assert json.loads(fields["TRACE_JSON"])["error"] == "bad key <redacted>"
+    assert fields["MESSAGE"] == b"job j1 failed on cpu: bad key <redacted>"
 
 
 def test_other_events_and_failed_sends_stay_on_stdout(
