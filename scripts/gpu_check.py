@@ -20,6 +20,10 @@ app) before anything else, so a missing package shows at once, then prints the v
     oom              a job over the pool cap, then the next job (the worker's own code)
     sticky_error     an illegal address from a user kernel; the worker's respawn
     evidence         a job's NVML evidence beside `nvidia-smi --query-compute-apps`
+    program_gpu      `taogpuctl exec`'s path: a CuPy program under a lease, seen on gpu:0 by
+                     NVML with its memory and energy (docs/programs.md)
+    program_cpu      a program that never touches its GPU: stopped as never_used_gpu after
+                     gpu.firstUseTimeoutS (5 s here), saying how to check
     pytest_gpu       `pytest -m gpu` over the test files that hold gpu tests
 
 Targets (DESIGN §10, as ratios): vector_add ≥ 85 % of copy bandwidth; matmul overhead ≤ 3 %;
@@ -58,7 +62,10 @@ from taogpud.backends.cuda.samples import ILLEGAL_ADDRESS  # noqa: E402
 from taogpud.testing import HarnessError, RunningDaemon, start_daemon, wait_for_ready  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
-GPU_SETTINGS: dict[str, Any] = {"gpu": {"backend": "cuda", "memoryFraction": 0.9}}
+# firstUseTimeoutS short: the check's program that never touches the GPU is flagged quickly
+GPU_SETTINGS: dict[str, Any] = {
+    "gpu": {"backend": "cuda", "memoryFraction": 0.9, "firstUseTimeoutS": 5}
+}
 GPU_CONFIG: dict[str, Any] = {
     "runtime": {"device_type": "gpu", "enable_profiling": True, "thread_num": 4},
     "backend": {
@@ -85,6 +92,8 @@ SHARES = {
     "matmul_overhead": 0.12,
     "warm_vs_cold": 0.1,
     "evidence": 0.04,
+    "program_gpu": 0.06,
+    "program_cpu": 0.05,
     "sticky_error": 0.15,
     "oom": 0.08,
     "pytest_gpu": 0.3,
@@ -96,6 +105,13 @@ DEPENDS_ON = ["cupy-cuda13x", "cupy-cuda12x", "numpy", "nvidia-ml-py", "fastapi"
               "uvicorn", "pydantic", "pydantic-settings", "structlog", "orjson", "httpx",
               "typer", "rich", "watchfiles", "opentelemetry-api", "pytest"]  # fmt: skip
 MATMUL_N = 8192
+# A program of the user's own, on the GPU for ~4 s (NVML is read once a second) with 1 GiB.
+GPU_PROGRAM = (
+    "import time, cupy; a = cupy.ones((8192, 16384), dtype=cupy.float32); end = time.time() + 4\n"
+    "while time.time() < end: (a @ a.T).sum(); cupy.cuda.Device().synchronize()\n"
+    "print('ran on', cupy.cuda.runtime.getDeviceProperties(0)['name'])"
+)
+CPU_PROGRAM = "import time; time.sleep(30)"  # stopped long before, never seen on the GPU
 COLD_COMMAND = "import cupy; a = cupy.arange(1000, dtype=cupy.float32); print(float((a + a).sum()))"
 TARGETS = {"bandwidth": 0.85, "matmul_overhead": 0.03, "warm_vs_cold": 100.0, "shm_h2d": 0.8}
 
@@ -412,6 +428,34 @@ class GpuCheck:
                 ),
             }
         )
+
+    def program_gpu(self, check: Check) -> None:
+        outcome = self._program(check, GPU_PROGRAM)
+        job = outcome.job
+        evidence = job.get("evidence") or {}
+        check.numbers.update({"job": job["id"], "status": job["status"], "evidence": evidence})
+        check.numbers["verdict"] = evidence.get("seen_on") == ["gpu:0"]
+        if not (job["status"] == "succeeded" and check.numbers["verdict"]):
+            raise AssertionError(f"expected a success seen on gpu:0: {check.numbers}")
+        if not evidence.get("peak_memory_bytes") or evidence.get("energy_j") is None:
+            raise AssertionError(f"expected its memory and energy: {evidence}")
+
+    def program_cpu(self, check: Check) -> None:
+        job = self._program(check, CPU_PROGRAM).job
+        error = job.get("error") or {}
+        check.numbers.update({"job": job["id"], "status": job["status"], "error": error})
+        check.numbers["verdict"] = error.get("code") == "never_used_gpu"
+        check.numbers["evidence"] = job.get("evidence") or {}
+        if not check.numbers["verdict"]:
+            raise AssertionError(f"expected never_used_gpu: {check.numbers}")
+
+    def _program(self, check: Check, source: str) -> Any:
+        """A program under a lease of gpu:0 with 2 GiB, started here as taogpuctl exec would."""
+        from taogpud.client.program import ProgramRun
+
+        with self.client(check) as client:
+            run = ProgramRun(client, [sys.executable, "-c", source], mem_bytes=2 << 30)
+            return run.run()
 
     def pytest_gpu(self, check: Check) -> None:
         # pytest's own per-test timeout below the cap, so a stuck test fails alone
@@ -787,8 +831,17 @@ def _headline(check: Check) -> tuple[str, str]:
             "-",
             f"first {numbers['first_warmup_ms']} ms, restart {numbers.get('restart_warmup_ms')} ms",
         )
-    if check.name == "evidence" and "evidence" in numbers:
+    return _verdict_headline(check.name, numbers)
+
+
+VERDICT_HEADLINES = {"program_gpu": "seen on gpu:0", "program_cpu": "never_used_gpu"}
+
+
+def _verdict_headline(name: str, numbers: dict[str, Any]) -> tuple[str, str]:
+    if name == "evidence" and "evidence" in numbers:
         return "pid seen on the GPU", str(numbers["evidence"].get("verdict"))
+    if name in VERDICT_HEADLINES and "verdict" in numbers:
+        return VERDICT_HEADLINES[name], str(numbers["verdict"])
     return "-", "see below"
 
 
@@ -837,7 +890,8 @@ def main() -> int:
     timer = watchdog(check)
     try:
         for name in ("environment", "warm_up", "bandwidth", "shm_h2d", "matmul_overhead",
-                     "warm_vs_cold", "evidence", "sticky_error", "oom"):  # fmt: skip
+                     "warm_vs_cold", "evidence", "program_gpu", "program_cpu",
+                     "sticky_error", "oom"):  # fmt: skip
             check.run(name, getattr(check, name))
     finally:
         check.stop_daemons()

@@ -81,7 +81,7 @@ class ProgramRun:
         return self.job
 
     def follow(self, job: Job) -> Outcome:
-        lease = self._wait_for_lease(job["id"])
+        lease = self._wait_for_lease(job)
         if lease["phase"] != "granted":  # cancelled while it waited, or told to stop already
             return Outcome(lease["job"], 1)
         return self._run_granted(lease["job"])
@@ -92,7 +92,10 @@ class ProgramRun:
         if self.process is not None:
             _signal_group(self.process.pid, signum)
 
-    def _wait_for_lease(self, job_id: str) -> dict[str, Any]:
+    def _wait_for_lease(self, job: Job) -> dict[str, Any]:
+        job_id = job["id"]
+        if job["status"] == "running" and not job["program"]["stop"]:  # granted at its submit
+            return {"phase": "granted", "queue_position": None, "job": job}
         lease = _retrying(lambda: self.client.lease(job_id))
         while lease["phase"] == "queued":
             if self.on_queued is not None:
