@@ -113,7 +113,8 @@ def cuda_scheduler(tmp_path: Path) -> Iterator[Incarnation]:
             memory_total_bytes=80 * GIB, memory_cap_bytes=68 * GIB,
         )  # fmt: skip
     yield incarnation
-    incarnation.end()
+    if not incarnation.loop.is_closed():  # a test's kill_9 closed it already
+        incarnation.end()
 
 
 def run_program(
@@ -172,3 +173,31 @@ def test_a_program_never_on_its_gpu_is_stopped_or_flagged(
         ended = end(cuda_scheduler, job, process)
         assert ended.error is not None and ended.error.code == "never_used_gpu"
     assert ended.evidence["pid_seen_on_gpu"] is False and ended.evidence["nvml_samples"] == 1
+
+
+def test_a_reused_pid_is_not_adopted_after_a_restart(
+    cuda_scheduler: Incarnation, tmp_path: Path
+) -> None:
+    """A restart finds a granted lease whose program pid now names another process (same
+    pid, another start time) and whose starter is gone: not adopted, the job ends
+    interrupted, its devices free; the process that has the pid now is left alone."""
+    job, process = run_program(cuda_scheduler, Policy())
+    store = cuda_scheduler.store
+    assert job.program is not None and job.program.pid_start is not None
+    job.program.pid_start -= 1  # as if the pid had been given to this process after the program
+    job.program.client_pid, job.program.client_start = process.pid, 1  # and its starter gone
+    store.save(job)
+    cuda_scheduler.call(store.commit_now)
+    cuda_scheduler.kill_9()
+    again = Incarnation(tmp_path / "jobs.sqlite3")
+    again.pool.executor = "local"
+    try:
+        again.call(again.scheduler.recover, again.store.unfinished())
+        ended = again.scheduler.get(job.id)
+        assert ended.status is JobState.interrupted and ended.error is not None
+        assert "neither the program nor its starter runs" in ended.error.message
+        assert again.scheduler.running_total == 0 and process.poll() is None
+    finally:
+        again.end()
+        process.kill()
+        process.wait()
