@@ -160,6 +160,7 @@ class Relay:
             if not snapshot.config.relay.enabled:
                 raise RelayError(404, _disabled())
             _check_path(exchange.raw_path)
+            _check_headers(scope["headers"])
             limit = snapshot.config.relay.max_body_mb << 20
             _check_declared_length(scope, limit)  # before a byte of the body is read
             await self._admitted(scope, receive, send, exchange, snapshot, limit)
@@ -707,6 +708,21 @@ def _check_path(raw_path: str) -> None:
                 f"has {why}",
                 "send the path without '.' or '..' segments (plain or percent-encoded) and "
                 "without encoded slashes (%2F, %5C)",
+            ),
+        )
+
+
+def _check_headers(headers: list[tuple[bytes, bytes]]) -> None:
+    """Refuse a header the relay could not forward as the same bytes."""
+    name = upstream.not_utf8_header(headers)
+    if name is not None:
+        raise RelayError(
+            400,
+            ErrorBody(
+                "header_not_utf8",
+                f"the value of the header {name[:100]!r} is not UTF-8; the relay forwards "
+                "header bytes as they are, and can do so for UTF-8 (and ASCII) only",
+                f"send {name[:100]} as UTF-8 (or percent-encode it)",
             ),
         )
 

@@ -120,12 +120,29 @@ def key_header(key: SecretStr | None, mode: KeyHeader, family: Family) -> list[t
 def request_headers(
     client_headers: Iterable[tuple[bytes, bytes]], key: list[tuple[str, str]]
 ) -> list[tuple[str, str]]:
+    """The client's headers to forward, as aiohttp takes them: str, which it writes as UTF-8.
+    A value is decoded as UTF-8 so that its bytes go out as they came (bytes above 0x7F
+    decoded as latin-1 went out re-encoded: `é` as two bytes, then four); the relay refused
+    a value that is not UTF-8 beforehand (not_utf8_header)."""
     kept = [
-        (name.decode("latin-1"), value.decode("latin-1"))
+        (name.decode("latin-1"), value.decode("utf-8"))
         for name, value in client_headers
         if name.lower() not in DROPPED_REQUEST_HEADERS
     ]
     return [*kept, ("accept-encoding", "identity"), *key]
+
+
+def not_utf8_header(client_headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The name of a forwarded header whose value is not UTF-8 (aiohttp can send no other
+    bytes as they are), or None."""
+    for name, value in client_headers:
+        if value.isascii() or name.lower() in DROPPED_REQUEST_HEADERS:
+            continue
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return name.decode("latin-1")
+    return None
 
 
 @dataclass(frozen=True)
