@@ -12,10 +12,14 @@ them allowing a retry):
   8. the state directory full (ENOSPC) for a while: a tmpfs the soak mounts (root only;
      skipped with the reason elsewhere)
   9. a daemon whose stdout is a dead pipe, stopped with SIGTERM, then a normal restart
+ 10. idle connections flooding the relay's TCP port (no uid), held half the phase
+ 11. idle connections flooding the `.shm` socket as `nobody`, held half the phase
+     (scripts/soak_doors.py: each door must refuse past its caps and serve the rest)
 After each phase every accepted job id (answered 201) must be accounted for (a record that
 finished), and none may have run more often than its retries allow (job.running lines in
 every log beyond 1 + attempts). At the end: the most jobs ever running (from the traces) vs
-max_concurrent_tasks — a half-applied config would show here — p99 latency with 8 clients,
+max_concurrent_tasks — a half-applied config would show here — p99 latency with 8 clients
+(in all, and per phase: what each fault cost the load's jobs),
 schemathesis cases and failures, and a scan of every log line and API answer for the key.
 
     python -m scripts.soak [--seconds-per-phase 8] [--fuzz-per-operation 200]   (from the root)
@@ -46,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scripts.soak_doors import relay_flood, shm_flood
 from taogpud.client import ApiError, Client, DaemonUnreachable
 from taogpud.daemon.lifecycle import RECENT_JOBS_SHOWN
 from taogpud.store import JobStore
@@ -400,6 +405,7 @@ def main() -> int:
     config = {**FUZZ_CONFIG, "scheduling": {**scheduling, "queue_limit": 200}}
     # the scheduling table last: phase 7 cuts the file before it
     config = {k: v for k, v in deep_merge(CPU_CONFIG, config).items() if k != "scheduling"}
+    config["relay"] = {"enabled": True, "listen": "127.0.0.1:0"}  # a door to flood
     config["scheduling"] = {**scheduling, "queue_limit": 200}
     daemon = start_daemon(home, FUZZ_SETTINGS, config, env={"TAOTOKEN_API_KEY": KEY})
     assert "[" not in to_toml(config).partition("[scheduling]")[2], "scheduling is not last"
@@ -417,6 +423,10 @@ def main() -> int:
             ("config.toml written in two steps", two_step_config, False),
             (f"state dir full (ENOSPC) for {hold_s:g} s", full_disk(hold_s), False),
             ("dead stdout pipe, SIGTERM, restart", dead_stdout_pipe, False),
+            ("idle flood of the relay's TCP port (no uid)",
+             relay_flood(args.seconds_per_phase / 2), False),
+            ("idle flood of the .shm socket (another uid)",
+             shm_flood(args.seconds_per_phase / 2), False),
         ):  # fmt: skip
             daemon, result = phase(name, daemon, args.seconds_per_phase, fault, long_jobs)
             results.append(result)
@@ -436,8 +446,8 @@ def main() -> int:
 
 def render(results: list[dict[str, Any]], fuzzed: Any, home: Path, daemon: RunningDaemon) -> str:
     logs = sorted(home.glob("logs/stdout-*.log")) + sorted(home.glob("logs/stderr-*.log"))
-    latencies = sorted(s for r in results for s in r["load"].latencies_s)
-    p99 = latencies[int(0.99 * (len(latencies) - 1))] * 1e3 if latencies else float("nan")
+    latencies = [s for r in results for s in r["load"].latencies_s]
+    p99 = _p99_ms(latencies)
     answers = "".join(a for r in results for a in r["load"].answers)
     leaked = [p.name for p in logs if KEY in p.read_text()]
     leaked += ["API answers"] if KEY in answers else []
@@ -447,12 +457,13 @@ def render(results: list[dict[str, Any]], fuzzed: Any, home: Path, daemon: Runni
         r["retried"] = sum(runs[i] > 1 for i in r["attempts"])
     lines = [
         "| fault | accepted (201) | accounted for | run more than allowed | run again (retry) "
-        "| refused | notes |",
-        "|---|---:|---:|---:|---:|---|---|",
+        "| p99 ms | refused | notes |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
     ]
     lines += [
         f"| {r['phase']} | {r['accepted']} | {r['accounted']} | {r['overrun']} | {r['retried']} "
-        f"| {_refusals(r['load'].refused)} | {'; '.join(r['notes'])} |"
+        f"| {_p99_ms(r['load'].latencies_s):.1f} | {_refusals(r['load'].refused)} "
+        f"| {'; '.join(r['notes'])} |"
         for r in results
     ]
     lines += [
@@ -467,6 +478,11 @@ def render(results: list[dict[str, Any]], fuzzed: Any, home: Path, daemon: Runni
         + (f"LEAK in {', '.join(leaked)}" if leaked else "not found"),
     ]
     return "\n".join(lines)
+
+
+def _p99_ms(latencies_s: list[float]) -> float:
+    ordered = sorted(latencies_s)
+    return ordered[int(0.99 * (len(ordered) - 1))] * 1e3 if ordered else float("nan")
 
 
 def _refusals(refused: Counter[str]) -> str:
