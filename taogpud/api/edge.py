@@ -5,8 +5,10 @@
   Content-Length is over it, it answers a plain-text 413, without {code, message, hint}. A
   body that declares its length is held to it by the HTTP parser, so only a chunked body,
   which declares none, is counted as it comes.
-- The request trace: one `api.request` line per request when logging.requestTrace is on,
-  written after the answer, in one write with its job's own lines (trace.deferred).
+- The request trace: one `api.request` line per request when logging.requestTrace is on
+  (at debug for an answered request, at info for a refused one: answered ones outnumbered
+  the job lines in the journal), written after the answer, in one write with its job's own
+  lines (trace.deferred).
 - The moment to write trace lines: when the last request in hand has been answered, the
   daemon has nothing else to do until the next one comes, so the pending lines go then
   (trace.flush), while the client reads its answer. Left to trace's timer alone (1 ms after
@@ -76,7 +78,7 @@ class ApiEdge:
             self.in_hand -= 1
             if traced and status != CLIENT_GONE:  # api.client_gone said it: one line
                 trace.deferred(
-                    "info",
+                    "info" if status >= 400 else "debug",  # answered: a debug line
                     "api.request",
                     method=scope["method"],
                     path=scope["path"],
