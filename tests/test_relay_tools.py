@@ -510,3 +510,22 @@ def test_websocket_sessions_are_limited(
     with pytest.raises(InvalidStatus) as refused, unix_connect(str(daemon.socket_path), url):
         pass
     assert refused.value.response.status_code == 429
+
+
+@pytest.mark.slow
+def test_relay_env_takes_over_the_token_of_the_one_file_per_user(
+    relayd: RunningDaemon, tmp_path: Path
+) -> None:
+    """A token saved by an older taogpuctl in $XDG_CONFIG_HOME/taogpud/relay-token (one file
+    per user) is still the user's: env prints it, and keeps it in this daemon's file."""
+    token, base = token_of(relayd)
+    legacy = tmp_path / "config" / "taogpud" / "relay-token"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text(token + "\n")
+    out = ctl(relayd, tmp_path, "relay", "env", "--tool", "openai")
+    assert out.returncode == 0, out.stderr
+    assert env_of(out.stdout)["OPENAI_API_KEY"] == token
+    (kept_file,) = legacy.parent.glob("relay-token@*")
+    assert kept_file.read_text().strip() == token and kept_file.stat().st_mode & 0o777 == 0o600
+    auth = {"authorization": f"Bearer {token}"}
+    assert httpx.get(base + "/v1/models", headers=auth).status_code == 200

@@ -127,6 +127,10 @@ def _usable_token(client: Client, status: dict[str, Any]) -> str:
         return save_token(path, client.relay_token()["token"]).read_text().strip()
     if saved and fingerprint(saved) == status.get("token_fingerprint"):
         return saved
+    older = _older_copy(path.parent / TOKEN_FILE, status.get("token_fingerprint"))
+    if older:  # an older taogpuctl's one file per user: now this daemon's
+        save_token(path, older)
+        return older
     where = "is not the one in" if saved else "is not saved in"
     raise CliError(
         f"you have a relay token for this daemon, but it {where} {path} (it was fetched "
@@ -134,6 +138,12 @@ def _usable_token(client: Client, status: dict[str, Any]) -> str:
         "use that copy, or `taogpuctl relay token` for a new one (the old one then stops "
         "working for every tool set up with it)",
     )
+
+
+def _older_copy(legacy: Path, wanted: object) -> str:
+    """The token an older taogpuctl kept in one file per user, if it is this daemon's."""
+    token = legacy.read_text().strip() if legacy.is_file() else ""
+    return token if token and fingerprint(token) == wanted else ""
 
 
 def _written(made: Recipe) -> list[str]:
