@@ -52,9 +52,9 @@ def test_others_see_a_program_but_not_what_it_runs_and_may_not_touch_it(
     users: dict[str, User],  # noqa: F811
     shared_daemon: Callable[..., Any],  # noqa: F811
 ) -> None:
-    """carol sees alice's program's id, state, device and owner, never its argv or cwd; she
-    may not cancel it nor claim a process for it; alice may not start it twice, nor report a
-    process that is not hers or not her own descendant; alice's cancel stops it."""
+    """carol sees alice's program's id, state, device and owner, never its argv, cwd, lease
+    or log; she may not cancel it nor claim a process for it; alice may not start it twice,
+    nor report a process that is not hers or not her own descendant; her cancel stops it."""
     daemon = shared_daemon()
     sock = daemon.socket_path
     started = value(as_user(users["alice"], _start_sleeper(sock)))
@@ -62,6 +62,10 @@ def test_others_see_a_program_but_not_what_it_runs_and_may_not_touch_it(
     seen = value(as_user(users["carol"], _call(sock, lambda c: c.get(job_id))))
     assert (seen["task"], seen["status"], seen["device"]) == ("program", "running", "cpu:0")
     assert seen["peer"]["uid"] == users["alice"].uid and seen["params"] == {}
+    log = as_user(users["carol"], _call(sock, lambda c: c.program_log(job_id)))
+    assert log["api_error"][:2] == [403, "forbidden"]
+    lease = as_user(users["carol"], _call(sock, lambda c: c.lease(job_id)))
+    assert lease["api_error"][:2] == [403, "forbidden"]
     cancel = as_user(users["carol"], _call(sock, lambda c: c.cancel(job_id)))
     assert cancel["api_error"][:2] == [403, "forbidden"]
     claim = as_user(users["carol"], _call(sock, lambda c: c.program_started(job_id, pid)))
