@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from taogpud import nvml
+from taogpud.backends.cuda.backend import driver_installed
 from taogpud.cli.app import CliError, build_params, parse_param
 from taogpud.cli.output import error_line
 from taogpud.testing import Ctl, taogpuctl, write_pair
@@ -155,14 +156,32 @@ KEY_ENV = {"TAOTOKEN_API_KEY": "sk-test-not-a-real-key"}
 
 
 def test_config_validate_accepts_the_seed_pair(tmp_path: Path) -> None:
-    """The setup guide's own pair validates: exit 0, ok in --json, no errors."""
+    """The setup guide's own pair validates: exit 0, ok in --json, no errors; on a host that
+    cannot run CUDA (no NVIDIA driver) its one error is that, never "config ok"."""
     flags = write_pair(tmp_path, SEED_SETTINGS, SEED_CONFIG).flags()
     human = taogpuctl("config", "validate", *flags, env=KEY_ENV)
-    assert human.returncode == 0, human.stdout + human.stderr
     result = taogpuctl("config", "validate", *flags, "--json", env=KEY_ENV)
+    if not driver_installed():
+        assert (human.returncode, result.returncode) == (2, 2), human.stdout + human.stderr
+        assert "config ok" not in human.stdout
+        [error] = json_out(result)["errors"]
+        assert error["key"] == "gpu.backend" and "no NVIDIA driver" in error["message"]
+        assert "packaging/examples/cpu" in error["fix"]
+        return
+    assert human.returncode == 0, human.stdout + human.stderr
     assert result.returncode == 0
     assert json_out(result)["ok"] is True
     assert json_out(result)["errors"] == []
+
+
+def test_config_validate_checks_the_files_the_daemon_runs(ctl: Ctl, daemon: Any) -> None:
+    """Without --settings/--config, the files the reachable daemon runs are checked (it
+    checked /etc/taogpud's, whatever the daemon read)."""
+    result = ctl("config", "validate", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    checked = json_out(result)["files"]
+    assert str(daemon.settings_path) in json.dumps(checked)
+    assert str(daemon.config_path) in json.dumps(checked)
 
 
 def test_config_validate_reports_each_error_as_file_key_message_fix(tmp_path: Path) -> None:
@@ -196,6 +215,7 @@ def test_config_validate_warning_keeps_exit_0(tmp_path: Path) -> None:
     """Differing timeouts are a warning: exit 0, printed as `file: key: warning: ...`."""
     settings = json.loads(json.dumps(SEED_SETTINGS))
     settings["provider"]["timeoutMs"] = 30000
+    settings["gpu"]["allowFallbackToCpu"] = True  # a host without CUDA: a warning too, not an error
     flags = write_pair(tmp_path, settings, SEED_CONFIG).flags()
     result = taogpuctl("config", "validate", *flags, env=KEY_ENV)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -52,6 +52,7 @@ from taogpud.cli.output import (
 from taogpud.cli.status import show_status
 from taogpud.client import (
     NPY_MAGIC,
+    ApiError,
     Client,
     DaemonUnreachable,
     Job,
@@ -529,12 +530,59 @@ def load_config_problems(
     return snapshot, list(snapshot.warnings)
 
 
+def the_daemons_files(ctx: typer.Context) -> tuple[Path | None, Path | None]:
+    """The settings.json and config.toml the reachable daemon runs (None: the defaults, where
+    no daemon answers or it runs on its embedded defaults)."""
+    try:
+        with connect(ctx) as client:
+            paths = client.config().get("paths") or {}
+    except (DaemonUnreachable, ApiError):
+        return None, None
+    settings, config = paths.get("settings"), paths.get("config")
+    return (Path(settings) if settings else None), (Path(config) if config else None)
+
+
+def host_problems(snapshot: ConfigSnapshot) -> list[Problem]:
+    """What keeps this host from running a valid pair: CUDA without an NVIDIA driver (the
+    daemon would refuse to start, or fall back to the CPU where allowFallbackToCpu says so)."""
+    from taogpud.backends.cuda.backend import driver_installed
+
+    gpu = snapshot.settings.gpu
+    if gpu.backend != "cuda" or driver_installed():
+        return []
+    where = str(snapshot.settings_path or "settings.json")
+    message = (
+        '"cuda", and this host has no NVIDIA driver (no /proc/driver/nvidia, no nvidia-smi): '
+        + (
+            "taogpud would run every job on the CPU fallback"
+            if gpu.allow_fallback_to_cpu
+            else "taogpud would refuse to start with this pair"
+        )
+    )
+    fix = (
+        "on this host use the CPU pair (packaging/examples/cpu/, or "
+        "/usr/share/doc/taogpud/examples/cpu/ from the package), or install the driver"
+    )
+    severity = "warning" if gpu.allow_fallback_to_cpu else "error"
+    return [Problem(where, "gpu.backend", message, fix, severity=severity)]
+
+
 @config_app.command("validate")
 def config_validate_command(
-    settings: SettingsFlag = None, config: ConfigFlag = None, json_out: JsonFlag = False
+    ctx: typer.Context,
+    settings: SettingsFlag = None,
+    config: ConfigFlag = None,
+    json_out: JsonFlag = False,
 ) -> int:
-    """Check the two config files offline; exit 2 on errors."""
-    _snapshot, problems = load_config_problems(settings, config)
+    """Check the two config files (the reachable daemon's, else the defaults) and whether this
+    host can run them; exit 2 on errors."""
+    if settings is None and config is None:
+        settings, config = the_daemons_files(ctx)
+    snapshot, problems = load_config_problems(settings, config)
+    if snapshot is not None:
+        problems = sorted(
+            [*problems, *host_problems(snapshot)], key=lambda problem: problem.severity != "error"
+        )
     errors = [problem for problem in problems if problem.severity == "error"]
     warnings = [problem for problem in problems if problem.severity != "error"]
     files = cli_files.checked_files(settings, config, os.environ)
