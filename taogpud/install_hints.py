@@ -32,8 +32,8 @@ PACKAGED_HINTS: dict[Part, str] = {
     "opencl": f"install a build of the package with OpenCL (`make deb EXTRAS=opencl`), {_OR_CPU}",
     "nvrtc": "install the CUDA toolkit's NVRTC (libnvrtc.so.12) from the NVIDIA repository "
     f"(cuda-nvrtc-12-x), {_OR_CPU}",
-    "mcp": "install a build of the package with the MCP SDK (`make deb EXTRAS=cuda12,mcp`), "
-    "or pip install 'taogpud[mcp]' in a venv of your own",
+    "mcp": "the package ships without the MCP SDK: install taogpud with its mcp extra in a "
+    "venv of your own (pip install '.[mcp]' in its source) and run that venv's taogpuctl mcp",
 }
 
 

@@ -397,3 +397,14 @@ def test_another_users_job_is_refused_to_the_agent(
     assert lines[(users["alice"].uid, "cancel_job")]["job_id"] == job_id
     assert lines[(users["carol"].uid, "cancel_job")]["named_job_id"] == job_id
     assert "job_id" not in lines[(users["carol"].uid, "cancel_job")]
+
+
+def test_the_missing_sdk_hint_fits_the_install(tmp_path: Path) -> None:
+    """A pip install is told the extra; a package's venv (its marker), which never ships the
+    SDK, is told to run taogpuctl mcp from a venv of the user's own."""
+    from taogpud.install_hints import PACKAGE_MARKER, install_hint
+
+    assert "pip install 'taogpud[mcp]'" in install_hint("mcp", tmp_path)
+    (tmp_path / PACKAGE_MARKER).write_text("extras=cuda12\n")
+    assert "ships without the MCP SDK" in install_hint("mcp", tmp_path)
+    assert "venv of your own" in install_hint("mcp", tmp_path)
