@@ -10,6 +10,7 @@ when this host can run CUDA, and otherwise on the guide's pair switched to the C
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,13 +24,11 @@ READY_TIMEOUT_S = 120
 
 
 def config_flags() -> list[str]:
-    from taogpud.backends.cuda.backend import probe_cuda
-
-    reason = probe_cuda([0])
+    reason = why_no_cuda()
     if reason is None:
         print("CUDA is available: running on the embedded defaults (backend cuda, GPU 0).")
         return []
-    print(f"No usable GPU here ({reason})")
+    print(f"No usable GPU here: {reason}")
     print(f"-> running on the CPU pair in {CPU_PAIR.relative_to(REPO)} instead.\n")
     return [
         "--settings",
@@ -37,6 +36,17 @@ def config_flags() -> list[str]:
         "--config",
         str(CPU_PAIR / "config.toml"),
     ]
+
+
+def why_no_cuda() -> str | None:
+    """Why CUDA cannot run here, the driver asked first: a host without one hears that, not
+    what the venv lacks (`make demo` installs no CuPy there: it blamed "CuPy is not
+    installed", which no install would fix)."""
+    from taogpud.backends.cuda.backend import driver_installed, probe_cuda
+
+    if not driver_installed():
+        return "no NVIDIA driver (no /proc/driver/nvidia, no nvidia-smi)"
+    return probe_cuda([0])
 
 
 def wait_ready(daemon: subprocess.Popen[bytes], socket_path: Path) -> None:
@@ -56,6 +66,13 @@ def wait_ready(daemon: subprocess.Popen[bytes], socket_path: Path) -> None:
 
 def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="taogpud-demo-", dir="/tmp"))
+    try:
+        return run_in(home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)  # the state, the socket and the log
+
+
+def run_in(home: Path) -> int:
     socket_path, log_path = home / "taogpud.sock", home / "taogpud.log"
     command = [
         sys.executable,
@@ -81,7 +98,9 @@ def main() -> int:
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(60)
-    print(f"\nThe trace of job {job['id']} (journalctl -u taogpud -o cat | jq 'select(.job_id)'):")
+    # This daemon's stdout, not the journal's: what `taogpuctl trace --grep ID` reads from a
+    # running daemon (a journalctl command here showed nothing: no service ran the demo).
+    print(f"\nThe trace of job {job['id']} (the daemon's JSON lines for it, from its stdout):")
     for line in log_path.read_text().splitlines():
         if job["id"] in line:
             print(line)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,25 @@ def test_with_a_driver_the_demo_brings_cupy(tmp_path: Path) -> None:
 def test_the_demo_venv_is_not_the_development_one(tmp_path: Path) -> None:
     commands = demo_commands(tmp_path, "DEMO_EXTRAS=")
     assert not any(".venv/" in line or "[dev" in line for line in commands)
+
+
+def demo_homes() -> set[Path]:
+    return set(Path("/tmp").glob("taogpud-demo-*"))
+
+
+@pytest.mark.skipif(driver_here(), reason="a host with an NVIDIA driver runs the CUDA demo")
+def test_the_demo_on_a_host_without_a_driver_says_so_and_leaves_nothing() -> None:
+    """scripts/demo.py (what `make demo` runs) on a GPU-less host: the reason is the missing
+    driver (it blamed "CuPy is not installed", which no install would fix), the trace is not
+    labelled with a journalctl command that shows nothing for it, and its /tmp folder is gone
+    (each run left one behind)."""
+    before = demo_homes()
+    done = subprocess.run(
+        [sys.executable, "scripts/demo.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "No usable GPU here: no NVIDIA driver" in done.stdout and "CuPy" not in done.stdout
+    assert "journalctl" not in done.stdout
+    assert '"event":"job.succeeded"' in done.stdout  # the trace itself is shown
+    assert demo_homes() - before == set()
