@@ -16,7 +16,7 @@ from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon, deep_merge, to_tom
 from traces import FINISHED_EVENTS
 
 from taogpud.client import Client
-from taogpud.testing import ctl_command, write_text
+from taogpud.testing import ctl_command, wait_until, write_text
 
 DEFAULT_QUIET_S = 2.0  # reload.quiet_s
 # This module's daemons apply a watched save after 0.5 s of quiet, as before there was a key:
@@ -122,6 +122,32 @@ def test_invalid_edit_keeps_the_old_generation_until_fixed(daemon: RunningDaemon
     )
     assert "max_concurrent_tasks" in error["fix"]
     assert daemon.events("config.reload_failed")
+
+
+def test_a_backend_mismatch_names_the_file_that_changed(daemon: RunningDaemon) -> None:
+    """config.toml switched to CUDA under a settings.json that still says cpu: the reload's
+    error names config.toml and its keys (it named settings.json gpu.backend, the file nobody
+    touched); the same mismatch made in settings.json names settings.json."""
+    with daemon.client() as client:
+        before = time.time()
+        write_config(daemon, {"runtime": {"device_type": "gpu"}})
+        error = wait_failed_reload(client, before)["errors"][0]
+        assert (error["file"], error["key"]) == (str(daemon.config_path), "runtime.device_type")
+        assert 'settings.json gpu.backend "cpu"' in error["message"]
+        fixed = time.time()
+        write_config(daemon, {})  # as it was: a reload that changes nothing, and succeeds
+        wait_until(
+            lambda: (
+                client.config_status()["last_reload"].get("at", 0) > fixed
+                and client.config_status()["last_reload"]["ok"]
+            ),
+            "the reload of config.toml as it was",
+            timeout_s=30,
+        )
+        before = time.time()
+        write_settings(daemon, {"gpu": {"backend": "cuda"}})
+        error = wait_failed_reload(client, before)["errors"][0]
+    assert (error["file"], error["key"]) == (str(daemon.settings_path), "gpu.backend")
 
 
 def test_config_status_cli_reports_the_failed_reload(daemon: RunningDaemon) -> None:

@@ -33,7 +33,14 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from taogpud.config.loading import FileKind, default_config_dir, expand, pick_path, read_layer
-from taogpud.config.rules import REDACTED, check_pair, key_problems, resolve_api_key, scrub
+from taogpud.config.rules import (
+    REDACTED,
+    blame_the_change,
+    check_pair,
+    key_problems,
+    resolve_api_key,
+    scrub,
+)
 from taogpud.config.shown import hide_tree, shaped_in
 from taogpud.errors import ConfigError, Problem
 from taogpud.paths import user_mode
@@ -587,8 +594,10 @@ def load(
     config_path: Path | None = None,
     *,
     environ: Mapping[str, str] | None = None,
+    previous: ConfigSnapshot | None = None,
 ) -> ConfigSnapshot:
-    """Read, validate and cross-check both files; raise ConfigError listing every error."""
+    """Read, validate and cross-check both files; raise ConfigError listing every error.
+    `previous` (a reload: the snapshot in force) lets a mismatch name the file that changed."""
     env = os.environ if environ is None else environ
     settings_at, config_at, _, _ = resolve_paths(settings_path, config_path, environ=env)
     problems: list[Problem] = []
@@ -597,7 +606,9 @@ def load(
     settings, config = settings_layer.model, config_layer.model
     key: tuple[SecretStr | None, KeySource] = (None, "none")
     if settings is not None and config is not None:
-        problems += check_pair(settings, config) + key_problems(settings_layer)
+        before = previous.settings.gpu.backend if previous is not None else None
+        problems += blame_the_change(check_pair(settings, config), settings, config, before)
+        problems += key_problems(settings_layer)
         key = resolve_api_key(settings, settings_layer, config, environ=env, problems=problems)
     key_env = config.api.api_key_env if config is not None else ApiSection().api_key_env
     problems = scrub(problems, [env.get(key_env, ""), key[0]], settings_layer)

@@ -103,6 +103,32 @@ def _one_backend(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
     return [Problem(SETTINGS, "gpu.backend", message, fix)]
 
 
+def blame_the_change(
+    problems: list[Problem],
+    settings: SettingsFile,
+    config: ConfigFile,
+    previous_backend: str | None,
+) -> list[Problem]:
+    """On a reload (`previous_backend`: the gpu.backend in force), a backend mismatch is
+    named where the change was made: settings.json kept its backend, so config.toml's keys
+    moved (it named settings.json gpu.backend, the file nobody touched)."""
+    if previous_backend is None or previous_backend != settings.gpu.backend:
+        return problems
+    return [
+        _config_side(settings, config) if (p.file, p.key) == (SETTINGS, "gpu.backend") else p
+        for p in problems
+    ]
+
+
+def _config_side(settings: SettingsFile, config: ConfigFile) -> Problem:
+    backend, actual = settings.gpu.backend, _backend_keys(config)
+    disagree = [key for key, want in _AGREEING[backend].items() if actual[key] != want]
+    found = ", ".join(f"{key} = {_show(actual[key])}" for key in disagree)
+    message = f'{found} disagrees with {SETTINGS} gpu.backend "{backend}"'
+    fix = f"{_agreeing_text(backend)}; or change gpu.backend in {SETTINGS} to match"
+    return Problem(CONFIG, disagree[0], message, fix)
+
+
 def _backend_keys(config: ConfigFile) -> dict[str, Any]:
     return {
         "runtime.device_type": config.runtime.device_type,

@@ -110,7 +110,7 @@ class Reloader:
     async def _reload(self, trigger: str) -> ReloadView:
         old = self.status.snapshot
         try:
-            new = config.load(*self._args)
+            new = config.load(*self._args, previous=old)
             changes = config.diff(old, new)
             # In a thread: planning may probe a backend in a child process (opencl: ~2 s),
             # and the API and the watchdog heartbeat must keep answering meanwhile.
