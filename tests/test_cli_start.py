@@ -190,3 +190,30 @@ def test_status_as_text_needs_no_orjson_nor_dataclasses(daemon: RunningDaemon) -
     orjson, as every command does)."""
     done = python(("-c", LEAN_PROBE), "--socket", str(daemon.socket_path), "status")
     assert json.loads(done.stderr.strip().splitlines()[-1]) == {"code": 0, "found": []}
+
+
+def test_exec_in_its_plain_shape_is_the_hot_paths_and_the_rest_typers() -> None:
+    """`exec` flags each with its value as its own word, then `--` and a program: read here
+    as typer reads them; any other shape (or a value typer refuses) goes to typer."""
+    given = hot.parse_exec(["--gpus", "2", "--mem", "4G", "--share", "--", "python3", "-V"])
+    assert given == {"gpus": 2, "mem": "4G", "share": True, "argv": ["python3", "-V"]}
+    assert hot.parse_exec(["--", "true"]) == {"argv": ["true"]}
+    assert hot.parse_exec(["--priority", "-5", "-d", "--", "x"]) == {
+        "priority": -5, "detach": True, "argv": ["x"]
+    }  # fmt: skip
+    others = [
+        [], ["--"], ["true"], ["--mem=4G", "--", "x"], ["--gpus", "0", "--", "x"],
+        ["--gpus", "two", "--", "x"], ["--device", "1", "--gpus", "2", "--", "x"],
+        ["--timeout", "-1", "--", "x"], ["--share", "--share", "--", "x"], ["-h"],
+        ["--help", "--", "x"], ["--name", "--", "x"],
+    ]  # fmt: skip
+    for words in others:
+        with pytest.raises(hot.NotHot):
+            hot.parse_exec(list(words))
+
+
+def test_exec_imports_no_typer(daemon: RunningDaemon) -> None:
+    """`exec -- true` runs and reports without typer (or click) imported."""
+    probe = 'HEAVY = ("typer", "click")\n' + PROBE
+    done = python(("-c", probe), "--socket", str(daemon.socket_path), "exec", "--", "true")
+    assert orjson.loads(done.stderr.strip().splitlines()[-1]) == {"code": 0, "heavy": []}

@@ -1,4 +1,4 @@
-"""The hot path: `taogpuctl [--socket PATH] status [--json]` without typer.
+"""The hot path: `taogpuctl [--socket PATH] status [--json]` and `exec` without typer.
 
 A script (or a prompt, or a monitoring check) calls `status` far more than anything else,
 and typer with its vendored click took about half of such a call's wall time here
@@ -6,6 +6,10 @@ and typer with its vendored click took about half of such a call's wall time her
 function, the same words and the same exit codes as the typer command; any other argv —
 --help, --version, --watch, a misspelling, the shell asking for completions — returns None
 and goes to typer (cli/app.py), which prints what it always printed.
+
+`exec` too (docs/programs.md): its cost is added to every program it runs. Its flags are read
+here only in their plain form (`--mem 4G`, each value its own word, then `--`); anything
+else (`--mem=4G`, a value typer would refuse, --help) goes to typer.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from taogpud.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
@@ -31,7 +36,10 @@ def run(argv: Sequence[str]) -> int | None:
     if COMPLETE_VAR in os.environ:
         return None
     try:
-        socket_path, json_out = parse(argv)
+        socket_path, words = _socket_and_words(argv)
+        if words and words[0] == "exec":
+            return answer_exec(socket_path, parse_exec(words[1:]))
+        json_out = _status_words(words)
     except NotHot:
         return None
     return answer(socket_path, json_out)
@@ -39,6 +47,18 @@ def run(argv: Sequence[str]) -> int | None:
 
 def parse(argv: Sequence[str]) -> tuple[Path | None, bool]:
     """(the socket, --json) of `[--socket PATH | --socket=PATH] status [--json]`."""
+    socket_path, words = _socket_and_words(argv)
+    return socket_path, _status_words(words)
+
+
+def _status_words(words: list[str]) -> bool:
+    if words not in (["status"], ["status", "--json"]):
+        raise NotHot
+    return len(words) == 2
+
+
+def _socket_and_words(argv: Sequence[str]) -> tuple[Path | None, list[str]]:
+    """The socket (--socket, else $TAOGPUD_SOCKET, else None) and the words after it."""
     words = list(argv)
     socket_value: str | None = None
     if words and words[0].startswith(SOCKET_OPTION + "="):
@@ -48,10 +68,75 @@ def parse(argv: Sequence[str]) -> tuple[Path | None, bool]:
         del words[:2]
     if socket_value is not None and (not socket_value or socket_value.startswith("-")):
         raise NotHot  # typer's reading of an odd value is the one that counts
-    if words not in (["status"], ["status", "--json"]):
-        raise NotHot
     chosen = socket_value if socket_value is not None else os.environ.get(SOCKET_ENV) or None
-    return (None if chosen is None else Path(chosen)), len(words) == 2
+    return (None if chosen is None else Path(chosen)), words
+
+
+# exec's options with a value, each read as typer would (its bounds: cli/app.py)
+EXEC_VALUES = {
+    "--gpus": ("gpus", int, 1),
+    "--device": ("device", int, 0),
+    "--mem": ("mem", str, None),
+    "--affinity": ("affinity", str, None),
+    "--priority": ("priority", int, None),
+    "--timeout": ("timeout_s", float, 0.0),
+    "--name": ("name", str, None),
+}
+EXEC_SWITCHES = {"--share": "share", "--detach": "detach", "-d": "detach", "--json": "json"}
+
+
+def parse_exec(words: list[str]) -> dict[str, Any]:
+    """exec's flags up to `--`, then the program: {option: value, …, "argv": [...]}."""
+    given: dict[str, Any] = {}
+    while words and words[0] != "--":
+        flag = words.pop(0)
+        if flag in EXEC_SWITCHES and EXEC_SWITCHES[flag] not in given:
+            given[EXEC_SWITCHES[flag]] = True
+        elif flag in EXEC_VALUES and words and EXEC_VALUES[flag][0] not in given:
+            given.update([_exec_value(flag, words.pop(0))])
+        else:
+            raise NotHot
+    if len(words) < 2 or (given.get("device") is not None and given.get("gpus", 1) != 1):
+        raise NotHot  # no program, or a combination typer words the refusal of
+    return {**given, "argv": words[1:]}
+
+
+def _exec_value(flag: str, text: str) -> tuple[str, Any]:
+    name, kind, least = EXEC_VALUES[flag]
+    if text.startswith("-") and kind is str:
+        raise NotHot
+    try:
+        value = kind(text)
+    except ValueError:
+        raise NotHot from None
+    if least is not None and value < least:
+        raise NotHot
+    return name, value
+
+
+def answer_exec(socket_path: Path | None, given: dict[str, Any]) -> int:
+    """`taogpuctl exec`, as the typer command runs it."""
+    from taogpud.cli.failures import CliError, explain
+    from taogpud.cli.output import report_error
+    from taogpud.cli.programs import detach_program, exec_program, parse_size
+    from taogpud.client import Client
+
+    try:
+        mem = None if "mem" not in given else parse_size(given["mem"])
+    except CliError:
+        raise NotHot from None
+    request = {"gpus": given.get("gpus", 1), "device": given.get("device"), "mem_bytes": mem,
+               "share": given.get("share", False), "affinity": given.get("affinity"),
+               "priority": given.get("priority", 0), "timeout_s": given.get("timeout_s"),
+               "name": given.get("name")}  # fmt: skip
+    run = detach_program if given.get("detach") else exec_program
+    try:
+        with Client(socket_path) as client:
+            return run(client, given["argv"], request, given.get("json", False))
+    except Exception as exc:
+        message, hint, exit_code = explain(exc)
+        report_error(message, hint)
+        return exit_code
 
 
 def answer(socket_path: Path | None, json_out: bool) -> int:
