@@ -236,6 +236,9 @@ def test_doctor_key_only_in_the_shell_is_the_guides_pitfall(
     assert result.returncode == 1
     checks = checks_of(json.loads(result.stdout))
     assert checks["api_key"]["status"] == "fail"
+    # a daemon started from a shell (these tests'): the env var, not a unit's credential
+    assert "export TAOTOKEN_API_KEY=" in checks["api_key"]["hint"], checks["api_key"]
+    assert "LoadCredential" not in checks["api_key"]["hint"]
     assert checks["shell_env"]["status"] == "fail"
     assert "does not inherit" in checks["shell_env"]["detail"]
     assert checks["api_channel"]["status"] == "fail"

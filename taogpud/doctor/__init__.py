@@ -184,7 +184,11 @@ def check_api_channel(result: PingResult | None, skipped_because: str = "") -> C
     return Check(name, "fail", f"{result.status}: {result.detail}", result.hint)
 
 
-def check_api_key(key_source: str, env_name: str, tried: Sequence[str] = ()) -> Check:
+def check_api_key(
+    key_source: str, env_name: str, tried: Sequence[str] = (), advice: str = ""
+) -> Check:
+    """Where the daemon's key comes from; without one, `advice` (channel.key_advice: how to
+    give it one, the way the daemon was started) is the fix."""
     name = "api_key"
     if key_source == "credential":
         detail = "the daemon holds a key from the systemd credential taotoken_api_key"
@@ -205,7 +209,8 @@ def check_api_key(key_source: str, env_name: str, tried: Sequence[str] = ()) -> 
         name,
         "fail",
         f"the daemon has no API key. Tried: {sources}",
-        "give the daemon the key: LoadCredential=taotoken_api_key:PATH in its unit, or "
+        advice
+        or "give the daemon the key: LoadCredential=taotoken_api_key:PATH in its unit, or "
         f"Environment=/EnvironmentFile= with {env_name}; then restart it",
     )
 

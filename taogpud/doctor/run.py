@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast, get_args
 
 from taogpud import __version__, nvml
-from taogpud.channel import ChannelSettings, key_sources_tried, ping
+from taogpud.channel import ChannelSettings, key_advice, key_sources_tried, ping
 from taogpud.doctor import (
     Check,
     CheckStatus,
@@ -96,7 +96,14 @@ async def daemon_checks(state: DaemonState, peer: Peer, options: Options) -> lis
             guarded("recent_backends", check_recent_backends, target, recent),
             *host_checks(target, facts, own_pids),
             await opencl,
-            guarded("api_key", check_api_key, snapshot.key_source, api.api_key_env, tried),
+            guarded(
+                "api_key",
+                check_api_key,
+                snapshot.key_source,
+                api.api_key_env,
+                tried,
+                key_advice(os.environ, api.api_key_env),  # the daemon's own environment
+            ),
             guarded("config_pair", check_config_pair, snapshot.settings, snapshot.config),
             *executor_checks(state.pool),  # executor "ray" only: the cluster and its actors
         ]
