@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import KEYS_GIVEN, RunningDaemon
 
@@ -100,7 +101,7 @@ def test_a_running_daemon_shows_none_of_them(
     daemon = daemon_factory(
         settings,
         {"api": {"base_url": url}, "relay": {"enabled": True}},
-        env={"TAOGPUD_CONFIG__RELOAD__QUIET_S": "0.5"},
+        env={"TAOGPUD_CONFIG__RELOAD__QUIET_S": "0.5", "TAOTOKEN_API_KEY": TYPED[::-1] + "k"},
     )
     with daemon.client() as client:
         shown = [client.config(), client.relay_status()]
@@ -116,7 +117,19 @@ def test_a_running_daemon_shows_none_of_them(
     status = daemon.ctl("config", "status")
     shown += [status.stdout, status.stderr, daemon.ctl("config", "status", "--json").stdout]
     shown.append(daemon.ctl("relay", "status", "--json").stdout)
-    shown.append(daemon.stdout_text())
+    relayed = daemon.ctl("relay", "status")  # and a request through the relay: its trace line's
+    shown.append(relayed.stdout)  # model is the alias's value, scrubbed by the log's scrubber
+    with daemon.client() as client:
+        client.relay_token()
+    transport = httpx.HTTPTransport(uds=str(daemon.socket_path))
+    with httpx.Client(transport=transport, base_url="http://taogpud", timeout=60) as http:
+        # /v1/messages: the key as x-api-key (with Authorization, a base URL's userinfo is a
+        # 500 of aiohttp's "Cannot combine AUTHORIZATION header", reported on issue 34)
+        answer = http.post("/relay/v1/messages", json={"model": "coding"})
+    assert answer.status_code == 502, answer.text  # 127.0.0.1:9 answers nothing
+    line = daemon.wait_for_event(lambda e: e.get("event") == "relay.request")
+    assert line["model"] == "<redacted>"
+    shown += [answer.text, daemon.stdout_text()]
     text = json.dumps(shown, default=str)
     for secret in (TYPED, TYPED[::-1], USERINFO):
         assert secret not in text

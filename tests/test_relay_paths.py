@@ -111,3 +111,20 @@ def test_paths_under_the_base_are_forwarded(
             status, text, _ = send(path)
             assert status == 200, (send.__name__, path, text)
     assert [seen.path for seen in provider.seen] == ["/api" + path for path in UNDER] * 2
+
+
+def test_a_websocket_upgrade_outside_the_base_is_refused(
+    relayd: RunningDaemon, provider: FakeProvider
+) -> None:
+    """The same rule for a WebSocket upgrade (the Responses API's WebSocket mode)."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import unix_connect
+
+    for path in ("/v1/%2e%2e/responses", "/v1/responses%2f..%2fadmin"):
+        url = "ws://taogpud/relay" + path
+        with pytest.raises(InvalidStatus) as refused, unix_connect(str(relayd.socket_path), url):
+            pass
+        answer = refused.value.response
+        assert answer.status_code == 400
+        assert json.loads(answer.body)["code"] == "path_outside_base"
+    assert provider.seen == []

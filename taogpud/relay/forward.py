@@ -249,6 +249,8 @@ class Relay:
                 return
             if not snapshot.config.relay.enabled:
                 raise RelayError(404, _disabled())
+            _check_path(exchange.raw_path)
+            _check_headers(scope["headers"])
             over = self.limiter.admit(uid, snapshot.config.relay.limits)
             if over is not None:
                 hint = f"wait {over.retry_after_s} s, or ask the admin about [relay.limits]"
