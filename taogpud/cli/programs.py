@@ -17,9 +17,10 @@ from typing import Any
 
 from taogpud.cli import EXIT_INTERRUPTED, EXIT_OK
 from taogpud.cli.failures import CliError
-from taogpud.cli.output import emit_json, emit_line, report_error, warn
+from taogpud.cli.output import emit_json, emit_line, report_error, state_word, warn
 from taogpud.client import Client
 from taogpud.client.program import Outcome, ProgramRun, forwarding
+from taogpud.i18n import _
 
 UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -29,7 +30,8 @@ def parse_size(text: str) -> int:
     """`4G`, `512MiB`, `1.5g`, `1048576` → bytes (binary units)."""
     match = SIZE.match(text)
     if match is None or float(match[1]) <= 0:
-        raise CliError(f"--mem {text!r} is not a size", "e.g. --mem 4G, --mem 512M, --mem 1.5GiB")
+        not_size = _("--mem {text} is not a size").format(text=repr(text))
+        raise CliError(not_size, _("e.g. --mem 4G, --mem 512M, --mem 1.5GiB"))
     return int(float(match[1]) * UNITS[match[2].lower()])
 
 
@@ -42,7 +44,9 @@ def exec_program(client: Client, argv: list[str], request: dict[str, Any], json_
     except KeyboardInterrupt:  # Ctrl-C before the program started: the job goes with it
         if run.job is not None:
             client.cancel(run.job["id"])
-            warn(f"job {run.job['id']} cancelled before its program started")
+            warn(
+                _("job {job_id} cancelled before its program started").format(job_id=run.job["id"])
+            )
         return EXIT_INTERRUPTED
     return _report(outcome, json_out)
 
@@ -62,7 +66,8 @@ def detach_program(client: Client, argv: list[str], request: dict[str, Any], jso
     supervisor.stdout.close()
     if "error" in said:
         supervisor.wait()
-        raise CliError(f"the program was not queued: {said['error']['message']}",
+        not_queued = _("the program was not queued: {reason}")
+        raise CliError(not_queued.format(reason=said["error"]["message"]),
                        said["error"].get("hint") or "")  # fmt: skip
     job = said["job"]
     if json_out:
@@ -96,7 +101,8 @@ def follow_log(client: Client, job_id: str, follow: bool) -> None:
 def _say_queued(lease: dict[str, Any]) -> None:
     job = lease["job"]
     position = lease["queue_position"]
-    sys.stderr.write(f"taogpuctl: job {job['id']} queued, position {position} in the queue\n")
+    queued = _("job {job_id} queued, position {position} in the queue")
+    sys.stderr.write(f"taogpuctl: {queued.format(job_id=job['id'], position=position)}\n")
     sys.stderr.flush()
 
 
@@ -106,6 +112,9 @@ def _report(outcome: Outcome, json_out: bool) -> int:
         emit_json({**job, "exit_status": outcome.exit_status})
     elif job.get("status") not in ("succeeded", None):
         error = job.get("error") or {}
-        message = f"job {job['id']} {job['status']}: {error.get('message', '')}"
+        ended = _("job {job_id} {status}: {detail}")
+        message = ended.format(
+            job_id=job["id"], status=state_word(job["status"]), detail=error.get("message", "")
+        )
         report_error(message, error.get("hint") or "")
     return outcome.exit_status

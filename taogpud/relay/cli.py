@@ -21,6 +21,7 @@ import typer
 from taogpud.cli.failures import CliError
 from taogpud.cli.output import emit_json, emit_line
 from taogpud.client import Client
+from taogpud.i18n import _
 from taogpud.relay.tools import TOOLS, Recipe, recipe, with_mcp_server
 
 if TYPE_CHECKING:  # both import pydantic-settings: taogpuctl's start pays for them only here
@@ -161,7 +162,8 @@ def _written(made: Recipe) -> list[str]:
             "--write is for tools that read a config file (codex, openclaw, openclaw-anthropic)",
             "this tool reads only its environment: drop --write and eval the lines",
         )
-    print(f"# merged into {path} (the previous one, if any, in {path.name}.bak)", file=sys.stderr)
+    merged = _("# merged into {path} (the previous one, if any, in {backup})")
+    print(merged.format(path=path, backup=f"{path.name}.bak"), file=sys.stderr)
     return made.export_lines
 
 
@@ -173,13 +175,25 @@ def status_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
     if json_out:
         emit_json(status)
         return
-    state = "on" if status["enabled"] else "off"
-    emit_line(f"relay {state}: tcp {status['listen'] or '-'}, unix {status['unix_prefix']}/")
-    emit_line(f"channel {status['channel']} (key from {status['key_source']})")
+    state = (
+        _("relay on: tcp {tcp}, unix {unix}/")
+        if status["enabled"]
+        else _("relay off: tcp {tcp}, unix {unix}/")
+    )
+    emit_line(state.format(tcp=status["listen"] or "-", unix=status["unix_prefix"]))
+    channel = _("channel {channel} (key from {source})")
+    emit_line(channel.format(channel=status["channel"], source=status["key_source"]))
+    use = _("uid {uid} {model} {status}: {requests} requests, {input} in / {output} out tokens")
     for row in status["use"]:
         emit_line(
-            f"uid {row['uid']} {row['model']} {row['status']}: {row['requests']} requests, "
-            f"{row['input_tokens']} in / {row['output_tokens']} out tokens"
+            use.format(
+                uid=row["uid"],
+                model=row["model"],
+                status=row["status"],
+                requests=row["requests"],
+                input=row["input_tokens"],
+                output=row["output_tokens"],
+            )
         )
 
 
