@@ -7,7 +7,7 @@ them allowing a retry):
   3. SIGTERM under load, then a restart on the same state directory
   4. kill -9 of the daemon under load, with retryable 1.5 s jobs running, then a restart
   5. SIGTERM with jobs that outlive the drain (1.5 s sleeps, drain_timeout_s 1), restart
-  6. a second daemon started by hand on the same state directory (it must exit 1)
+  6. a second daemon started by hand on the same state directory (it must exit 75: held)
   7. config.toml rewritten in place in two steps (the first parses, with the default caps)
   8. the state directory full (ENOSPC) for a while: a tmpfs the soak mounts (root only;
      skipped with the reason elsewhere)
@@ -52,7 +52,7 @@ from typing import Any
 
 from scripts.soak_doors import relay_flood, shm_flood
 from taogpud.client import ApiError, Client, DaemonUnreachable
-from taogpud.daemon.lifecycle import RECENT_JOBS_SHOWN
+from taogpud.daemon.lifecycle import EXIT_MAY_PASS_LATER, RECENT_JOBS_SHOWN
 from taogpud.store import JobStore
 from taogpud.testing import (
     CPU_CONFIG,
@@ -210,13 +210,14 @@ def restart_after(signum: int) -> Any:
 
 
 def second_daemon(daemon: RunningDaemon, notes: list[str]) -> RunningDaemon:
-    """A second taogpud by hand, another socket, the same state directory: it must exit 1."""
+    """A second taogpud by hand, another socket, the same state directory: it must be refused
+    as a start that may pass later (the directory is held), EXIT_MAY_PASS_LATER."""
     done = subprocess.run(
         daemon_command(daemon.home, "second.sock"),
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     notes.append(f"second daemon exit {done.returncode}: {done.stderr.strip()[:200]}")
-    if done.returncode != 1:
+    if done.returncode != EXIT_MAY_PASS_LATER:
         notes.append("FAULT NOT REFUSED")
     return daemon
 

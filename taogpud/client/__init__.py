@@ -313,7 +313,9 @@ class Client:
                 return self._dict(wire.WAIT_JOB, url, wait_s=chunk_s)
             except NotInGroup:
                 raise
-            except DaemonUnreachable:
+            except DaemonUnreachable as exc:
+                if isinstance(exc.__cause__, TimeoutError):
+                    raise  # a daemon there but silent for a whole long-poll: not a restart
                 away_since = away_since or time.monotonic()
                 if time.monotonic() - away_since > self.timeout_s or _left_s(deadline) <= 0:
                     raise
