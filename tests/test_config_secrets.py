@@ -66,6 +66,18 @@ def test_a_url_userinfo_is_not_in_the_error(tmp_path: Path) -> None:
     assert USERINFO not in text
 
 
+def test_a_url_with_userinfo_is_refused_without_showing_it(tmp_path: Path) -> None:
+    """provider.baseUrl with user:password@: a config error naming the key and the fix, the
+    userinfo not in it (a daemon that ran with it answered every relayed OpenAI request 500:
+    aiohttp refuses a URL's credentials beside the Authorization the relay sets)."""
+    url = f"https://{USERINFO}@127.0.0.1:9/api"
+    text = load_error(tmp_path, {"provider": {"baseUrl": url}}, f'[api]\nbase_url = "{url}"\n')
+    assert "provider.baseUrl" in text and "api.base_url" in text
+    assert "carries credentials (user:password@)" in text
+    assert "remove the user:password@ part" in text
+    assert USERINFO not in text
+
+
 def test_a_linked_config_file_is_not_quoted(tmp_path: Path) -> None:
     """config.toml a symlink to another (TOML-shaped) file: the errors say how many keys are
     wrong, and not one of that file's names or values; the same file as the config itself is
@@ -93,10 +105,10 @@ def test_a_linked_config_file_is_not_quoted(tmp_path: Path) -> None:
 def test_a_running_daemon_shows_none_of_them(
     daemon_factory: Callable[..., RunningDaemon], tmp_path: Path
 ) -> None:
-    """The key as a model's name, a userinfo in both URLs: the config is valid and runs;
-    /v1/config, the relay's status, `config status` after a reload that changes them, the
-    trace and the log (daemon_home's check) hold none of them."""
-    url = f"http://{USERINFO}@127.0.0.1:9/api"
+    """The key as a model's name: the config is valid and runs; /v1/config, the relay's
+    status, `config status` after a reload that changes them, the trace and the log
+    (daemon_home's check) hold none of it. (A URL's userinfo is refused at load: below.)"""
+    url = "http://127.0.0.1:9/api"
     settings = {"provider": {"baseUrl": url}, "models": {"default": TYPED}}
     daemon = daemon_factory(
         settings,
@@ -123,8 +135,6 @@ def test_a_running_daemon_shows_none_of_them(
         client.relay_token()
     transport = httpx.HTTPTransport(uds=str(daemon.socket_path))
     with httpx.Client(transport=transport, base_url="http://taogpud", timeout=60) as http:
-        # /v1/messages: the key as x-api-key (with Authorization, a base URL's userinfo is a
-        # 500 of aiohttp's "Cannot combine AUTHORIZATION header", reported on issue 34)
         answer = http.post("/relay/v1/messages", json={"model": "coding"})
     assert answer.status_code == 502, answer.text  # 127.0.0.1:9 answers nothing
     line = daemon.wait_for_event(lambda e: e.get("event") == "relay.request")

@@ -116,6 +116,11 @@ def check_api_url(url: str) -> str:
     if scheme not in ("http", "https") or not host:
         fix = {"fix": f"use an http(s) URL like {DEFAULT_URL}"}
         raise PydanticCustomError("api_url", "is not an http(s) URL with a host", fix)
+    if parts.username is not None or parts.password is not None:
+        # aiohttp refuses a URL's credentials beside the Authorization it sets (every relayed
+        # request was a 500), and the provider's key has one home: the credential or apiKey
+        fix = {"fix": "remove the user:password@ part; the provider's key goes in apiKey"}
+        raise PydanticCustomError("url_userinfo", "carries credentials (user:password@)", fix)
     tracking = ", ".join(sorted({name for name, _ in query if name.lower().startswith("utm_")}))
     if tracking:
         message = "carries {params}; API calls must not carry utm_* tracking parameters"
