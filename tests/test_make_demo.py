@@ -34,21 +34,37 @@ def driver_here() -> bool:
     return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
 
 
+def locked_install(tmp_path: Path, lock: str) -> list[str]:
+    """What the demo's venv gets: the hashed lock of `lock`, then taogpud itself, offline."""
+    pip = f"{tmp_path / 'demo'}/bin/python -m pip install -q"
+    return [
+        f"{pip} --require-hashes --no-deps -r packaging/locks/{lock}.txt",
+        f"{pip} --no-deps --no-build-isolation --no-index .",
+    ]
+
+
 def test_without_a_driver_the_demo_installs_taogpud_alone(tmp_path: Path) -> None:
+    """No driver: the CPU lock (no CuPy, Ray, pyopencl), taogpud with no extra."""
     commands = demo_commands(tmp_path, "DEMO_EXTRAS=")
-    assert installs(commands) == [f"{tmp_path / 'demo'}/bin/python -m pip install -q '.'"]
+    assert installs(commands) == locked_install(tmp_path, "cpu")
     assert commands[-1] == f"{tmp_path / 'demo'}/bin/python scripts/demo.py"
     assert not any(extra in line for line in commands for extra in HEAVY_EXTRAS)
+    lock = (REPO / "packaging" / "locks" / "cpu.txt").read_text().lower()
+    assert not any(heavy in lock for heavy in ("\ncupy", "\nray==", "\npyopencl"))
 
 
 def test_the_host_chooses_when_nothing_is_said(tmp_path: Path) -> None:
-    (install,) = installs(demo_commands(tmp_path))
-    assert install.endswith("'.[cuda12]'" if driver_here() else "'.'")
+    """Nothing said: the cuda12 lock where a driver is, the CPU one elsewhere."""
+    chosen = "cuda12" if driver_here() else "cpu"
+    assert installs(demo_commands(tmp_path)) == locked_install(tmp_path, chosen)
 
 
 def test_with_a_driver_the_demo_brings_cupy(tmp_path: Path) -> None:
-    (install,) = installs(demo_commands(tmp_path, "DEMO_EXTRAS=cuda12"))
-    assert install.endswith("pip install -q '.[cuda12]'")
+    """DEMO_EXTRAS=cuda12: the lock that holds CuPy for CUDA 12."""
+    assert installs(demo_commands(tmp_path, "DEMO_EXTRAS=cuda12")) == locked_install(
+        tmp_path, "cuda12"
+    )
+    assert "cupy-cuda12x==" in (REPO / "packaging" / "locks" / "cuda12.txt").read_text()
 
 
 def test_the_demo_venv_is_not_the_development_one(tmp_path: Path) -> None:
