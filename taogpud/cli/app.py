@@ -59,7 +59,7 @@ from taogpud.client import (
     is_finished,
 )
 from taogpud.errors import ConfigError, Problem
-from taogpud.i18n import _, user_language
+from taogpud.i18n import Text, _, user_language
 from taogpud.relay.cli import relay_app, relay_check
 
 if TYPE_CHECKING:
@@ -551,20 +551,21 @@ def host_problems(snapshot: ConfigSnapshot) -> list[Problem]:
     if gpu.backend != "cuda" or driver_installed():
         return []
     where = str(snapshot.settings_path or "settings.json")
-    message = (
+    if gpu.allow_fallback_to_cpu:
+        outcome = Text("taogpud would run every job on the CPU fallback")
+    else:
+        outcome = Text("taogpud would refuse to start with this pair")
+    message = Text(
         '"cuda", and this host has no NVIDIA driver (no /proc/driver/nvidia, no nvidia-smi): '
-        + (
-            "taogpud would run every job on the CPU fallback"
-            if gpu.allow_fallback_to_cpu
-            else "taogpud would refuse to start with this pair"
-        )
+        "{outcome}",
+        outcome=outcome,
     )
-    fix = (
+    fix = Text(
         "on this host use the CPU pair (packaging/examples/cpu/, or "
         "/usr/share/doc/taogpud/examples/cpu/ from the package), or install the driver"
     )
     severity = "warning" if gpu.allow_fallback_to_cpu else "error"
-    return [Problem(where, "gpu.backend", message, fix, severity=severity)]
+    return [Problem.of(where, "gpu.backend", message, fix, severity=severity)]
 
 
 @config_app.command("validate")

@@ -33,6 +33,7 @@ from taogpud.config.messages import (
     unknown_key,
 )
 from taogpud.errors import Problem
+from taogpud.i18n import Text
 
 M = TypeVar("M", bound=BaseSettings)
 
@@ -183,18 +184,24 @@ def _read_document(kind: FileKind[M], path: Path, problems: list[Problem]) -> di
 
 def _read_text(kind: FileKind[M], path: Path, problems: list[Problem]) -> str | None:
     where = str(path)
-    unusable = f"point {kind.point_at} at a readable file, or unset it for the embedded defaults"
+    unusable = Text(
+        "point {flag} at a readable file, or unset it for the embedded defaults",
+        flag=kind.point_at,
+    )
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        problems.append(Problem(where, kind.label, "does not exist", f"create it, or {unusable}"))
+        create = Text("create it, or {unusable}", unusable=unusable)
+        problems.append(Problem.of(where, kind.label, Text("does not exist"), create))
         return None
     except IsADirectoryError:
-        problems.append(Problem(where, kind.label, "is a directory, not a file", unusable))
+        directory = Text("is a directory, not a file")
+        problems.append(Problem.of(where, kind.label, directory, unusable))
         return None
     except PermissionError:
-        fix = "make it readable by the daemon's user (e.g. root:taogpu 0640)"
-        problems.append(Problem(where, kind.label, "cannot be read: permission denied", fix))
+        fix = Text("make it readable by the daemon's user (e.g. root:taogpu 0640)")
+        denied = Text("cannot be read: permission denied")
+        problems.append(Problem.of(where, kind.label, denied, fix))
         return None
     except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
         reason = getattr(exc, "strerror", None) or str(exc)
@@ -205,15 +212,18 @@ def _read_text(kind: FileKind[M], path: Path, problems: list[Problem]) -> str | 
 
 def _decode(kind: FileKind[M], where: str, data: bytes, problems: list[Problem]) -> str | None:
     if not data.strip():
-        fix = f"restore its content (a truncated save?), or delete it for the {kind.label} defaults"
-        problems.append(Problem(where, kind.label, "is empty", fix))
+        fix = Text(
+            "restore its content (a truncated save?), or delete it for the {file} defaults",
+            file=kind.label,
+        )
+        problems.append(Problem.of(where, kind.label, Text("is empty"), fix))
         return None
     try:
         return data.decode("utf-8-sig")  # -sig: a BOM from a Windows editor is harmless
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        fix = "save the file as UTF-8"
-        problems.append(Problem(where, f"line {line}", "is not UTF-8 text", fix))
+        not_utf8 = Text("is not UTF-8 text")
+        problems.append(Problem.of(where, f"line {line}", not_utf8, Text("save the file as UTF-8")))
         return None
 
 

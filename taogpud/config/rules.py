@@ -27,6 +27,7 @@ from taogpud.config.loading import has_reference
 from taogpud.config.messages import dig
 from taogpud.config.shown import hide
 from taogpud.errors import Problem
+from taogpud.i18n import Text
 
 if TYPE_CHECKING:
     from taogpud.config import ConfigFile, KeySource, SettingsFile
@@ -66,9 +67,18 @@ def _one_channel(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
     ours, theirs = settings.provider.base_url, config.api.base_url
     if ours.rstrip("/") == theirs.rstrip("/"):
         return []
-    message = f"{_show(ours)} differs from {CONFIG} api.base_url {_show(theirs)}"
-    fix = f"give provider.baseUrl ({SETTINGS}) and api.base_url ({CONFIG}) the same URL"
-    return [Problem(SETTINGS, "provider.baseUrl", message, fix)]
+    message = Text(
+        "{ours} differs from {file} api.base_url {theirs}",
+        ours=_show(ours),
+        file=CONFIG,
+        theirs=_show(theirs),
+    )
+    fix = Text(
+        "give provider.baseUrl ({settings}) and api.base_url ({config}) the same URL",
+        settings=SETTINGS,
+        config=CONFIG,
+    )
+    return [Problem.of(SETTINGS, "provider.baseUrl", message, fix)]
 
 
 def _device_in_set(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
@@ -84,10 +94,21 @@ def _device_in_set(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
     devices = [allowed] if isinstance(allowed, int) else list(allowed)
     if device in devices:
         return []
-    message = f"device {device} is not in {CONFIG} {key} {_show(devices)}"
+    message = Text(
+        "device {device} is not in {file} {key} {devices}",
+        device=device,
+        file=CONFIG,
+        key=key,
+        devices=_show(devices),
+    )
     choices = " or ".join(str(index) for index in devices)
-    fix = f"set gpu.deviceId to {choices}, or add {device} to {key}"
-    return [Problem(SETTINGS, "gpu.deviceId", message, fix)]
+    fix = Text(
+        "set gpu.deviceId to {choices}, or add {device} to {key}",
+        choices=choices,
+        device=device,
+        key=key,
+    )
+    return [Problem.of(SETTINGS, "gpu.deviceId", message, fix)]
 
 
 def _one_backend(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
@@ -97,10 +118,12 @@ def _one_backend(settings: SettingsFile, config: ConfigFile) -> list[Problem]:
     if not disagree:
         return []
     found = ", ".join(f"{key} = {_show(actual[key])}" for key in disagree)
-    message = f'"{backend}" disagrees with {CONFIG} {found}'
+    message = Text(
+        '"{backend}" disagrees with {file} {found}', backend=backend, file=CONFIG, found=found
+    )
     shown = ["cpu", "cuda"] + (["opencl"] if backend == "opencl" else [])
-    fix = "; ".join(_agreeing_text(name) for name in shown)
-    return [Problem(SETTINGS, "gpu.backend", message, fix)]
+    fix = "; ".join(_agreeing_text(name) for name in shown)  # keys and values: as written
+    return [Problem.of(SETTINGS, "gpu.backend", message, Text(fix))]
 
 
 def blame_the_change(
@@ -146,12 +169,19 @@ def _timeouts_agree(settings: SettingsFile, config: ConfigFile) -> list[Problem]
     ours_s, theirs_s = settings.provider.timeout_ms / 1000, config.api.request_timeout_s
     if math.isclose(ours_s, theirs_s):
         return []
-    message = (
-        f"{settings.provider.timeout_ms} ms differs from {CONFIG} "
-        f"api.request_timeout_s = {theirs_s:g} s; each side would give up at a different time"
+    message = Text(
+        "{ms} ms differs from {file} api.request_timeout_s = {seconds} s; each side would give "
+        "up at a different time",
+        ms=settings.provider.timeout_ms,
+        file=CONFIG,
+        seconds=format(theirs_s, "g"),
     )
-    fix = f"set provider.timeoutMs to {theirs_s * 1000:g} or api.request_timeout_s to {ours_s:g}"
-    return [Problem(SETTINGS, "provider.timeoutMs", message, fix, severity="warning")]
+    fix = Text(
+        "set provider.timeoutMs to {ms} or api.request_timeout_s to {seconds}",
+        ms=format(theirs_s * 1000, "g"),
+        seconds=format(ours_s, "g"),
+    )
+    return [Problem.of(SETTINGS, "provider.timeoutMs", message, fix, severity="warning")]
 
 
 def _show(value: Any) -> str:
@@ -214,12 +244,12 @@ def key_problems(layer: Layer[SettingsFile]) -> list[Problem]:
     """A literal apiKey is readable by anyone who can read the file: warn, never show it."""
     if not _literal_key(layer):
         return []
-    message = "holds a literal API key in plain text (value not shown)"
-    fix = (
+    message = Text("holds a literal API key in plain text (value not shown)")
+    fix = Text(
         "move the key to the systemd credential taotoken_api_key (LoadCredential=) or to the env "
-        'var named by api.api_key_env, and write "apiKey": "${TAOTOKEN_API_KEY}"'
+        'var named by api.api_key_env, and write "apiKey": "${{TAOTOKEN_API_KEY}}"'
     )
-    return [Problem(SETTINGS, "provider.apiKey", message, fix, severity="warning")]
+    return [Problem.of(SETTINGS, "provider.apiKey", message, fix, severity="warning")]
 
 
 # Scrubbing is the second line of defence (no message shows the apiKey field at all). Values
