@@ -191,57 +191,79 @@ def check_api_key(
     give it one, the way the daemon was started) is the fix."""
     name = "api_key"
     if key_source == "credential":
-        detail = "the daemon holds a key from the systemd credential taotoken_api_key"
+        detail = Text("the daemon holds a key from the systemd credential taotoken_api_key")
         return Check(name, "pass", detail)
     if key_source == "env":
-        detail = f"the daemon holds a key from its environment ({env_name} or a ${{VAR}} in apiKey)"
+        detail = Text(
+            "the daemon holds a key from its environment ({var} or a ${{VAR}} in apiKey)",
+            var=env_name,
+        )
         return Check(name, "pass", detail)
     if key_source == "file":
         return Check(
             name,
             "warn",
-            "the daemon's key is a literal provider.apiKey in settings.json (plain text)",
-            "move it to the systemd credential taotoken_api_key (LoadCredential=) or to "
-            f'{env_name}, and write "apiKey": "${{{env_name}}}"',
+            Text("the daemon's key is a literal provider.apiKey in settings.json (plain text)"),
+            Text(
+                "move it to the systemd credential taotoken_api_key (LoadCredential=) or to "
+                '{var}, and write "apiKey": "${{{var}}}"',
+                var=env_name,
+            ),
         )
     sources = "; ".join(tried) or "credential, env var, settings.json apiKey"
+    fix = advice or Text(
+        "give the daemon the key: LoadCredential=taotoken_api_key:PATH in its unit, or "
+        "Environment=/EnvironmentFile= with {var}; then restart it",
+        var=env_name,
+    )
     return Check(
-        name,
-        "fail",
-        f"the daemon has no API key. Tried: {sources}",
-        advice
-        or "give the daemon the key: LoadCredential=taotoken_api_key:PATH in its unit, or "
-        f"Environment=/EnvironmentFile= with {env_name}; then restart it",
+        name, "fail", Text("the daemon has no API key. Tried: {sources}", sources=sources), fix
     )
 
 
 def check_shell_env(shell_has_key: bool, env_name: str, daemon_key_source: str | None) -> Check:
     """The calling shell never needs the key: taogpuctl sends none; the daemon has its own."""
     name = "shell_env"
-    shell = f"your shell {'exports' if shell_has_key else 'does not export'} {env_name}"
+    if shell_has_key:
+        shell = Text("your shell exports {var}", var=env_name)
+    else:
+        shell = Text("your shell does not export {var}", var=env_name)
     if daemon_key_source is None:
-        detail = f"{shell}; the daemon's key cannot be checked (daemon not reachable)"
+        detail = Text(
+            "{shell}; the daemon's key cannot be checked (daemon not reachable)", shell=shell
+        )
         return Check(name, "skip", detail)
     if daemon_key_source == "none":
         if shell_has_key:
             return Check(
                 name,
                 "fail",
-                f"{shell} but the daemon has no key: a service does not inherit your shell's "
-                "environment",
-                "give the key to the daemon (LoadCredential= or EnvironmentFile= in its unit) "
-                "and restart it",
+                Text(
+                    "{shell} but the daemon has no key: a service does not inherit your "
+                    "shell's environment",
+                    shell=shell,
+                ),
+                Text(
+                    "give the key to the daemon (LoadCredential= or EnvironmentFile= in its "
+                    "unit) and restart it"
+                ),
             )
-        return Check(name, "pass", f"{shell}, and taogpuctl does not need it (see api_key)")
+        unneeded = Text("{shell}, and taogpuctl does not need it (see api_key)", shell=shell)
+        return Check(name, "pass", unneeded)
     if shell_has_key:
         return Check(
             name,
             "pass",
-            f"{shell}, but nothing uses it there: taogpuctl sends no key, the daemon uses its "
-            f"own (from {daemon_key_source})",
-            f"unset {env_name} in your shell profile if it is there only for taogpud",
+            Text(
+                "{shell}, but nothing uses it there: taogpuctl sends no key, the daemon uses "
+                "its own (from {source})",
+                shell=shell,
+                source=daemon_key_source,
+            ),
+            Text("unset {var} in your shell profile if it is there only for taogpud", var=env_name),
         )
-    return Check(name, "pass", f"{shell}, and need not: the daemon holds its own key")
+    own = Text("{shell}, and need not: the daemon holds its own key", shell=shell)
+    return Check(name, "pass", own)
 
 
 # --- jobs ---------------------------------------------------------------------------------------
