@@ -123,6 +123,16 @@ HEADINGS = {
         N_("util"),
         N_("worker"),
         N_("owner"),
+        N_("memory"),
+        N_("temp"),
+        N_("power"),
+        N_("slot"),
+        N_("job"),
+        N_("user"),
+        N_("elapsed"),
+        N_("priority"),
+        N_("waiting"),
+        N_("cc"),
     )
 }
 

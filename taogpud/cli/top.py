@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from taogpud.cli.conventions import short_ids
-from taogpud.cli.output import gibibytes
+from taogpud.cli.output import gibibytes, heading
+from taogpud.i18n import _, ngettext
 
 if TYPE_CHECKING:  # rich is imported when a frame is drawn: taogpuctl's start skips it
     from rich.console import RenderableType
@@ -99,12 +100,19 @@ def header(snapshot: Snapshot) -> Text:
     from rich.text import Text
 
     view = snapshot.status
-    line = (
-        f"taogpud {view['state']}  backend {view['backend']}"
-        f"{'  FALLBACK (CPU)' if view.get('fallback') else ''}  "
-        f"running {view['running']}/{view['max_concurrent_tasks']}  "
-        f"queued {view['queued']}/{view.get('queue_limit', '-')}  "
-        f"at {time.strftime('%H:%M:%S', time.localtime(snapshot.now))}"
+    said = _(
+        "taogpud {state}  backend {backend}{fallback}  running {running}/{cap}  "
+        "queued {queued}/{queue_limit}  at {time}"
+    )
+    line = said.format(
+        state=view["state"],
+        backend=view["backend"],
+        fallback=_("  FALLBACK (CPU)") if view.get("fallback") else "",
+        running=view["running"],
+        cap=view["max_concurrent_tasks"],
+        queued=view["queued"],
+        queue_limit=view.get("queue_limit", "-"),
+        time=time.strftime("%H:%M:%S", time.localtime(snapshot.now)),
     )
     if snapshot.nvml_reason:
         line += f"\nNVML: {snapshot.nvml_reason}"
@@ -126,7 +134,7 @@ def device_table(snapshot: Snapshot) -> Table:
     columns = [c for c in DEVICE_COLUMNS if with_nvml or c not in NVML_COLUMNS]
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column in columns:
-        table.add_column(column, no_wrap=True)
+        table.add_column(heading(column), no_wrap=True)
     by_device: dict[str, list[dict[str, Any]]] = {}
     for job in snapshot.running:
         by_device.setdefault(str(job.get("device")), []).append(job)
@@ -162,7 +170,7 @@ def nvml_cells(worker: dict[str, Any], gpus: dict[int, Any]) -> list[str]:
 def job_cells(job: dict[str, Any] | None, snapshot: Snapshot) -> list[str]:
     """job id (short), user, task, elapsed; an idle slot reads `idle`."""
     if job is None:
-        return ["idle", "", "", ""]
+        return [_("idle"), "", "", ""]
     started = job.get("started_at") or job.get("created_at") or snapshot.now
     short = snapshot.short_ids[str(job["id"])]
     return [short, user_name(job), str(job["task"]), elapsed(snapshot.now - started)]
@@ -176,15 +184,17 @@ def queue_table(snapshot: Snapshot) -> Table:
     queued = sorted(
         snapshot.queued, key=lambda job: (-(job.get("priority") or 0), job.get("created_at") or 0)
     )
-    title = f"queue: {len(queued)} job{'' if len(queued) == 1 else 's'}"
-    table = Table("job", "user", "task", "priority", "waiting", title=title, box=box.SIMPLE_HEAD)
+    title = ngettext("queue: {n} job", "queue: {n} jobs", len(queued)).format(n=len(queued))
+    columns = [heading(name) for name in ("job", "user", "task", "priority", "waiting")]
+    table = Table(*columns, title=title, box=box.SIMPLE_HEAD)
     table.title_justify = "left"
     for job in queued[:QUEUE_SHOWN]:
         waiting = elapsed(snapshot.now - (job.get("created_at") or snapshot.now))
         short = snapshot.short_ids[str(job["id"])]
         table.add_row(short, user_name(job), job["task"], str(job.get("priority", 0)), waiting)
     if len(queued) > QUEUE_SHOWN:
-        table.add_row(f"… {len(queued) - QUEUE_SHOWN} more", "", "", "", "")
+        more = _("… {n} more").format(n=len(queued) - QUEUE_SHOWN)
+        table.add_row(more, "", "", "", "")
     return table
 
 
