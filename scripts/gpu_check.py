@@ -439,6 +439,8 @@ class GpuCheck:
             raise AssertionError(f"expected a success seen on gpu:0: {check.numbers}")
         if not evidence.get("peak_memory_bytes") or evidence.get("energy_j") is None:
             raise AssertionError(f"expected its memory and energy: {evidence}")
+        if evidence.get("xid_errors"):  # absent: this host's NVML reports no XID events
+            raise AssertionError(f"the driver reported XIDs on its GPU: {evidence}")
 
     def program_cpu(self, check: Check) -> None:
         job = self._program(check, CPU_PROGRAM).job

@@ -11,6 +11,7 @@ Process ids are the host's: inside a container's PID namespace they do not match
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,11 +69,8 @@ class Inventory:
 
 def inventory(read_process_names: bool = True) -> Inventory:
     """Every device NVML sees, with memory and compute processes; empty with a reason."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # the deprecated `pynvml` shim warns
-            import pynvml
-    except ImportError:
+    pynvml = _import_pynvml()
+    if pynvml is None:
         return Inventory(reason=f"nvidia-ml-py is not installed: {install_hint('nvml')}")
     try:
         pynvml.nvmlInit()
@@ -83,6 +81,112 @@ def inventory(read_process_names: bool = True) -> Inventory:
     finally:
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
+
+
+def _import_pynvml() -> Any:
+    """nvidia-ml-py's module, or None where it is not installed."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # the deprecated `pynvml` shim warns
+            import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+@dataclass(frozen=True)
+class Xid:
+    """One XID error the driver reported (NVML's XidCriticalError event): the same event the
+    kernel logs as `NVRM: Xid (PCI:…): 79, …` (`journalctl -k | grep -i xid`)."""
+
+    uuid: str | None
+    index: int | None  # NVML's index: PCI bus order
+    code: int  # the XID number: 79 fell off the bus, 48 a double-bit ECC error, 13 a bad access
+    at: float  # time.time() when the daemon read it: NVML's event carries no time
+
+
+class XidWatch:
+    """NVML's XID events, registered on every device that reports them, held open while
+    programs hold CUDA leases and read at each sample (never waiting). `open()` returns None
+    where there is nothing to watch (no nvidia-ml-py, no driver, no device reporting XIDs):
+    the caller records no XIDs and says nothing."""
+
+    MAX_PER_DRAIN = 1000  # a storm of events is read over several samples, never in one loop
+
+    def __init__(self, pynvml: Any, event_set: Any) -> None:
+        self._nvml = pynvml
+        self._set = event_set
+
+    @classmethod
+    def open(cls) -> XidWatch | None:
+        pynvml = _import_pynvml()
+        if pynvml is None:
+            return None
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError:
+            return None
+        watch = cls._registered(pynvml)
+        if watch is None:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
+        return watch
+
+    @classmethod
+    def _registered(cls, pynvml: Any) -> XidWatch | None:
+        try:
+            event_set = pynvml.nvmlEventSetCreate()
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError:
+            return None
+        registered = [_register_xids(pynvml, index, event_set) for index in range(count)]
+        if any(registered):
+            return cls(pynvml, event_set)
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlEventSetFree(event_set)
+        return None
+
+    def drain(self) -> list[Xid]:
+        """The XIDs reported since the last read, oldest first."""
+        found: list[Xid] = []
+        for _ in range(self.MAX_PER_DRAIN):
+            try:
+                event = self._nvml.nvmlEventSetWait_v2(self._set, 0)
+            except self._nvml.NVMLError:  # NVML_ERROR_TIMEOUT: none left
+                break
+            if event.eventType & self._nvml.nvmlEventTypeXidCriticalError:
+                found.append(self._xid(event))
+        return found
+
+    def _xid(self, event: Any) -> Xid:
+        def ask(call: Callable[[Any], T]) -> T | None:
+            try:
+                return call(event.device)
+            except self._nvml.NVMLError:
+                return None
+
+        uuid = _text(ask(self._nvml.nvmlDeviceGetUUID))
+        index = ask(self._nvml.nvmlDeviceGetIndex)
+        return Xid(uuid, index, int(event.eventData), time.time())
+
+    def close(self) -> None:
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlEventSetFree(self._set)
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlShutdown()
+
+
+def _register_xids(pynvml: Any, index: int, event_set: Any) -> bool:
+    """Whether device `index` reports XIDs into `event_set` now (some do not: NotSupported)."""
+    xid = pynvml.nvmlEventTypeXidCriticalError
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        if not pynvml.nvmlDeviceGetSupportedEventTypes(handle) & xid:
+            return False
+        pynvml.nvmlDeviceRegisterEvents(handle, xid, event_set)
+    except pynvml.NVMLError:
+        return False
+    return True
 
 
 def cuda_order(inventory: Inventory, visible: str | None) -> list[GpuDevice]:

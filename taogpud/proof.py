@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from taogpud.nvml import GpuDevice
+from taogpud.nvml import GpuDevice, Xid
 
 TORCH_CHECK = "python3 -c 'import torch; print(torch.cuda.is_available())'"
 
@@ -47,10 +48,13 @@ class ProgramProof:
     peak_bytes: dict[str, int] = field(default_factory=dict)  # per GPU, its processes summed
     utilization_peak: int | None = None
     utilization_samples: int = 0
+    utilization_first_s: float | None = None  # monotonic: the window its figures cover
+    utilization_last_s: float | None = None
     samples: int = 0
     energy_first_mj: dict[str, int] = field(default_factory=dict)
     energy_last_mj: dict[str, int] = field(default_factory=dict)
     said: set[str] = field(default_factory=set)  # verdict codes given already: each once
+    xids: list[dict[str, Any]] | None = None  # None: XIDs not watched (no NVML events here)
 
     def observe(self, devices: Sequence[GpuDevice], pids: set[int], now_s: float) -> list[Verdict]:
         """One NVML sample; the verdicts it newly leads to."""
@@ -71,7 +75,7 @@ class ProgramProof:
                 self.seen_elsewhere.add(uuid)
                 return [self._elsewhere(device)]
             return []
-        self._sample(device, uuid)
+        self._sample(device, uuid, now_s)
         if not used:
             return []
         self.seen_on.add(uuid)
@@ -82,14 +86,35 @@ class ProgramProof:
         reserved = self.reserved_bytes[self.uuids.index(uuid)]
         return [self._over(device, total, reserved)] if total > reserved else []
 
-    def _sample(self, device: GpuDevice, uuid: str) -> None:
+    def _sample(self, device: GpuDevice, uuid: str, now_s: float) -> None:
         if device.utilization_percent is not None:
-            self.utilization_samples += 1
+            if self.utilization_last_s != now_s:  # one sample of several GPUs: one time
+                self.utilization_samples += 1
+            if self.utilization_first_s is None:
+                self.utilization_first_s = now_s
+            self.utilization_last_s = now_s
             peak = self.utilization_peak
             self.utilization_peak = max(peak or 0, device.utilization_percent)
         if device.energy_mj is not None:
             self.energy_first_mj.setdefault(uuid, device.energy_mj)
             self.energy_last_mj[uuid] = device.energy_mj
+
+    def record_xids(self, xids: Sequence[Xid], now_s: float) -> list[dict[str, Any]]:
+        """The XIDs NVML reported since the last sample (none: watched, none seen); those on
+        its GPUs are its evidence, and returned, to be logged."""
+        mine = [self._xid(xid, now_s) for xid in xids if xid.uuid in self.uuids]
+        self.xids = (self.xids or []) + mine
+        return mine
+
+    def _xid(self, xid: Xid, now_s: float) -> dict[str, Any]:
+        at = datetime.fromtimestamp(xid.at, UTC).isoformat(timespec="milliseconds")
+        return {
+            "xid": xid.code,
+            "gpu": self.labels[self.uuids.index(xid.uuid or "")],
+            "uuid": xid.uuid,
+            "at": at.replace("+00:00", "Z"),
+            "seen_after_s": _seconds(now_s, self.started_s),
+        }
 
     def _over(self, device: GpuDevice, used: int, reserved: int) -> Verdict:
         label = self.labels[self.uuids.index(device.uuid or "")]
@@ -134,9 +159,23 @@ class ProgramProof:
             "reserved_bytes": sum(self.reserved_bytes),
             "utilization_peak_percent": self.utilization_peak,
             "utilization_samples": self.utilization_samples,
+            "utilization_first_after_s": _seconds(self.utilization_first_s, self.started_s),
+            "utilization_last_after_s": _seconds(self.utilization_last_s, self.started_s),
+            "utilization_interval_s": self._interval(),
             "nvml_samples": self.samples,
             "energy_j": sum(energy) / 1000 if energy else None,
-        }
+        } | ({} if self.xids is None else {"xid_errors": self.xids})
+
+    def _interval(self) -> float | None:
+        """The mean time between its utilisation samples, as they were taken."""
+        first, last, count = (
+            self.utilization_first_s,
+            self.utilization_last_s,
+            self.utilization_samples,
+        )
+        if first is None or last is None or count < 2:
+            return None
+        return round((last - first) / (count - 1), 3)
 
 
 def children_now(proc: Path = Path("/proc")) -> dict[int, list[int]]:

@@ -48,7 +48,7 @@ from taogpud.jobs import (
     ProgramView,
     new_job_id,
 )
-from taogpud.nvml import GpuDevice
+from taogpud.nvml import GpuDevice, Xid
 from taogpud.pool import protocol as msg
 from taogpud.pool.interface import Pool, Worker
 from taogpud.pool.regions import RegionRef
@@ -902,9 +902,12 @@ class Scheduler:
         """Whether a running program awaits NVML samples (observe_programs)."""
         return any(lease.proof is not None for lease in self._programs.values())
 
-    def observe_programs(self, devices: Sequence[GpuDevice], now_s: float) -> None:
+    def observe_programs(
+        self, devices: Sequence[GpuDevice], now_s: float, xids: Sequence[Xid] | None = None
+    ) -> None:
         """One NVML sample for every program under a CUDA lease: its evidence updated, and
-        what it leads to done (a stop with the reason, or a flag)."""
+        what it leads to done (a stop with the reason, or a flag). `xids`: those NVML
+        reported since the last sample; None where it cannot (no XID section then)."""
         children = proof.children_now()
         for job_id, lease in list(self._programs.items()):
             job = self.store.get(job_id)
@@ -913,8 +916,17 @@ class Scheduler:
             pids = _program_pids(job, lease, children)
             for verdict in lease.proof.observe(devices, pids, now_s):
                 self._act_on(job, verdict)
+            if xids is not None:
+                self._record_xids(job, lease.proof, xids, now_s)
             job.evidence = lease.proof.evidence()
             self.store.save(job)
+
+    def _record_xids(
+        self, job: JobRecord, watched: proof.ProgramProof, xids: Sequence[Xid], now_s: float
+    ) -> None:
+        """Each XID on its GPUs: a warning line now; its evidence keeps them all."""
+        for xid in watched.record_xids(xids, now_s):
+            trace.log.warning("program.xid", job_id=job.id, **xid)
 
     def _act_on(self, job: JobRecord, verdict: proof.Verdict) -> None:
         self.program_verdicts[verdict.code] += 1

@@ -68,3 +68,22 @@ def test_evidence_lines_pair_each_fact_with_nvidia_smi(capsys: pytest.CaptureFix
     uuid_at = next(n for n, line in enumerate(lines) if "GPU-1234" in line)
     assert "nvidia-smi --query-gpu=uuid" in lines[uuid_at + 1]
     assert "--query-compute-apps=pid" in lines[-1]
+
+
+def test_evidence_shows_each_xid_beside_the_kernel_log_query(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A program's XIDs (fed: no GPU here): one line each, then the query that shows the same
+    in the kernel's log; none seen says so."""
+    xid = {"xid": 79, "gpu": "gpu:0", "uuid": "GPU-1234", "at": "2026-12-04T21:00:00Z"}
+    job = {"id": "1a2", "device": "gpu:0", "backend": "cuda", "evidence": {"xid_errors": [xid]}}
+    emit_evidence(job, json_out=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        "xid_errors" in lines[1]
+        and "XID 79 on gpu:0 (GPU-1234) at 2026-12-04T21:00:00Z" in lines[1]
+    )
+    assert "journalctl -k | grep -i xid" in lines[2] and "dmesg" in lines[2]
+    job["evidence"] = {"xid_errors": []}
+    emit_evidence(job, json_out=False)
+    assert "xid_errors  none" in capsys.readouterr().out

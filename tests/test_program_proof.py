@@ -7,10 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from taogpud import nvml
 from taogpud.backends.base import DeviceInfo, WorkerSpec
@@ -201,3 +204,157 @@ def test_a_reused_pid_is_not_adopted_after_a_restart(
         again.end()
         process.kill()
         process.wait()
+
+
+# --- XID errors: NVML's XidCriticalError events, from a fake NVML that delivers them --------
+
+
+class FakeNvmlError(Exception):
+    pass
+
+
+class FakeTimeout(FakeNvmlError):
+    pass
+
+
+class FakeNotSupported(FakeNvmlError):
+    pass
+
+
+class FakeNvml(types.ModuleType):
+    """pynvml's event API as the driver answers it: devices that support XID events, events
+    queued until nvmlEventSetWait_v2 hands them out, NVML_ERROR_TIMEOUT once none is left."""
+
+    NVMLError = FakeNvmlError
+    NVMLError_Timeout = FakeTimeout
+    NVMLError_NotSupported = FakeNotSupported
+    nvmlEventTypeXidCriticalError = 0x8
+    nvmlEventTypeSingleBitEccError = 0x1
+
+    def __init__(self, supports: tuple[bool, ...] = (True, True)) -> None:
+        super().__init__("pynvml")
+        self.supports = supports
+        self.registered: list[int] = []
+        self.queue: list[types.SimpleNamespace] = []
+        self.inits = 0
+
+    def deliver(self, index: int, xid: int, kind: int = 0x8) -> None:
+        self.queue.append(types.SimpleNamespace(device=index, eventType=kind, eventData=xid))
+
+    def nvmlInit(self) -> None:
+        self.inits += 1
+
+    def nvmlShutdown(self) -> None:
+        self.inits -= 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.supports)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetIndex(self, handle: int) -> int:
+        return handle
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return UUIDS[handle]
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: int) -> int:
+        return 0x8 | 0x1 if self.supports[handle] else 0x1
+
+    def nvmlEventSetCreate(self) -> str:
+        return "event set"
+
+    def nvmlDeviceRegisterEvents(self, handle: int, kinds: int, event_set: str) -> None:
+        if not self.supports[handle] or kinds != 0x8:
+            raise FakeNotSupported("Not Supported")
+        self.registered.append(handle)
+
+    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> types.SimpleNamespace:
+        assert event_set == "event set" and timeout_ms == 0  # a sample never waits on it
+        if not self.queue:
+            raise FakeTimeout("Timeout")
+        return self.queue.pop(0)
+
+    def nvmlEventSetFree(self, event_set: str) -> None:
+        self.registered.clear()
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+def test_xids_are_read_from_every_device_that_reports_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(supports=(True, False))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    watch = nvml.XidWatch.open()
+    assert watch is not None and fake.registered == [0]
+    assert watch.drain() == []
+    fake.deliver(0, 79)
+    fake.deliver(0, 0, kind=0x1)  # another kind of event: not an XID
+    fake.deliver(0, 48)
+    found = watch.drain()
+    assert [(x.uuid, x.index, x.code) for x in found] == [(UUIDS[0], 0, 79), (UUIDS[0], 0, 48)]
+    assert watch.drain() == []  # each read once
+    watch.close()
+    assert fake.inits == 0 and fake.registered == []
+
+
+def test_without_nvml_there_is_no_xid_watch_and_no_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert nvml.XidWatch.open() is None  # nvidia-ml-py here, no driver: nvmlInit fails
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails, as if absent
+    assert nvml.XidWatch.open() is None
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(supports=(False, False)))
+    assert nvml.XidWatch.open() is None  # no device reports XIDs
+
+
+def test_an_xid_on_its_gpu_is_in_its_evidence_not_another_gpus(fake_nvml: FakeNvml) -> None:
+    watch = nvml.XidWatch.open()
+    assert watch is not None
+    watched = proof()
+    assert watched.record_xids(watch.drain(), 101.0) == []
+    assert watched.evidence()["xid_errors"] == []  # watched, none seen
+    fake_nvml.deliver(0, 79)
+    fake_nvml.deliver(1, 13)  # on a GPU it was not given
+    (new,) = watched.record_xids(watch.drain(), 102.0)
+    (xid,) = watched.evidence()["xid_errors"]
+    assert new == xid
+    assert xid["xid"] == 79 and xid["gpu"] == "gpu:0" and xid["uuid"] == UUIDS[0]
+    assert xid["seen_after_s"] == 2.0 and isinstance(xid["at"], str)  # ISO time, UTC
+
+
+def test_without_an_xid_watch_the_evidence_has_no_xid_section() -> None:
+    watched = proof()
+    watched.observe([card(0)], {41}, 101.0)
+    assert "xid_errors" not in watched.evidence()
+
+
+def test_an_xid_during_a_lease_is_in_its_record_and_trace(
+    cuda_scheduler: Incarnation, fake_nvml: FakeNvml
+) -> None:
+    watch = nvml.XidWatch.open()
+    assert watch is not None
+    job, process = run_program(cuda_scheduler, Policy())
+    fake_nvml.deliver(0, 79)
+    observe = cuda_scheduler.scheduler.observe_programs
+    with capture_logs() as lines:
+        cuda_scheduler.call(observe, [card(0, (process.pid, GIB))], 1.0, watch.drain())
+    (warned,) = [line for line in lines if line["event"] == "program.xid"]
+    assert warned["xid"] == 79 and warned["gpu"] == "gpu:0" and warned["job_id"] == job.id
+    ended = end(cuda_scheduler, job, process)
+    assert [x["xid"] for x in ended.evidence["xid_errors"]] == [79]
+    assert cuda_scheduler.store.get(job.id).evidence["xid_errors"][0]["xid"] == 79
+
+
+def test_the_utilisation_window_is_in_the_evidence() -> None:
+    watched = proof()
+    for now in (101.0, 102.0, 104.5):
+        watched.observe([card(0, (41, GIB))], {41}, now)
+    evidence = watched.evidence()
+    assert evidence["utilization_samples"] == 3
+    assert evidence["utilization_first_after_s"] == 1.0
+    assert evidence["utilization_last_after_s"] == 4.5
+    assert evidence["utilization_interval_s"] == 1.75  # the mean between its samples

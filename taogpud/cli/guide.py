@@ -32,6 +32,7 @@ NVIDIA_SMI = {
     "gpu_pids": "nvidia-smi --query-compute-apps=pid --format=csv,noheader",
     "utilization_peak_percent": "nvidia-smi --query-gpu=utilization.gpu --format=csv -lms 100",
     "energy_j": "nvidia-smi --query-gpu=total_energy_consumption --format=csv",
+    "xid_errors": "journalctl -k | grep -i xid  (or: dmesg | grep -i xid)",
 }
 
 
@@ -94,6 +95,17 @@ def warn_if_other_files(
             warn(text.format(used=shown, given=given))
 
 
+def _xids(xids: list[dict[str, Any]]) -> str:
+    """A program's XIDs on one line: "XID 79 on gpu:0 (GPU-…) at …", or "none"."""
+    said = [
+        _("XID {xid} on {gpu} ({uuid}) at {at}").format(
+            xid=x.get("xid"), gpu=x.get("gpu"), uuid=x.get("uuid"), at=x.get("at")
+        )
+        for x in xids
+    ]
+    return "; ".join(said) or _("none")
+
+
 def same_file(left: Path, right: Path) -> bool:
     try:
         return left.samefile(right)
@@ -114,6 +126,7 @@ def emit_evidence(job: dict[str, Any], json_out: bool) -> None:
         return
     width = max(len(key) for key in evidence)
     for key, value in evidence.items():
-        emit_line(f"  {key.ljust(width)}  {value}")
+        shown = _xids(value) if key == "xid_errors" else value
+        emit_line(f"  {key.ljust(width)}  {shown}")
         if key in NVIDIA_SMI:
             emit_line(f"  {' ' * width}  ↔ {NVIDIA_SMI[key]}")

@@ -321,14 +321,43 @@ async def _heartbeat(notifier: systemd.Notifier, state: DaemonState) -> None:
 
 
 async def _watch_programs(state: DaemonState) -> None:
-    """NVML, sampled while programs hold CUDA leases: the proof of each (taogpud/proof.py)."""
-    while True:
-        await asyncio.sleep(PROGRAM_SAMPLE_S)
-        if not state.scheduler.watching_programs:
-            continue
-        seen = await asyncio.to_thread(nvml.inventory, False)
-        if seen.available:
-            state.scheduler.observe_programs(seen.devices, time.monotonic())
+    """NVML, sampled while programs hold CUDA leases: the proof of each (taogpud/proof.py),
+    with the XIDs the driver reported meanwhile where NVML reports them."""
+    xids = _XidEvents()
+    try:
+        while True:
+            await asyncio.sleep(PROGRAM_SAMPLE_S)
+            watching = state.scheduler.watching_programs
+            found = await xids.read(watching)
+            if not watching:
+                continue
+            seen = await asyncio.to_thread(nvml.inventory, False)
+            if seen.available:
+                state.scheduler.observe_programs(seen.devices, time.monotonic(), found)
+    finally:
+        await xids.read(False)
+
+
+class _XidEvents:
+    """NVML's XID events, registered while programs hold CUDA leases, let go between."""
+
+    def __init__(self) -> None:
+        self.watch: nvml.XidWatch | None = None
+        self.opened = False  # tried: None then means NVML reports no XIDs here
+
+    async def read(self, watching: bool) -> list[nvml.Xid] | None:
+        """Those reported since the last read; None where none can be (and when not watching)."""
+        if not watching:
+            await self._close()
+            return None
+        if not self.opened:
+            self.watch, self.opened = await asyncio.to_thread(nvml.XidWatch.open), True
+        return None if self.watch is None else await asyncio.to_thread(self.watch.drain)
+
+    async def _close(self) -> None:
+        watch, self.watch, self.opened = self.watch, None, False
+        if watch is not None:
+            await asyncio.to_thread(watch.close)
 
 
 async def _housekeeping(state: DaemonState) -> None:
