@@ -12,8 +12,9 @@ another, against the same provider.
 
 Then streaming chat completions at 1, 8 and 64 concurrent clients (each its own kept-alive
 connection, about CONCURRENT_REQUESTS requests a level): p50 and p99 of the whole answer and
-of its first byte, direct and through each proxy, and what the proxy added at each
-percentile (the proxy's figure less the direct one of the same level, same run).
+of its first byte and the level's requests/s, direct and through each proxy, what the proxy
+added at each percentile (the proxy's figure less the direct one of the same level, same
+run), and the relay's requests/s over LiteLLM's at each level.
 """
 
 from __future__ import annotations
@@ -101,12 +102,14 @@ def throughput(target: Target, seconds: float = 3.0) -> float:
 
 @dataclass(frozen=True)
 class Spread:
-    """p50 and p99 of the whole answer and of its first byte, in seconds."""
+    """p50 and p99 of the whole answer and of its first byte, in seconds; the level's
+    requests/s (its requests over the wall time from the start barrier to the last answer)."""
 
     p50: float
     p99: float
     ttfb_p50: float
     ttfb_p99: float
+    rps: float
 
 
 def concurrent_streams(target: Target, clients: int) -> Spread:
@@ -128,13 +131,15 @@ def concurrent_streams(target: Target, clients: int) -> Spread:
     for conn in connections:  # connected one by one, before the clock starts
         one(conn, target, STREAM_BODY)
     threads = [threading.Thread(target=client, args=(conn,)) for conn in connections]
+    started = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    rps = len(samples) / (time.perf_counter() - started)
     totals = sorted(s[0] for s in samples)
     firsts = sorted(s[1] for s in samples)
-    return Spread(_pct(totals, 50), _pct(totals, 99), _pct(firsts, 50), _pct(firsts, 99))
+    return Spread(_pct(totals, 50), _pct(totals, 99), _pct(firsts, 50), _pct(firsts, 99), rps)
 
 
 def _pct(ordered: list[float], pct: int) -> float:
@@ -234,7 +239,7 @@ def report_levels(spreads: dict[str, dict[int, Spread]]) -> None:
         for clients, s in by_level.items():
             print(
                 f"{name:7} {clients:3} clients  answer {s.p50 * 1e3:7.3f} / {s.p99 * 1e3:7.3f}"
-                f"  TTFB {s.ttfb_p50 * 1e3:7.3f} / {s.ttfb_p99 * 1e3:7.3f}"
+                f"  TTFB {s.ttfb_p50 * 1e3:7.3f} / {s.ttfb_p99 * 1e3:7.3f}  {s.rps:7.0f} req/s"
             )
     direct = spreads["direct"]
     for name in (n for n in spreads if n != "direct"):
@@ -246,6 +251,10 @@ def report_levels(spreads: dict[str, dict[int, Spread]]) -> None:
                 f"{(s.ttfb_p50 - d.ttfb_p50) * 1e3:7.3f} ms, "
                 f"p99 {(s.ttfb_p99 - d.ttfb_p99) * 1e3:7.3f} ms"
             )
+    if "litellm" in spreads:
+        for clients, s in spreads["relay"].items():
+            ratio = s.rps / spreads["litellm"][clients].rps
+            print(f"relay/litellm streaming requests/s at {clients:3} clients: {ratio:.1f}x")
 
 
 def report(rows: dict[str, tuple[float, float, float]]) -> None:
