@@ -12,13 +12,14 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from taogpud import leases
+from taogpud.client.program import ProgramRun
 from taogpud.errors import UnsupportedExecutor
 from taogpud.jobs import Peer
 from taogpud.testing import RunningDaemon, ctl_command, ctl_env, wait_until
@@ -365,3 +366,23 @@ def test_a_detached_programs_log_is_bounded_and_cancel_stops_it(
         assert daemon.ctl("cancel", job_id).returncode == 0
         job = client.wait(job_id, timeout_s=60)
     assert job["status"] == "cancelled" and job["result"]["signal"] == "SIGTERM"
+
+
+def test_a_program_over_at_once_is_not_followed_on_a_second_connection(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
+    """A program that ends before `follow_after_s` costs its starter three requests (submit,
+    started, exited) and no lease long-poll on a connection of its own: with 8 submitters of
+    short programs, that long-poll was a quarter of the daemon's requests."""
+    daemon = daemon_factory(settings={"logging": {"level": "debug"}})  # api.request lines
+    with daemon.client() as client:
+        outcome = ProgramRun(client, ["true"], follow_after_s=600.0).run()
+    assert outcome.job["status"] == "succeeded" and outcome.exit_status == 0
+
+    def program_requests() -> list[str]:
+        lines = daemon.events("api.request")
+        return [line["path"] for line in lines if line["path"].startswith("/v1/programs")]
+
+    wait_until(lambda: len(program_requests()) >= 3, "the exit's request line", 30)
+    requests = program_requests()
+    assert len(requests) == 3 and not any(path.endswith("/lease") for path in requests), requests
