@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -104,6 +105,12 @@ class Xid:
     code: int  # the XID number: 79 fell off the bus, 48 a double-bit ECC error, 13 a bad access
     at: float  # time.time() when the daemon read it: NVML's event carries no time
 
+    @property
+    def at_utc(self) -> str:
+        """`at` as the evidence says it: "2026-12-04T21:00:00.000Z"."""
+        at = datetime.fromtimestamp(self.at, UTC).isoformat(timespec="milliseconds")
+        return at.replace("+00:00", "Z")
+
 
 class XidWatch:
     """NVML's XID events, registered on every device that reports them, held open while
@@ -118,7 +125,8 @@ class XidWatch:
         self._set = event_set
 
     @classmethod
-    def open(cls) -> XidWatch | None:
+    def open(cls, uuids: Collection[str] | None = None) -> XidWatch | None:
+        """The watch on every device, or on those of `uuids` alone (a CUDA worker's own)."""
         pynvml = _import_pynvml()
         if pynvml is None:
             return None
@@ -126,20 +134,20 @@ class XidWatch:
             pynvml.nvmlInit()
         except pynvml.NVMLError:
             return None
-        watch = cls._registered(pynvml)
+        watch = cls._registered(pynvml, uuids)
         if watch is None:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlShutdown()
         return watch
 
     @classmethod
-    def _registered(cls, pynvml: Any) -> XidWatch | None:
+    def _registered(cls, pynvml: Any, uuids: Collection[str] | None) -> XidWatch | None:
         try:
             event_set = pynvml.nvmlEventSetCreate()
             count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError:
             return None
-        registered = [_register_xids(pynvml, index, event_set) for index in range(count)]
+        registered = [_register_xids(pynvml, i, event_set, uuids) for i in range(count)]
         if any(registered):
             return cls(pynvml, event_set)
         with contextlib.suppress(pynvml.NVMLError):
@@ -176,11 +184,14 @@ class XidWatch:
             self._nvml.nvmlShutdown()
 
 
-def _register_xids(pynvml: Any, index: int, event_set: Any) -> bool:
-    """Whether device `index` reports XIDs into `event_set` now (some do not: NotSupported)."""
+def _register_xids(pynvml: Any, index: int, event_set: Any, uuids: Collection[str] | None) -> bool:
+    """Whether device `index` (one of `uuids`, if given) reports XIDs into `event_set` now
+    (some do not: NotSupported)."""
     xid = pynvml.nvmlEventTypeXidCriticalError
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        if uuids is not None and _text(pynvml.nvmlDeviceGetUUID(handle)) not in uuids:
+            return False
         if not pynvml.nvmlDeviceGetSupportedEventTypes(handle) & xid:
             return False
         pynvml.nvmlDeviceRegisterEvents(handle, xid, event_set)

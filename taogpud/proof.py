@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -107,12 +106,11 @@ class ProgramProof:
         return mine
 
     def _xid(self, xid: Xid, now_s: float) -> dict[str, Any]:
-        at = datetime.fromtimestamp(xid.at, UTC).isoformat(timespec="milliseconds")
         return {
             "xid": xid.code,
             "gpu": self.labels[self.uuids.index(xid.uuid or "")],
             "uuid": xid.uuid,
-            "at": at.replace("+00:00", "Z"),
+            "at": xid.at_utc,
             "seen_after_s": _seconds(now_s, self.started_s),
         }
 

@@ -558,3 +558,25 @@ def test_devices_without_a_driver_says_so() -> None:
     document = devices_document(nvml.Inventory(reason="no NVIDIA driver on this host"), None)
     assert header_lines(document) == ["NVIDIA driver: none found (no NVIDIA driver on this host)"]
     assert gpu_rows(document) == [] and document["workers"] is None
+
+
+def test_an_xid_reaches_every_job_open_on_the_device_when_it_is_read() -> None:
+    """Fed XIDs (nvml.XidWatch.drain's answers): each goes to the jobs running when it was
+    read, with the query that shows it in the kernel's log; none: an empty list."""
+    at = time.time()
+    feeds = iter([[], [], [nvml.Xid(UUID, 0, 79, at)], [], [nvml.Xid(UUID, 0, 48, at)]])
+    sampler = UtilizationSampler(lambda: 50, period_s=10, read_xids=lambda: next(feeds))
+    first = sampler.begin()  # read: none
+    second = sampler.begin()  # read: none
+    sampler.end(first)  # read: 79, for both
+    third = sampler.begin()  # read: none
+    sampler.end(second)  # read: 48, for second and third
+    sampler.end(third)  # the feed is over: a failing read is no XID
+    assert [x["xid"] for x in confirmed(first)["xid_errors"]] == [79]
+    assert [x["xid"] for x in confirmed(second)["xid_errors"]] == [79, 48]
+    assert [x["xid"] for x in confirmed(third)["xid_errors"]] == [48]
+    assert confirmed(first)["xid_errors"][0]["uuid"] == UUID
+    unwatched = UtilizationSampler(lambda: 50, period_s=10)
+    job = unwatched.begin()
+    unwatched.end(job)
+    assert "xid_errors" not in confirmed(job)  # NVML reports no XIDs here: no section

@@ -358,3 +358,10 @@ def test_the_utilisation_window_is_in_the_evidence() -> None:
     assert evidence["utilization_first_after_s"] == 1.0
     assert evidence["utilization_last_after_s"] == 4.5
     assert evidence["utilization_interval_s"] == 1.75  # the mean between its samples
+
+
+def test_an_xid_watch_for_one_gpu_registers_that_gpu_alone(fake_nvml: FakeNvml) -> None:
+    """A CUDA worker's watch: its own device only, by UUID."""
+    watch = nvml.XidWatch.open(uuids=(UUIDS[1],))
+    assert watch is not None and fake_nvml.registered == [1]
+    assert nvml.XidWatch.open(uuids=("GPU-elsewhere",)) is None

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from taogpud import nvml
 from taogpud.backends.base import Backend, DeviceInfo, PhaseClock, WorkerSpec
 from taogpud.backends.cuda.evidence import (
     NvmlWatch,
@@ -321,8 +322,12 @@ class CudaBackend(Backend):
     def _open_nvml(self, pci_bus_id: str) -> None:
         self._watch = NvmlWatch(pci_bus_id)
         if self._watch.available:
+            uuid = self._watch.uuid
+            xids = nvml.XidWatch.open(uuids=(uuid,)) if uuid else None  # held while it runs
             self._sampler = UtilizationSampler(
-                self._watch.utilization_percent, read_energy_mj=self._watch.energy_mj
+                self._watch.utilization_percent,
+                read_energy_mj=self._watch.energy_mj,
+                read_xids=xids.drain if xids is not None else None,
             )
 
     def _stream(self, slot_index: int) -> Any:

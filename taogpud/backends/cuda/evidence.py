@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taogpud.install_hints import install_hint
+from taogpud.nvml import Xid
 
 SAMPLE_PERIOD_S = 0.05  # NVML's own utilisation window is 1/6 s to 1 s; faster adds nothing
 NVML_WINDOW_S = (1 / 6, 1.0)  # what one utilisation reading averages over, by product
@@ -61,6 +62,7 @@ class JobWindow:
     energy_start_mj: int | None = None  # NVML's total-energy counter at the start, mJ
     energy_end_mj: int | None = None
     overlapped: int = 0  # other jobs on this device that ran during some part of this one
+    xids: list[Xid] | None = None  # those read while it ran; None: NVML reports none here
 
     @property
     def span_s(self) -> float:
@@ -92,9 +94,11 @@ class UtilizationSampler:
         read: Callable[[], int | None],
         period_s: float = SAMPLE_PERIOD_S,
         read_energy_mj: Callable[[], int | None] | None = None,
+        read_xids: Callable[[], list[Xid]] | None = None,
     ) -> None:
         self._read = read
         self._read_energy_mj = read_energy_mj
+        self._read_xids = read_xids  # nvml.XidWatch.drain: what the driver reported since
         self._period_s = period_s
         self._lock = threading.Lock()
         self._open: dict[int, JobWindow] = {}
@@ -104,7 +108,10 @@ class UtilizationSampler:
     def begin(self) -> JobWindow:
         window = JobWindow(energy_start_mj=self._safe(self._read_energy_mj))
         window.add(self._safe(self._read))  # a job shorter than one period still gets a sample
+        window.xids = None if self._read_xids is None else []
+        xids = self._xids()  # reported before this job began: the others' alone
         with self._lock:
+            self._spread(xids)
             for other in self._open.values():  # both share the device's energy from now on
                 other.overlapped += 1
             window.overlapped = len(self._open)
@@ -119,7 +126,9 @@ class UtilizationSampler:
         window.add(self._safe(self._read))  # the job's last moments (NVML averages backwards)
         window.energy_end_mj = self._safe(self._read_energy_mj)
         window.ended_s = time.monotonic()
+        xids = self._xids()
         with self._lock:
+            self._spread(xids)
             self._open.pop(id(window), None)
             if not self._open:
                 self._idle.set()
@@ -134,12 +143,26 @@ class UtilizationSampler:
         while True:
             idle = self._idle.wait(self._period_s)
             percent = None if idle else self._safe(self._read)
+            xids = [] if idle else self._xids()
             with self._lock:
                 if not self._open:
                     self._thread = None
                     return
+                self._spread(xids)
                 for window in self._open.values():
                     window.add(percent)
+
+    def _xids(self) -> list[Xid]:
+        try:
+            return self._read_xids() if self._read_xids is not None else []
+        except Exception:  # like any NVML hiccup: never a job's failure
+            return []
+
+    def _spread(self, xids: list[Xid]) -> None:
+        """XIDs the driver reported go to every job open on the device (under the lock)."""
+        for window in self._open.values():
+            if window.xids is not None:
+                window.xids.extend(xids)
 
     @staticmethod
     def _safe(read: Callable[[], int | None] | None) -> int | None:
@@ -175,10 +198,17 @@ def job_evidence(
         **utilization(window),
         **energy(window),
     }
+    if window.xids is not None:
+        evidence["xid_errors"] = [xid_entry(xid) for xid in window.xids]
     evidence["verdict"], note = _verdict(uuid_matches, seen, pids, cuda_uuid, nvml_uuid)
     if note:
         evidence["note"] = note
     return evidence
+
+
+def xid_entry(xid: Xid) -> dict[str, Any]:
+    """One XID as the evidence holds it (a program's adds its GPU's label: proof.py)."""
+    return {"xid": xid.code, "uuid": xid.uuid, "at": xid.at_utc}
 
 
 def utilization(window: JobWindow) -> dict[str, Any]:
