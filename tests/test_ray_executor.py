@@ -30,6 +30,7 @@ from traces import most_running
 from taogpud.client import Client
 from taogpud.config import diff, load, needs_restart
 from taogpud.config.ray import restart_only, serves_client_memory
+from taogpud.daemon.lifecycle import EXIT_MAY_PASS_LATER
 from taogpud.errors import ConfigError
 from taogpud.pool import shm
 from taogpud.testing import ClientProcess, Pair, wait_until, write_pair
@@ -417,8 +418,8 @@ def _cmdline(pid: int) -> bytes:
 
 @needs_ray
 def test_unreachable_cluster_fails_fast_with_the_key_named(tmp_path: Path) -> None:
-    """A cluster that does not answer ends the start in connect_timeout_s, exit 1, one line
-    naming ray.address and the fix — never a hang."""
+    """A cluster that does not answer ends the start in connect_timeout_s, exit 75 (it may
+    pass later), one line naming ray.address and the fix — never a hang."""
     config = {
         "scheduling": {"executor": "ray"},
         "ray": {"address": "127.0.0.1:9", "connect_timeout_s": 2},
@@ -432,7 +433,7 @@ def test_unreachable_cluster_fails_fast_with_the_key_named(tmp_path: Path) -> No
         last = daemon.stderr().strip().splitlines()[-1]
     finally:
         shutil.rmtree(home, ignore_errors=True)
-    assert code == 1
+    assert code == EXIT_MAY_PASS_LATER  # the cluster may come up: systemd's socket waits on
     assert "ray.address = '127.0.0.1:9' did not answer within 2 s" in last
     assert "fix:" in last
 
