@@ -116,6 +116,7 @@ def test_the_main_flows_speak_chinese_under_a_chinese_locale(
     assert "不是 WSL（原生 Linux 内核）" in doctor.stdout  # a check's detail, from the daemon
     assert "gpu.backend 为 cpu：不使用 cuda_arch" in doctor.stdout
     assert "你的 shell 没有导出 TAOTOKEN_API_KEY" in doctor.stdout  # a check made by the CLI
+    assert "在 " in doctor.stdout and "上应答：后端 cpu，配置版本 1" in doctor.stdout
 
 
 def test_a_config_error_names_file_key_and_fix_in_chinese(tmp_path: Path) -> None:

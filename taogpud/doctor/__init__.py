@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from taogpud import nvml
 from taogpud.config.rules import check_pair
-from taogpud.i18n import Text, render
+from taogpud.i18n import Text, joined, render
 from taogpud.jobs import JobRecord, JobState
 from taogpud.logging import get_logger
 
@@ -286,7 +286,7 @@ def check_probe(
             name, "fail", Text("no worker to probe"), Text("`taogpuctl status` shows the workers")
         )
     status = worst(status for status, _, _ in findings)
-    detail = "; ".join(text for _, text, _ in findings)
+    detail: str = joined("; ", [text for _, text, _ in findings])
     reasons = dict.fromkeys(
         job.fallback_reason or "no reason recorded" for job in jobs if job.fallback
     )
@@ -296,25 +296,31 @@ def check_probe(
             + " / ".join(reasons)
         )
     hints = dict.fromkeys(hint for _, _, hint in findings if hint)
-    return Check(name, status, detail, " ".join(hints))
+    return Check(name, status, detail, joined(" ", list(hints)))
 
 
 def _probe_finding(job: JobRecord) -> tuple[CheckStatus, str, str]:
     where = f"device={job.device or '-'} backend={job.backend or '-'}"
     if not job.status.finished:
-        hint = "the workers are busy: run doctor again when the queue is shorter"
-        return "warn", f"probe {job.id} still {job.status.value} (no answer yet)", hint
+        hint = Text("the workers are busy: run doctor again when the queue is shorter")
+        still = Text(
+            "probe {job_id} still {status} (no answer yet)", job_id=job.id, status=job.status.value
+        )
+        return "warn", still, hint
     if job.status is not JobState.succeeded:
         error = job.error.message if job.error else job.status.value
-        return (
-            "fail",
-            f"probe {job.id} {job.status.value} on {where}: {error}",
-            "see the daemon log",
+        ended = Text(
+            "probe {job_id} {status} on {where}: {error}",
+            job_id=job.id,
+            status=job.status.value,
+            where=where,
+            error=error,
         )
+        return "fail", ended, Text("see the daemon log")
     said = (job.result or {}).get("device")
     if said != job.device:
-        text = f"{where}, but the worker says it ran on {said}"
-        return "fail", text, "a bug in taogpud: report it with `taogpuctl show ID`"
+        text = Text("{where}, but the worker says it ran on {said}", where=where, said=said)
+        return "fail", text, Text("a bug in taogpud: report it with `taogpuctl show ID`")
     return "pass", where, ""
 
 
@@ -363,18 +369,26 @@ def check_recent_backends(target: Target, jobs: Sequence[JobRecord]) -> Check:
     name = "recent_backends"
     finished = [job for job in jobs if job.status.finished and job.backend]
     if not finished:
-        return Check(name, "skip", "no finished jobs yet")
+        return Check(name, "skip", Text("no finished jobs yet"))
     counts = Counter(f"{job.backend}{' (fallback)' if job.fallback else ''}" for job in finished)
     spread = ", ".join(f"{label} {count}" for label, count in counts.most_common())
-    detail = f"the last {len(finished)} finished jobs ran on: {spread}"
+    detail = Text("the last {n} finished jobs ran on: {spread}", n=len(finished), spread=spread)
     on_cpu = [job for job in finished if job.backend == "cpu"]
     if not target.wants_cuda or not on_cpu:
         return Check(name, "pass", detail)
-    hint = "`taogpuctl list` shows them; `journalctl -u taogpud BACKEND=cpu` lists their traces"
+    hint = Text(
+        "`taogpuctl list` shows them; `journalctl -u taogpud BACKEND=cpu` lists their traces"
+    )
     if target.allow_fallback:
-        text = f"{detail}; {len(on_cpu)} ran on the CPU fallback (allowFallbackToCpu=true)"
+        text = Text(
+            "{detail}; {n} ran on the CPU fallback (allowFallbackToCpu=true)",
+            detail=detail,
+            n=len(on_cpu),
+        )
         return Check(name, "warn", text, hint)
-    text = f"{detail}; {len(on_cpu)} ran on the CPU while allowFallbackToCpu=false"
+    text = Text(
+        "{detail}; {n} ran on the CPU while allowFallbackToCpu=false", detail=detail, n=len(on_cpu)
+    )
     return Check(name, "fail", text, hint)
 
 
@@ -393,13 +407,16 @@ def check_config_pair(settings: SettingsFile, config: ConfigFile) -> Check:
             "; ".join(f"{p.file}: {p.key}: {p.message}" for p in problems),
             "; ".join(dict.fromkeys(p.fix for p in problems)),
         )
-    return Check(
-        name,
-        "pass",
-        f"one channel ({settings.provider.base_url}), one backend ({settings.gpu.backend}), "
-        f"device {settings.gpu.device_id} in the set, timeouts {settings.provider.timeout_ms} ms "
-        f"= {config.api.request_timeout_s:g} s",
+    agree = Text(
+        "one channel ({url}), one backend ({backend}), device {device} in the set, timeouts "
+        "{ms} ms = {seconds} s",
+        url=settings.provider.base_url,
+        backend=settings.gpu.backend,
+        device=settings.gpu.device_id,
+        ms=settings.provider.timeout_ms,
+        seconds=format(config.api.request_timeout_s, "g"),
     )
+    return Check(name, "pass", agree)
 
 
 def check_config_files(
@@ -437,8 +454,11 @@ def check_config_files(
         )
     if warnings:
         return Check(name, "warn", f"{paths}: {warnings}", "; ".join(p.fix for p in problems))
-    same = " and match what the daemon runs" if running is not None else ""
-    return Check(name, "pass", f"{paths} load cleanly{same}")
+    if running is not None:
+        return Check(
+            name, "pass", Text("{paths} load cleanly and match what the daemon runs", paths=paths)
+        )
+    return Check(name, "pass", Text("{paths} load cleanly", paths=paths))
 
 
 _NOT_COMPARED = {"settings.provider.apiKey"}  # its expansion depends on whose environment

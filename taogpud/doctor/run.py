@@ -46,6 +46,7 @@ from taogpud.doctor.gpu import (
     read_proc_version,
 )
 from taogpud.errors import ConfigError, Problem, TaogpudError
+from taogpud.i18n import Text
 from taogpud.jobs import JobRecord, Peer
 from taogpud.logging import get_logger
 
@@ -58,6 +59,7 @@ log = get_logger("taogpud.doctor")
 PROBE_PRIORITY = 1000  # ahead of the queue: the probe says where jobs run, not how busy it is
 RECENT_JOBS = 1000
 DAEMON_ONLY = ("api_channel", "probe_job", "recent_backends", "api_key")
+NEEDS_THE_DAEMON = Text("needs the daemon, which cannot be reached")
 HOST_CHECKS = ("config_pair", "cuda_driver", "cuda_arch", "gpu_memory", "wsl")
 DEFAULT_KEY_ENV = "TAOTOKEN_API_KEY"
 
@@ -84,7 +86,7 @@ async def daemon_checks(state: DaemonState, peer: Peer, options: Options) -> lis
     if options.probe:
         probe = guarded("probe_job", check_probe, target, probes, facts.inventory, problems)
     else:
-        probe = Check("probe_job", "skip", "not run (--no-probe)")
+        probe = Check("probe_job", "skip", Text("not run ({why})", why="--no-probe"))
     own_pids = [worker.pid for worker in state.pool.workers if worker.pid]
     recent = state.store.recent(limit=RECENT_JOBS)
     api = snapshot.config.api
@@ -281,10 +283,10 @@ def offline_checks(
             None if snapshot is None else snapshot.redacted(),
             offline.unreadable,
         ),
-        *(Check(name, "skip", "needs the daemon, which cannot be reached") for name in DAEMON_ONLY),
+        *(Check(name, "skip", NEEDS_THE_DAEMON) for name in DAEMON_ONLY),
     ]
     if snapshot is None:
-        why = "the config does not load here (see config_files)"
+        why = Text("the config does not load here (see config_files)")
         checks += [Check(name, "skip", why) for name in HOST_CHECKS if name != "wsl"]
         checks.append(check_wsl(read_proc_version(), Target.of_defaults()))
     else:
@@ -298,12 +300,16 @@ def _reachable(daemon: Mapping[str, Any], socket_path: str) -> Check:
     backend = daemon.get("backend", "?")
     if daemon.get("fallback"):
         backend += f" (FALLBACK: {daemon.get('fallback_reason')})"
-    return Check(
-        "daemon",
-        "pass",
-        f"taogpud {daemon.get('version', '?')} (pid {daemon.get('pid', '?')}) answers on "
-        f"{socket_path}: backend {backend}, config generation {daemon.get('config_generation')}",
+    answers = Text(
+        "taogpud {version} (pid {pid}) answers on {socket}: backend {backend}, config "
+        "generation {generation}",
+        version=daemon.get("version", "?"),
+        pid=daemon.get("pid", "?"),
+        socket=socket_path,
+        backend=backend,
+        generation=daemon.get("config_generation"),
     )
+    return Check("daemon", "pass", answers)
 
 
 def _check_from(entry: Mapping[str, Any]) -> Check:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -168,3 +168,11 @@ def ngettext(singular: str, plural: str, n: int) -> str:
     if language is None:
         return singular if n == 1 else plural
     return translations(language).ngettext(singular, plural, n)
+
+
+def joined(separator: str, parts: Sequence[str]) -> Text:
+    """`separator.join(parts)` that a person reads with each part in their language (a part
+    that is a Text is translated; the template is not in a catalog, so it stays as it is)."""
+    escaped = separator.replace("{", "{{").replace("}", "}}")
+    template = escaped.join(f"{{p{index}}}" for index in range(len(parts)))
+    return Text(template, **{f"p{index}": part for index, part in enumerate(parts)})
