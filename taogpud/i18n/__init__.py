@@ -174,5 +174,7 @@ def joined(separator: str, parts: Sequence[str]) -> Text:
     """`separator.join(parts)` that a person reads with each part in their language (a part
     that is a Text is translated; the template is not in a catalog, so it stays as it is)."""
     escaped = separator.replace("{", "{{").replace("}", "}}")
-    template = escaped.join(f"{{p{index}}}" for index in range(len(parts)))
-    return Text(template, **{f"p{index}": part for index, part in enumerate(parts)})
+    names = [f"p{index}" for index in range(len(parts))]
+    template = escaped.join("{" + name + "}" for name in names)
+    values = dict(zip(names, parts, strict=True))
+    return Text(template, **values)
