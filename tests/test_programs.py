@@ -7,6 +7,7 @@ clock: a program says it runs by creating `started`, and ends once `release` exi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -386,3 +387,45 @@ def test_a_program_over_at_once_is_not_followed_on_a_second_connection(
     wait_until(lambda: len(program_requests()) >= 3, "the exit's request line", 30)
     requests = program_requests()
     assert len(requests) == 3 and not any(path.endswith("/lease") for path in requests), requests
+
+
+# A starter that follows its lease only after 600 s, of a program that leaves a child behind
+# at once: the orphan it reaps is what a cancel must still reach.
+REPO = Path(__file__).resolve().parent.parent
+ORPHAN_STARTER = """
+import sys
+from taogpud.client import Client
+from taogpud.client.program import ProgramRun
+argv = ["sh", "-c", "sleep 600 & echo $! > orphan.pid; exit 0"]
+with Client(sys.argv[1]) as client:
+    run = ProgramRun(client, argv, reap_descendants=True, follow_after_s=600.0)
+    print(run.run().job["status"])
+"""
+
+
+def test_a_cancel_reaches_what_a_program_over_at_once_left_running(
+    daemon: RunningDaemon, work: Path
+) -> None:
+    """Its program has ended, its child runs on (the starter reaps it): the lease is followed
+    from then, so a cancel stops the child and the job ends cancelled."""
+    starter = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_STARTER, str(daemon.socket_path)],
+        cwd=work, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    try:
+        with daemon.client() as client:
+            wait_until(lambda: client.list_jobs("running"), "the program's lease", 60)
+            (job,) = client.list_jobs("running")
+            pid_file = work / "orphan.pid"
+            wait_until(lambda: pid_file.exists() and pid_file.read_text().endswith("\n"), "it", 60)
+            orphan = int(pid_file.read_text())
+            client.cancel(job["id"])
+            out, _ = starter.communicate(timeout=60)
+            assert out.strip() == "cancelled" and client.get(job["id"])["status"] == "cancelled"
+        assert leases.read_process(orphan) is None  # stopped with its group, and reaped
+    finally:
+        starter.kill()
+        starter.communicate()
+        if (work / "orphan.pid").exists():  # a failed test leaves no sleep behind
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int((work / "orphan.pid").read_text()), signal.SIGKILL)

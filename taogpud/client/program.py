@@ -124,6 +124,8 @@ class ProgramRun:
         reader = self._read_output()
         returncode, stopper = self._wait(job_id, self.process)
         if self.reap_descendants:
+            if stopper is None and _children_left():  # a stop must reach what runs on
+                stopper = self._follow(job_id, self.process)
             _reap_orphans()
         if reader is not None:
             reader.join()  # every descendant gone: the pipe has ended
@@ -136,9 +138,13 @@ class ProgramRun:
         meanwhile is what the Stopper's first look finds, so it comes that much later."""
         if _ended_within(process.pid, self.follow_after_s):
             return process.wait(), None
+        stopper = self._follow(job_id, process)
+        return process.wait(), stopper
+
+    def _follow(self, job_id: str, process: subprocess.Popen[bytes]) -> Stopper:
         stopper = Stopper(self.client.socket_path, job_id, process)
         stopper.start()
-        return process.wait(), stopper
+        return stopper
 
     def _read_output(self) -> threading.Thread | None:
         """The program's output to `on_output`, piece by piece, on a thread of its own."""
@@ -161,6 +167,8 @@ class ProgramRun:
         else:
             how["exit_code"] = returncode
         status = 128 - returncode if returncode < 0 else returncode
+        if stopper is not None:
+            stopper.finished.set()  # the program and its descendants are gone
         try:  # a daemon restarting meanwhile adopts the lease: the report waits for it
             job = _retrying(lambda: self.client.program_exited(job_id, **how))
         except DaemonUnreachable as exc:  # the program ran; its status is still the caller's
@@ -178,11 +186,12 @@ class Stopper(threading.Thread):
     def __init__(self, socket_path: str, job_id: str, process: subprocess.Popen[bytes]) -> None:
         super().__init__(name=f"taogpud-lease-{job_id}", daemon=True)
         self.socket_path, self.job_id, self.process = socket_path, job_id, process
+        self.finished = threading.Event()  # set once the program and its descendants are gone
 
     def run(self) -> None:
         with contextlib.suppress(ApiError, DaemonUnreachable), Client(self.socket_path) as client:
             phase = "granted"
-            while phase == "granted" and self.process.poll() is None:
+            while phase == "granted" and not self.finished.is_set():
                 phase = self._next_phase(client)
             if phase == "stopping":
                 self._stop()
@@ -215,6 +224,15 @@ def _ended_within(pid: int, seconds: float) -> bool:
     finally:
         os.close(fd)
     return bool(readable)
+
+
+def _children_left() -> bool:
+    """Whether this process has children still (the orphans of a program it reaps)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _retrying(call: Callable[[], T]) -> T:
