@@ -3,8 +3,10 @@ everything machine-readable (--json, codes, the trace) the same bytes in every l
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import pickle
 import pty
 import subprocess
 import sys
@@ -66,6 +68,17 @@ def test_a_text_is_english_in_logs_and_translated_for_a_person() -> None:
     assert str(text) == "got 7, expected x"
     assert text.render("zh_CN") == "实际为 7，应为 x"
     assert Text("not in the catalog {x}", x=1).render("zh_CN") == "not in the catalog 1"
+
+
+def test_a_text_survives_pickle_and_copy() -> None:
+    """An error's Text crossing a process (pickle) or copied stays the same message, braces in
+    its values included, and still translates."""
+    text = Text(
+        "{origin}, expected {allowed}", origin=Text("got {given}", given='{"a": 1}'), allowed="x"
+    )
+    for again in (pickle.loads(pickle.dumps(text)), copy.deepcopy(text)):
+        assert again == text == 'got {"a": 1}, expected x'
+        assert again.render("zh_CN") == '实际为 {"a": 1}，应为 x'
 
 
 def test_the_catalog_is_complete_and_compiled() -> None:

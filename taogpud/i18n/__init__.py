@@ -153,6 +153,11 @@ class Text(str):
         }
         return Text(self.template, **values)
 
+    def __getnewargs_ex__(self) -> tuple[tuple[str], dict[str, object]]:
+        # pickle and copy make it again from its template and values, not from the English
+        # (whose braces, a JSON value's say, would not survive a second format())
+        return (self.template,), self.params
+
     def __repr__(self) -> str:
         return f"Text({self.template!r}, **{self.params!r})"
 
