@@ -652,7 +652,15 @@ def _response_headers(
 
 async def _answer_error(send: Send, exc: RelayError, exchange: Exchange) -> None:
     exchange.status, exchange.code = exc.status, exc.body.code
-    body = exc.body  # its message and hint in the client's Accept-Language, as the API's
+    payload, headers = _error_answer(exc, exchange)
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _error_answer(exc: RelayError, exchange: Exchange) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """The relay's own answer: the one error shape (its message and hint in the client's
+    Accept-Language, as the API's) and the headers that name it; counted as bytes out."""
+    body = exc.body
     said = ErrorBody(
         body.code, render(body.message, exchange.language), render(body.hint, exchange.language)
     )
@@ -660,13 +668,12 @@ async def _answer_error(send: Send, exc: RelayError, exchange: Exchange) -> None
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", b"%d" % len(payload)),
-        (ERROR_HEADER, exc.body.code.encode()),
+        (ERROR_HEADER, body.code.encode()),
     ]
     if exc.retry_after_s is not None:
         headers.append((b"retry-after", str(exc.retry_after_s).encode()))
     exchange.bytes_out += len(payload)
-    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload, "more_body": False})
+    return payload, headers
 
 
 async def _refuse_websocket(scope: Scope, send: Send, exc: RelayError, exchange: Exchange) -> None:
@@ -677,15 +684,7 @@ async def _refuse_websocket(scope: Scope, send: Send, exc: RelayError, exchange:
     if "websocket.http.response" not in scope.get("extensions", {}):
         await send({"type": "websocket.close", "code": websocket.POLICY_CLOSE})
         return
-    payload = orjson.dumps(exc.body.as_dict())
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", b"%d" % len(payload)),
-        (ERROR_HEADER, exc.body.code.encode()),
-    ]
-    if exc.retry_after_s is not None:
-        headers.append((b"retry-after", str(exc.retry_after_s).encode()))
-    exchange.bytes_out += len(payload)
+    payload, headers = _error_answer(exc, exchange)
     await send({"type": "websocket.http.response.start", "status": exc.status, "headers": headers})
     await send({"type": "websocket.http.response.body", "body": payload})
 
