@@ -11,8 +11,8 @@ lines, metrics and the API's JSON keys are English, byte for byte, in every loca
 
 English is the source language and the fallback for anything without an entry. Catalogs are
 `locale/<lang>/LC_MESSAGES/taogpud.po`, compiled to `.mo` by `make i18n` (Babel);
-`scripts/i18n_check.py` (in `make check`) fails on a missing entry or a placeholder that
-differs from the English one. Terms: `locale/GLOSSARY.md`.
+`scripts/i18n.py --check` (in `make check`) fails on a missing entry or a placeholder that
+differs from the English one. Terms: `GLOSSARY.md` beside this file.
 """
 
 from __future__ import annotations
@@ -75,22 +75,27 @@ def accepted_language(header: str | None) -> str | None:
     """The catalog an `Accept-Language` header prefers (highest q first), None: English."""
     if not header:
         return None
-    ranked: list[tuple[float, int, str]] = []
-    for position, item in enumerate(header.split(",")):
-        tag, _sep, params = item.strip().partition(";")
-        weight = 1.0
-        if params.strip().startswith("q="):
-            try:
-                weight = float(params.strip()[2:])
-            except ValueError:
-                weight = 0.0
-        ranked.append((-weight, position, tag.strip()))
-    for weight, _position, tag in sorted(ranked):
-        if weight < 0 and tag.lower().startswith("en"):
+    items = [_weighed(position, item) for position, item in enumerate(header.split(","))]
+    for _minus_q, _position, tag in sorted(items):  # highest q first, then as sent
+        if _minus_q >= 0:  # q=0: "not this one", and all after it too
+            return None
+        if tag.lower().startswith("en"):
             return None  # English asked for before any catalog we have
-        if weight < 0 and catalog_for(tag):
+        if catalog_for(tag):
             return catalog_for(tag)
     return None
+
+
+def _weighed(position: int, item: str) -> tuple[float, int, str]:
+    """(-q, position, tag) of one `tag;q=0.8` item: sorted, the preferred one comes first."""
+    tag, _sep, params = item.strip().partition(";")
+    q = 1.0
+    if params.strip().startswith("q="):
+        try:
+            q = float(params.strip()[2:])
+        except ValueError:
+            q = 0.0
+    return -q, position, tag.strip()
 
 
 def http_tag(language: str | None) -> str | None:
