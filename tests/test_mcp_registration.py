@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 from conftest import RunningDaemon
 from fake_provider import FakeProvider, fake_provider
+from test_real_tools import CLAUDE_CODE_VERSION, CODEX_VERSION, tool_binary
 from test_relay import KEY, start_relay
 
 from taogpud import testing
@@ -149,13 +149,15 @@ def taogpuctl_on_path(folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("claude") is None, reason="Claude Code (`claude`) not installed")
 def test_claude_code_registers_the_line_and_connects(relayd: RunningDaemon, tmp_path: Path) -> None:
     """The printed line, run as it is, registers the server with Claude Code, whose own
-    health check then starts `taogpuctl mcp` and connects to it."""
+    health check then starts `taogpuctl mcp` and connects to it. (The tool as .ci/run
+    installs it, else a skip saying so.)"""
+    claude_bin = tool_binary("claude", CLAUDE_CODE_VERSION)
     out = relay_env(relayd, tmp_path, "--tool", "claude-code").stdout
     line = next(line for line in out.splitlines() if line.startswith("# claude mcp add"))
     env = taogpuctl_on_path(tmp_path / "bin")
+    env["PATH"] = f"{claude_bin.parent}{os.pathsep}{env['PATH']}"
     env["CLAUDE_CONFIG_DIR"] = str(tmp_path / "claude")
     project = tmp_path / "project"
     project.mkdir()
@@ -181,13 +183,13 @@ def test_claude_code_registers_the_line_and_connects(relayd: RunningDaemon, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("codex") is None, reason="Codex (`codex`) not installed")
 def test_codex_reads_the_written_server(relayd: RunningDaemon, tmp_path: Path) -> None:
     """After --write, Codex itself lists the server with its command and arguments."""
+    codex = tool_binary("codex", CODEX_VERSION)
     relay_env(relayd, tmp_path, "--tool", "codex", "--write")
     env = {**os.environ, **env_for(tmp_path)}
     done = subprocess.run(
-        ["codex", "mcp", "list", "--json"],
+        [str(codex), "mcp", "list", "--json"],
         env=env,
         capture_output=True,
         text=True,
