@@ -95,9 +95,8 @@ def emit_mapping(mapping: dict[str, Any], indent: str = "") -> None:
 
 
 # Table headings as a person reads them (the same names are --json keys, which stay).
-HEADINGS = {
-    name: name
-    for name in (
+HEADINGS = frozenset(
+    (
         N_("id"),
         N_("task"),
         N_("status"),
@@ -134,11 +133,11 @@ HEADINGS = {
         N_("waiting"),
         N_("cc"),
     )
-}
+)
 
 
 def heading(column: str) -> str:
-    return _(HEADINGS[column]) if column in HEADINGS else column
+    return _(column) if column in HEADINGS else column
 
 
 def compact_json(value: Any) -> str:

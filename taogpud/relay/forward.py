@@ -332,11 +332,9 @@ class Relay:
         user_agent = headers.get(b"user-agent", b"").decode("latin-1")
         tool = tool_of(user_agent, headers.get(b"x-title", b"").decode("latin-1"))
         raw_path = raw_path_of(scope, PREFIX if via == "unix" else "")
-        exchange = Exchange(uid, via, scope.get("method", "GET"), path, tool, raw_path)
-        exchange.language = accepted_language(
-            headers.get(b"accept-language", b"").decode("latin-1")
-        )
-        return exchange
+        language = accepted_language(headers.get(b"accept-language", b"").decode("latin-1"))
+        method = scope.get("method", "GET")
+        return Exchange(uid, via, method, path, tool, raw_path, language=language)
 
     def _finish(self, exchange: Exchange, snapshot: ConfigSnapshot) -> None:
         model = exchange.model or "-"
