@@ -17,7 +17,7 @@ ADVICE: dict[str, str] = {
     ),
     "logging and traces": (
         "Four JSON lines per tiny job (job.queued, job.running, job.succeeded and api.request). "
-        "They are written just after the loop's current callback (taogpud.trace), so the "
+        "They are written just after the loop's current callback (observability/trace.py), so the "
         "order and the answer leave first, and each batch goes out in one write; what is "
         "left is rendering them (job_fields, redaction, orjson). Fewer fields, or skipping "
         "`api.request` for `POST /v1/jobs` (the job lines say the same), would shrink it; the "

@@ -53,7 +53,7 @@ def client(group: str, socket_path: str, mib: int, raw: bool) -> None:
     """The client side: in its group before it allocates anything; holds until stdin ends."""
     Path(group, "cgroup.procs").write_text(str(os.getpid()))
     from taogpud.client import ApiError, Client
-    from taogpud.client import shm as client_shm
+    from taogpud.memfd import client as client_shm
 
     if raw:  # a client that never allocates what it hands over
         client_shm.Arena._populate = lambda self, offset, length: None  # type: ignore[method-assign]

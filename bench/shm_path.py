@@ -94,8 +94,8 @@ def copy_fallback_lane(n: int) -> Sample:
     its own output costs."""
     import numpy as np
 
-    from taogpud.client.shm import Arena
-    from taogpud.pool import regions
+    from taogpud.memfd import regions
+    from taogpud.memfd.client import Arena
 
     arena = Arena(n * 4 + MIB)
     offset = arena.allocate(n * 4)

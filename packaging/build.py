@@ -28,7 +28,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from taogpud.install_hints import PACKAGE_MARKER
+from taogpud.host.install_hints import PACKAGE_MARKER
 
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = Path("/opt/taogpud")

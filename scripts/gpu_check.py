@@ -754,7 +754,7 @@ def package_versions() -> dict[str, str | None]:
 
 def environment_numbers() -> dict[str, Any]:
     """Python, the packages, NVML's driver and GPUs, /dev/shm: printed first, driver or not."""
-    from taogpud import nvml
+    from taogpud.observability import nvml
 
     inventory = nvml.inventory(read_process_names=False)
     size, free = shm_bytes()

@@ -53,7 +53,7 @@ from typing import Any
 from scripts.soak_doors import relay_flood, shm_flood
 from taogpud.client import ApiError, Client, DaemonUnreachable
 from taogpud.daemon.lifecycle import EXIT_MAY_PASS_LATER, RECENT_JOBS_SHOWN
-from taogpud.store import JobStore
+from taogpud.jobs.store import JobStore
 from taogpud.testing import (
     CPU_CONFIG,
     RunningDaemon,

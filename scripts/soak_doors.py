@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from taogpud.shm_wire import socket_path_for
+from taogpud.memfd.protocol import socket_path_for
 from taogpud.testing import RunningDaemon
 
 FLOOD_CONNECTIONS = 600  # each flood: over the caps (64 without a uid, 256 a uid), bounded

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from taogpud.arrayfiles import images
 from taogpud.client import ApiError, Client, DaemonUnreachable
-from taogpud.pool import shm
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
@@ -290,8 +290,8 @@ class RunningDaemon:
 
     def _trace_barrier(self) -> None:
         """Job and request lines are written just after the daemon's current loop callback
-        (taogpud.trace), so a line can follow the answer it belongs to by a moment. A request
-        answered now is a barrier: every line deferred before it came in is written."""
+        (observability/trace.py), so a line can follow the answer it belongs to by a moment. A
+        request answered now is a barrier: every line deferred before it came in is written."""
         if self.proc.poll() is not None or not self.socket_path.exists():
             return
         with contextlib.suppress(OSError, ApiError, DaemonUnreachable), self.client(5) as client:
@@ -450,7 +450,7 @@ def key_leaks(home: Path) -> list[str]:
 def remove_home(home: Path) -> None:
     """Remove `home` and the arrays its daemons kept in /dev/shm for a restart."""
     for state_dir in [home / "state", *home.glob("*/state")]:  # what a killed daemon left too
-        for image in shm.SHM_DIR.glob(f"{shm.PREFIX}{shm.namespace_of(state_dir)}.*"):
+        for image in images.SHM_DIR.glob(f"{images.PREFIX}{images.namespace_of(state_dir)}.*"):
             image.unlink(missing_ok=True)
     shutil.rmtree(home, ignore_errors=True)
 

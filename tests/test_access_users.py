@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 from taogpud import wire
-from taogpud.access import ADMIN_GROUP
+from taogpud.arrayfiles import images
 from taogpud.client import ApiError, Client, DaemonUnreachable
-from taogpud.pool import shm
+from taogpud.jobs.access import ADMIN_GROUP
 
 GROUP = "taogpu"
 USERS_LOCK = Path("/tmp/taogpud-test-users.lock")
@@ -280,7 +280,7 @@ def _connect_as(user: User, socket_path: Path) -> socket.socket:
 
 def _hold_upload(conn: socket.socket, data_bytes: int) -> None:
     """The head of an upload of `data_bytes` and its first 64 KiB; the rest never comes."""
-    npy_head = shm.npy_header((data_bytes // 4,), "<f4")
+    npy_head = images.npy_header((data_bytes // 4,), "<f4")
     head = (
         f"POST {wire.UPLOAD_ARRAY.path} HTTP/1.1\r\nHost: localhost\r\n"
         "Content-Type: application/octet-stream\r\n"
@@ -338,8 +338,8 @@ def _f32(kib: int) -> Any:
 
 def _images_of(state_dir: Path) -> Callable[[], list[Path]]:
     """The daemon's array images in /dev/shm (its namespace is its state directory's)."""
-    pattern = f"{shm.PREFIX}{shm.namespace_of(state_dir)}.*"
-    return lambda: sorted(shm.SHM_DIR.glob(pattern))
+    pattern = f"{images.PREFIX}{images.namespace_of(state_dir)}.*"
+    return lambda: sorted(images.SHM_DIR.glob(pattern))
 
 
 def test_a_member_of_the_admin_group_may_use_and_see_anyones(

@@ -14,12 +14,12 @@ import pytest
 import structlog
 from starlette.types import Message, Receive, Scope, Send
 
-from taogpud import trace
 from taogpud.api.edge import CLIENT_GONE, ApiEdge
 from taogpud.errors import BodyTooLarge
-from taogpud.jobs import Peer
-from taogpud.logging import set_request_trace
-from taogpud.unix_socket import PEER_KEY
+from taogpud.host.unix_socket import PEER_KEY
+from taogpud.jobs.records import Peer
+from taogpud.observability import trace
+from taogpud.observability.logging import set_request_trace
 
 JSON_LIMIT, UPLOAD_LIMIT = 100, 10_000
 

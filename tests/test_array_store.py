@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from conftest import CPU_CONFIG, RunningDaemon, deep_merge, to_toml
 
-from taogpud.arrays import ArrayStore, ArrayStoreFull
+from taogpud.arrayfiles import images
+from taogpud.arrayfiles.store import ArrayStore, ArrayStoreFull
 from taogpud.errors import BodyTooLarge
-from taogpud.jobs import Peer
-from taogpud.pool import shm
+from taogpud.jobs.records import Peer
 
 ALICE, CAROL = Peer(uid=1001, gid=1001), Peer(uid=1002, gid=1002)
 ARRAY_BYTES = 128 + 4000  # header and data of 1,000 float32
@@ -34,7 +34,7 @@ def store() -> Iterator[ArrayStore]:
 
 
 def upload(store: ArrayStore, owner: Peer) -> str:
-    npy = shm.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
+    npy = images.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
 
     async def body() -> AsyncIterator[bytes]:
         yield npy
@@ -66,7 +66,7 @@ def test_a_full_budget_refuses_rather_than_evict_another_users_array(store: Arra
 
 
 def test_an_array_past_the_quota_is_refused_with_the_numbers(store: ArrayStore) -> None:
-    npy = shm.npy_header((3000,), "<f4") + bytes(12000)
+    npy = images.npy_header((3000,), "<f4") + bytes(12000)
 
     async def body() -> AsyncIterator[bytes]:
         yield npy
@@ -84,7 +84,7 @@ def test_another_users_id_is_none_for_them_and_known_to_root(store: ArrayStore) 
 
 def test_a_body_past_the_upload_limit_is_a_413(store: ArrayStore) -> None:
     """A chunked upload (no length to refuse it by) longer than the limit: body_too_large."""
-    npy = shm.npy_header((10,), "<f4") + bytes(40)
+    npy = images.npy_header((10,), "<f4") + bytes(40)
 
     async def body() -> AsyncIterator[bytes]:
         yield npy
@@ -115,7 +115,7 @@ class HeldUpload:
     reservation a client makes by sending a header and holding the connection."""
 
     def __init__(self, store: ArrayStore, owner: Peer) -> None:
-        self.npy = shm.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
+        self.npy = images.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
         self._go_on = asyncio.Event()
         self._abort = False
         self.task = asyncio.create_task(store.upload(self._body(), 1 << 20, owner=owner))
@@ -135,7 +135,7 @@ class HeldUpload:
 
 
 async def _upload_now(store: ArrayStore, owner: Peer) -> str:
-    npy = shm.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
+    npy = images.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
 
     async def body() -> AsyncIterator[bytes]:
         yield npy
@@ -150,7 +150,7 @@ async def _until_reserved(store: ArrayStore, nbytes: int) -> None:
 
 
 def _images(namespace: str) -> list[str]:
-    return sorted(path.name for path in shm.SHM_DIR.glob(f"{shm.PREFIX}{namespace}.*"))
+    return sorted(path.name for path in images.SHM_DIR.glob(f"{images.PREFIX}{namespace}.*"))
 
 
 def test_uploads_in_progress_count_against_the_budget_and_their_owners_quota() -> None:
@@ -191,7 +191,7 @@ def test_uploads_in_progress_count_against_the_budget_and_their_owners_quota() -
     finally:
         store.release_unused()
         for name in _images(namespace):
-            shm.unlink(name)
+            images.unlink(name)
 
 
 def test_an_upload_the_body_timeout_cuts_gives_its_reservation_back(
@@ -200,13 +200,13 @@ def test_an_upload_the_body_timeout_cuts_gives_its_reservation_back(
     """An upload held mid-body past server.body_timeout_s: the daemon answers 408 and
     closes, and its reservation and partial file go with it, the client still connected."""
     daemon = daemon_factory(config={"server": {"body_timeout_s": 1}})
-    npy_head = shm.npy_header((1 << 18,), "<f4")
+    npy_head = images.npy_header((1 << 18,), "<f4")
     head = (
         f"POST /v1/arrays HTTP/1.1\r\nHost: localhost\r\n"
         f"Content-Type: application/octet-stream\r\nContent-Length: {len(npy_head) + (1 << 20)}"
         "\r\n\r\n"
     )
-    images = f"{shm.PREFIX}{shm.namespace_of(daemon.state_dir)}.*"
+    pattern = f"{images.PREFIX}{images.namespace_of(daemon.state_dir)}.*"
     with daemon.client() as client, socket.socket(socket.AF_UNIX) as held:
         held.connect(str(daemon.socket_path))
         held.sendall(head.encode() + npy_head + bytes(64 * 1024))
@@ -216,4 +216,4 @@ def test_an_upload_the_body_timeout_cuts_gives_its_reservation_back(
         while client.status()["arrays"]["reserved_bytes"] and time.monotonic() < deadline:
             time.sleep(0.02)
         assert client.status()["arrays"]["reserved_bytes"] == 0
-        assert list(shm.SHM_DIR.glob(images)) == []
+        assert list(images.SHM_DIR.glob(pattern)) == []

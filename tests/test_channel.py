@@ -21,7 +21,7 @@ from pydantic import SecretStr
 from structlog.testing import capture_logs
 
 from taogpud import config
-from taogpud.channel import (
+from taogpud.provider.channel import (
     Backoff,
     Channel,
     ChannelSettings,

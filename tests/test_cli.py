@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from taogpud import nvml
 from taogpud.backends.cuda.backend import driver_installed
 from taogpud.cli.app import CliError, build_params, parse_param
 from taogpud.cli.output import error_line
+from taogpud.observability import nvml
 from taogpud.testing import Ctl, taogpuctl, write_pair
 
 __all__ = ["Ctl", "assert_one_error_line", "json_out", "taogpuctl"]  # what other test files use

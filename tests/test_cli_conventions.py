@@ -13,7 +13,7 @@ import pytest
 from taogpud import __version__
 from taogpud.cli.conventions import FULL_ID_LENGTH, short_ids
 from taogpud.cli.words import humanize, remember
-from taogpud.jobs import new_job_id
+from taogpud.jobs.records import new_job_id
 from taogpud.testing import RunningDaemon
 from tests.test_cli import Ctl, assert_one_error_line, json_out, taogpuctl
 

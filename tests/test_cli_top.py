@@ -8,8 +8,8 @@ from typing import Any
 
 from rich.console import Console
 
-from taogpud import nvml
 from taogpud.cli.top import Snapshot, elapsed, frame
+from taogpud.observability import nvml
 from tests.test_cli import Ctl
 
 GPU_STATUS: dict[str, Any] = {

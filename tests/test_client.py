@@ -24,7 +24,7 @@ import pytest
 
 from taogpud.client import ApiError, Client, DaemonUnreachable, is_finished
 from taogpud.client.transport import MockTransport, Response
-from taogpud.jobs import JobState
+from taogpud.jobs.records import JobState
 
 Reply = tuple[int, str, bytes]  # status, content type, body
 

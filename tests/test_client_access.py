@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 
-from taogpud import cli, paths
+from taogpud import cli
 from taogpud.client import Client, DaemonUnreachable, NotInGroup
+from taogpud.host import paths
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="creates users and a group and switches to them: needs root"

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from taogpud import nvml
 from taogpud.backends.base import PhaseClock, WorkerSpec
 from taogpud.backends.cpu import CpuBackend
 from taogpud.backends.cuda.backend import sticky_cuda_error
@@ -33,7 +32,8 @@ from taogpud.backends.cuda.samples import SAMPLES
 from taogpud.backends.cuda.startup import check_at_start, parent_pid, startup_findings
 from taogpud.cli.devices import devices_document, gpu_rows, header_lines, process_lines
 from taogpud.client import ApiError
-from taogpud.paths import kernel_cache_env
+from taogpud.host.paths import kernel_cache_env
+from taogpud.observability import nvml
 from taogpud.pool import protocol as msg
 from taogpud.pool.child import Runner
 from taogpud.tasks import validate_params

@@ -17,14 +17,14 @@ from conftest import CPU_CONFIG, CPU_SETTINGS, to_toml
 from structlog.testing import capture_logs
 
 from taogpud import config
-from taogpud.arrays import ArrayStore
+from taogpud.arrayfiles.store import ArrayStore
 from taogpud.daemon.reload import Reloader
 from taogpud.daemon.state import DaemonState, DaemonStatus, Limits, Phase
 from taogpud.doors import Doors
+from taogpud.host.systemd import Notifier
+from taogpud.jobs.scheduler import Policy, Scheduler
+from taogpud.jobs.store import JobStore
 from taogpud.pool.executor import create_pool
-from taogpud.scheduler import Policy, Scheduler
-from taogpud.store import JobStore
-from taogpud.systemd import Notifier
 from taogpud.wire import ReloadView
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from taogpud import config, nvml
+from taogpud import config
 from taogpud.doctor import (
     ORDER,
     Check,
@@ -34,7 +34,8 @@ from taogpud.doctor.gpu import (
     gather_host,
     host_checks,
 )
-from taogpud.jobs import JobErrorView, JobRecord, JobState
+from taogpud.jobs.records import JobErrorView, JobRecord, JobState
+from taogpud.observability import nvml
 from taogpud.testing import write_pair
 
 GIB = 1024**3

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 from conftest import RunningDaemon, mounted_tmpfs, start_daemon
 
+from taogpud.arrayfiles import images
 from taogpud.client import Client
 from taogpud.errors import StateDiskFull
-from taogpud.jobs import JobRecord, JobState
-from taogpud.pool import shm
-from taogpud.store import JobStore
+from taogpud.jobs.records import JobRecord, JobState
+from taogpud.jobs.store import JobStore
 from taogpud.testing import wait_until
 
 NOBODY = 65534
@@ -140,8 +140,8 @@ def test_outputs_and_queued_inputs_survive_a_restart(
         queued = client.submit("vector_add", inputs=ids, keep_outputs=True)
         client.upload_array(a)  # used by no job: released at the clean stop
     daemon.stop(signal.SIGTERM)
-    namespace = shm.namespace_of(daemon.state_dir)
-    assert len(list(shm.SHM_DIR.glob(f"{shm.PREFIX}{namespace}.*"))) == 2  # a and b, kept
+    namespace = images.namespace_of(daemon.state_dir)
+    assert len(list(images.SHM_DIR.glob(f"{images.PREFIX}{namespace}.*"))) == 2  # a and b, kept
     again = daemon.restart()
     try:
         with again.client() as client:
@@ -421,10 +421,10 @@ def test_an_upload_cut_off_midway_leaves_nothing_behind(daemon: RunningDaemon) -
     is removed from /dev/shm, and the next upload and job run as usual."""
 
     def images() -> set[Path]:
-        return set(shm.SHM_DIR.glob(f"{shm.PREFIX}{shm.namespace_of(daemon.state_dir)}.*"))
+        return set(images.SHM_DIR.glob(f"{images.PREFIX}{images.namespace_of(daemon.state_dir)}.*"))
 
     before = images()
-    image = shm.npy_header((2**20,), "<f4") + bytes(4 * 2**20)
+    image = images.npy_header((2**20,), "<f4") + bytes(4 * 2**20)
     head = (
         "POST /v1/arrays HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n"
         f"content-length: {len(image)}\r\n\r\n"
@@ -441,9 +441,9 @@ def test_full_dev_shm_is_a_clear_error(
     small_state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An upload bigger than the room left in /dev/shm (here a 2 MiB tmpfs) is array_store_full."""
-    from taogpud.arrays import ArrayStore, ArrayStoreFull
+    from taogpud.arrayfiles.store import ArrayStore, ArrayStoreFull
 
-    monkeypatch.setattr(shm, "SHM_DIR", small_state_dir)
+    monkeypatch.setattr(images, "SHM_DIR", small_state_dir)
     with pytest.raises(ArrayStoreFull) as full:
         ArrayStore(budget_bytes=1 << 30)._create(4 << 20)
     assert "no room" in full.value.message

@@ -32,8 +32,8 @@ from conftest import (
 
 from taogpud.client import ApiError
 from taogpud.daemon.state_lock import LOCK_NAME, StateDirNotOurs, lock_state_dir
-from taogpud.store import WRITE_RETRY_S as STORE_RETRY_S
-from taogpud.store import JobStore
+from taogpud.jobs.store import WRITE_RETRY_S as STORE_RETRY_S
+from taogpud.jobs.store import JobStore
 from taogpud.testing import cpu_pair, daemon_command, wait_for_ready, wait_until, write_pair
 
 NOBODY = pwd.getpwnam("nobody")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from taogpud.pool import shm
+from taogpud.arrayfiles import images
 
 
 @pytest.fixture
@@ -52,8 +52,8 @@ def test_state_is_private_under_umask_022(
     for pid in (daemon.proc.pid, *workers):
         assert umask_of(pid) == 0o077, pid
     with daemon.client() as client:
-        uploaded = client.upload_array(shm.npy_header((2,), "<f4") + bytes(8))
-    image = next(shm.SHM_DIR.glob(f"{shm.PREFIX}{shm.namespace_of(state)}.*.npy"))
+        uploaded = client.upload_array(images.npy_header((2,), "<f4") + bytes(8))
+    image = next(images.SHM_DIR.glob(f"{images.PREFIX}{images.namespace_of(state)}.*.npy"))
     assert uploaded["nbytes"] == 8 and mode(image) == 0o600
 
 

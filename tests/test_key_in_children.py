@@ -19,7 +19,7 @@ from pydantic import SecretStr
 from test_channel import ping, settings_for
 from test_ray_executor import RAY_CONFIG, _end_leftovers, _pids_naming, needs_ray, ray_env
 
-from taogpud.channel import Scrubber
+from taogpud.provider.channel import Scrubber
 
 KEY = "sk-tgd-children-0123456789abcdef"
 OTHER_KEY = "sk-tgd-named-env-fedcba9876543210"

@@ -4,7 +4,7 @@ Each module's AST is walked whole, so an import inside a function counts as much
 the top: backends never import tasks (tasks hand backends what they need, tasks/warmup.py),
 placement stays pure (nothing of taogpud, no asyncio), and the core under the API (the
 scheduler, the pool, the relay, the daemon) never imports it: what they share with it, the
-Unix socket and SO_PEERCRED, is a leaf of the standard library (taogpud/unix_socket.py).
+Unix socket and SO_PEERCRED, is a leaf of the standard library (taogpud/host/unix_socket.py).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ PACKAGE_ROOT = Path(taogpud.__file__).parent
 # (modules whose names start with this, imported names that may not start with any of these)
 RULES = [
     ("taogpud.backends", ("taogpud.tasks",)),
-    ("taogpud.placement", ("taogpud", "asyncio")),
-    ("taogpud.scheduler", ("taogpud.api",)),
+    ("taogpud.jobs.placement", ("taogpud", "asyncio")),
+    ("taogpud.jobs.scheduler", ("taogpud.api",)),
     ("taogpud.pool", ("taogpud.api",)),
     ("taogpud.relay", ("taogpud.api",)),
     ("taogpud.daemon", ("taogpud.api",)),
-    ("taogpud.unix_socket", ("taogpud.api", "starlette", "fastapi", "uvicorn")),
+    ("taogpud.host.unix_socket", ("taogpud.api", "starlette", "fastapi", "uvicorn")),
     ("taogpud.doors", ("taogpud.api", "taogpud.daemon", "taogpud.relay", "starlette", "fastapi")),
 ]
 

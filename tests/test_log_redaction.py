@@ -1,6 +1,6 @@
 """The API key never reaches a log line, wherever in the line's fields it turns up.
 
-Lines go through the configured chain (taogpud.logging.configure) and are read back from
+Lines go through the configured chain (observability/logging.py's configure) and are read back from
 the trace ring, which holds each line as stdout, the trace file and the journal get it.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from taogpud import logging as tlog
-from taogpud import trace_ring
+from taogpud.observability import logging as tlog
+from taogpud.observability import trace_ring
 
 SECRET = "tt-sk-redaction-" + "4b9e2c7a1f"  # built at runtime: no key sits in a fixture file
 QUOTED_SECRET = 'tt-sk-"quoted\\' + "8d3e"  # JSON escapes it: the line holds \" and \\

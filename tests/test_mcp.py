@@ -402,7 +402,7 @@ def test_another_users_job_is_refused_to_the_agent(
 def test_the_missing_sdk_hint_fits_the_install(tmp_path: Path) -> None:
     """A pip install is told the extra; a package's venv (its marker), which never ships the
     SDK, is told to run taogpuctl mcp from a venv of the user's own."""
-    from taogpud.install_hints import PACKAGE_MARKER, install_hint
+    from taogpud.host.install_hints import PACKAGE_MARKER, install_hint
 
     assert "pip install 'taogpud[mcp]'" in install_hint("mcp", tmp_path)
     (tmp_path / PACKAGE_MARKER).write_text("extras=cuda12\n")

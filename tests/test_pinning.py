@@ -27,8 +27,8 @@ from structlog.testing import capture_logs
 
 from taogpud.backends.base import WorkerSpec
 from taogpud.backends.cuda.backend import probe_cuda
-from taogpud.pool import pinning, regions
-from taogpud.pool.regions import MemoryHandle, RegionRef, map_region
+from taogpud.memfd import pinning, regions
+from taogpud.memfd.regions import MemoryHandle, RegionRef, map_region
 
 PAGE = mmap.PAGESIZE
 SPEC = WorkerSpec("cuda", 0, 2, 1, 0.5, 0, True, "auto", False)

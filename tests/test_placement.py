@@ -1,4 +1,4 @@
-"""Placement as pure functions (taogpud.placement): tables of cases, then hypothesis
+"""Placement as pure functions (taogpud.jobs.placement): tables of cases, then hypothesis
 properties over any devices, jobs and rules. The daemon-level tests of the same rules are in
 test_scheduling.py (through a real daemon) and test_scheduler_states.py (the state machine).
 """
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taogpud.placement import Device, Job, Placement, Rules, admit, has_capacity, place
+from taogpud.jobs.placement import Device, Job, Placement, Rules, admit, has_capacity, place
 
 GIB = 2**30
 RR = Rules("round_robin", gpu_affinity=True, max_concurrent_tasks=8)

@@ -1,4 +1,4 @@
-"""The proof of a program's lease (taogpud/proof.py), from a fake NVML that reports per-process
+"""The proof of a program's lease (programs/proof.py), from a fake NVML that reports per-process
 use: no GPU runs here, so NVML's answers are the fake; the scheduler, its store and the
 program's processes are real (the state machine's fake pool, its workers made CUDA ones)."""
 
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from taogpud import nvml
 from taogpud.backends.base import DeviceInfo, WorkerSpec
-from taogpud.jobs import JobRecord, JobState, Peer
-from taogpud.proof import ProgramProof, children_now, process_tree
-from taogpud.scheduler import Policy, ProgramExit
+from taogpud.jobs.records import JobRecord, JobState, Peer
+from taogpud.jobs.scheduler import Policy, ProgramExit
+from taogpud.observability import nvml
+from taogpud.programs.proof import ProgramProof, children_now, process_tree
 from taogpud.wire import ProgramRequest
 from tests.test_scheduler_states import Incarnation
 

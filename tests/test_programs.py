@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from taogpud import leases
 from taogpud.client.program import ProgramRun
 from taogpud.errors import UnsupportedExecutor
-from taogpud.jobs import Peer
+from taogpud.jobs.records import Peer
+from taogpud.programs import leases
 from taogpud.testing import RunningDaemon, ctl_command, ctl_env, wait_until
 from taogpud.wire import ProgramRequest
 from tests.test_scheduler_states import Incarnation

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from taogpud import leases
 from taogpud.client import Client
+from taogpud.programs import leases
 from taogpud.testing import wait_until
 from tests.test_access_users import (
     User,

@@ -27,12 +27,12 @@ import pytest
 from conftest import RunningDaemon, start_daemon
 from traces import most_running
 
+from taogpud.arrayfiles import images
 from taogpud.client import Client
 from taogpud.config import diff, load, needs_restart
 from taogpud.config.ray import restart_only, serves_client_memory
 from taogpud.daemon.lifecycle import EXIT_MAY_PASS_LATER
 from taogpud.errors import ConfigError
-from taogpud.pool import shm
 from taogpud.testing import ClientProcess, Pair, wait_until, write_pair
 
 pytestmark = [
@@ -73,7 +73,9 @@ def ray_daemon() -> Iterator[RunningDaemon]:
     finally:
         daemon.stop(signal.SIGKILL)
         _end_leftovers(str(ray_root))
-        for image in shm.SHM_DIR.glob(f"{shm.PREFIX}{shm.namespace_of(daemon.state_dir)}.*"):
+        for image in images.SHM_DIR.glob(
+            f"{images.PREFIX}{images.namespace_of(daemon.state_dir)}.*"
+        ):
             image.unlink(missing_ok=True)
         shutil.rmtree(home, ignore_errors=True)
 

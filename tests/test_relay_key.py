@@ -23,7 +23,7 @@ from conftest import RunningDaemon
 from fake_provider import FakeProvider, Reply, anthropic_message, completion, fake_provider
 from pydantic import SecretStr
 
-from taogpud.channel import Scrubber
+from taogpud.provider.channel import Scrubber
 from taogpud.relay.scrub import MARK, KeyBytes
 
 KEY = "sk-relay-" + secrets.token_hex(16)

@@ -30,16 +30,16 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from taogpud import store as store_module
-from taogpud import trace
-from taogpud.arrays import ArrayStore
+from taogpud.arrayfiles.store import ArrayStore
 from taogpud.backends.base import DeviceInfo, WorkerSpec
 from taogpud.errors import Draining, QueueFull
-from taogpud.jobs import JobState, Peer
+from taogpud.jobs import store as store_module
+from taogpud.jobs.records import JobState, Peer
+from taogpud.jobs.scheduler import Policy, Scheduler
+from taogpud.jobs.store import JobStore
+from taogpud.observability import trace
 from taogpud.pool import protocol as msg
 from taogpud.pool.worker import WorkerState
-from taogpud.scheduler import Policy, Scheduler
-from taogpud.store import JobStore
 from taogpud.wire import JobRequest
 
 T = TypeVar("T")

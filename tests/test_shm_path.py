@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from taogpud import shm_wire as wire
 from taogpud.client import ApiError, Client
+from taogpud.memfd import protocol
 from taogpud.testing import ClientProcess
 from tests.conftest import RunningDaemon
 
@@ -48,11 +48,11 @@ class Raw:
 
     def __init__(self, daemon: RunningDaemon) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(str(wire.socket_path_for(daemon.socket_path)))
+        self.sock.connect(str(protocol.socket_path_for(daemon.socket_path)))
 
     def ask(self, message: dict[str, Any], fds: list[int] | None = None) -> dict[str, Any]:
-        wire.send(self.sock, message, fds)
-        return wire.receive(self.sock)
+        protocol.send(self.sock, message, fds)
+        return protocol.receive(self.sock)
 
     def attach(
         self, size: int = 1 << 20, seals: int = SIZE_SEALS, allocated: bool = True
@@ -109,7 +109,7 @@ def test_frozen_inputs_go_in_a_sealed_memfd_and_the_record_says_so(daemon: Runni
 
 
 def test_without_the_shm_socket_compute_falls_back_to_http(daemon: RunningDaemon) -> None:
-    wire.socket_path_for(daemon.socket_path).unlink()  # as over another host's socket
+    protocol.socket_path_for(daemon.socket_path).unlink()  # as over another host's socket
     with daemon.client() as client:
         a = np.arange(10, dtype=np.float32)
         out = client.compute("vector_add", a=a, b=a)
@@ -202,7 +202,7 @@ def test_a_client_past_the_limit_waits_for_a_place_instead_of_being_refused(
         x[:] = 1
         jobs = [
             client.begin_compute("saxpy", {"alpha": float(k)}, x=x, y=x)
-            for k in range(wire.MAX_IN_FLIGHT + 4)
+            for k in range(protocol.MAX_IN_FLIGHT + 4)
         ]
         for k, job in enumerate(jobs):
             np.testing.assert_array_equal(job.result()["out"], k + 1)
@@ -220,25 +220,25 @@ def test_pipelined_sealed_submits_each_get_their_own_memfd(raw: Raw) -> None:
         fds.append(fd)
     for number, fd in enumerate(fds):
         message = {**submit({"a": region(0, [4]), "b": region(0, [4])}), "sealed": True}
-        wire.send(raw.sock, {**message, "id": number}, [fd])
+        protocol.send(raw.sock, {**message, "id": number}, [fd])
         os.close(fd)
     buffer = bytearray()
-    answers = {m["id"]: m for m in (wire.receive(raw.sock, buffer) for _ in fds)}
+    answers = {m["id"]: m for m in (protocol.receive(raw.sock, buffer) for _ in fds)}
     assert answers[0]["job"]["result"]["checksum"] == 8.0
     assert answers[1]["job"]["result"]["checksum"] == 40.0
 
 
 def test_more_jobs_in_flight_than_allowed_are_refused_clearly(raw: Raw) -> None:
     limit = raw.attach()["max_in_flight"]
-    assert limit == wire.MAX_IN_FLIGHT
+    assert limit == protocol.MAX_IN_FLIGHT
     sleep = {"op": "submit", "task": "sleep", "params": {"ms": 200}}
-    raw.sock.sendall(b"".join(wire.encode({**sleep, "id": n}) for n in range(limit + 1)))
+    raw.sock.sendall(b"".join(protocol.encode({**sleep, "id": n}) for n in range(limit + 1)))
     buffer = bytearray()
-    first = wire.receive(raw.sock, buffer)  # the refusal, before any sleep ends
+    first = protocol.receive(raw.sock, buffer)  # the refusal, before any sleep ends
     assert first["id"] == limit and first["error"]["code"] == "too_many_in_flight"
     assert f"{limit} jobs in flight" in first["error"]["message"]
     assert set(first["error"]) == {"code", "message", "hint"}
-    rest = [wire.receive(raw.sock, buffer) for _ in range(limit)]
+    rest = [protocol.receive(raw.sock, buffer) for _ in range(limit)]
     assert sorted(m["id"] for m in rest) == list(range(limit))
     assert all(m["job"]["status"] == "succeeded" for m in rest)
     assert raw.ask({**sleep, "params": {"ms": 0}, "id": "again"})["id"] == "again"
@@ -451,7 +451,7 @@ def as_user(uid: int, work: Any) -> int:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a second user needs root to create (CI is root)")
 def test_another_users_memory_is_never_reachable(daemon: RunningDaemon) -> None:
-    shm_socket = wire.socket_path_for(daemon.socket_path)
+    shm_socket = protocol.socket_path_for(daemon.socket_path)
     mine = Raw(daemon)
     size = 1 << 20
     fd = memfd(size)
@@ -475,13 +475,13 @@ def test_another_users_memory_is_never_reachable(daemon: RunningDaemon) -> None:
             theirs = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             theirs.connect(str(shm_socket))
             own = memfd(4096)
-            wire.send(theirs, {"op": "attach"}, [own])
-            if "memory" not in wire.receive(theirs):
+            protocol.send(theirs, {"op": "attach"}, [own])
+            if "memory" not in protocol.receive(theirs):
                 return 11
             # regions name the connection's own memory only: past its end is refused, and
             # there is no way to name another connection's memory at all
-            wire.send(theirs, submit({"a": region(4096, [4]), "b": region(0, [4])}))
-            answer = wire.receive(theirs)
+            protocol.send(theirs, submit({"a": region(4096, [4]), "b": region(0, [4])}))
+            answer = protocol.receive(theirs)
             return 0 if answer.get("error", {}).get("code") == "region_outside_memory" else 12
 
         assert as_user(65534, other_user) == 0
@@ -492,7 +492,7 @@ def test_another_users_memory_is_never_reachable(daemon: RunningDaemon) -> None:
 
 
 def test_the_shm_socket_is_bound_like_the_daemons(daemon: RunningDaemon) -> None:
-    shm_socket = wire.socket_path_for(daemon.socket_path)
+    shm_socket = protocol.socket_path_for(daemon.socket_path)
     assert stat.S_ISSOCK(shm_socket.stat().st_mode)
     assert stat.S_IMODE(shm_socket.stat().st_mode) == 0o660
     daemon.stop()
@@ -505,7 +505,7 @@ def test_a_queued_job_on_client_memory_is_interrupted_by_a_restart(daemon_factor
         blocker = client.submit("sleep", {"ms": 5000})
         connection = Raw(daemon)
         connection.attach()
-        wire.send(connection.sock, submit({"a": region(0, [4]), "b": region(0, [4])}))
+        protocol.send(connection.sock, submit({"a": region(0, [4]), "b": region(0, [4])}))
         queued = next(j for j in _poll_jobs(client, "queued"))
         assert queued["memory"] == {"handover": "shared", "bytes": 32}
     time.sleep(0.1)  # the store writes behind within a few ms
@@ -531,5 +531,5 @@ def test_an_unknown_op_and_a_broken_frame_are_answered_in_the_error_shape(raw: R
     os.close(fd)
     assert answer["error"]["code"] == "invalid_request"
     raw.sock.sendall(len(b"[1]").to_bytes(4, "big") + b"[1]")
-    assert wire.receive(raw.sock)["error"]["message"] == "a message must be a JSON object"
+    assert protocol.receive(raw.sock)["error"]["message"] == "a message must be a JSON object"
     assert raw.sock.recv(1) == b""  # then it hung up

@@ -23,9 +23,10 @@ import pytest
 import structlog
 from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon
 
-from taogpud import journal, systemd, trace
-from taogpud import logging as tlog
 from taogpud.client import Client
+from taogpud.host import systemd
+from taogpud.observability import journal, trace
+from taogpud.observability import logging as tlog
 from taogpud.testing import write_pair
 
 SECRET = "tt-sk-glue-5e3a9c71d4"
@@ -490,7 +491,7 @@ def test_stop_ends_the_resource_tracker_before_the_daemon_exits(
 
 def test_hints_name_what_works_in_a_package(tmp_path: Path) -> None:
     """In a package's venv (its marker file) no hint says pip: the CUDA build or the CPU pair."""
-    from taogpud.install_hints import CPU_PAIR, PACKAGE_MARKER, install_hint
+    from taogpud.host.install_hints import CPU_PAIR, PACKAGE_MARKER, install_hint
 
     assert "pip install 'taogpud[cuda12]'" in install_hint("cuda", tmp_path)
     (tmp_path / PACKAGE_MARKER).write_text("extras=\n")

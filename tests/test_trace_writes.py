@@ -1,4 +1,4 @@
-"""Deferred trace lines (taogpud.trace): made in different turns of the loop, a tiny job's
+"""Deferred trace lines (observability/trace.py): made in different turns of the loop, a tiny job's
 lines leave together in one write, after FLUSH_AFTER_S; the daemon's stop writes what is
 pending."""
 
@@ -11,10 +11,10 @@ from typing import Any, cast
 import orjson
 import pytest
 
-from taogpud import trace
 from taogpud.api.trace import _lines
-from taogpud.logging import configure
-from taogpud.trace_ring import TraceLine, TraceRing
+from taogpud.observability import trace
+from taogpud.observability.logging import configure
+from taogpud.observability.trace_ring import TraceLine, TraceRing
 
 
 @pytest.fixture

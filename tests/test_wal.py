@@ -1,4 +1,4 @@
-"""The job store's WAL is copied into the database by a thread (taogpud.wal), never inside
+"""The job store's WAL is copied into the database by a thread (taogpud.jobs.wal), never inside
 one of the store's commits: a checkpoint waits for fsyncs, and the store commits on the
 daemon's event loop."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from taogpud import wal
-from taogpud.jobs import JobRecord, JobState, Peer
-from taogpud.store import JobStore
+from taogpud.jobs import wal
+from taogpud.jobs.records import JobRecord, JobState, Peer
+from taogpud.jobs.store import JobStore
 from taogpud.testing import wait_until
 
 JOBS = 3000  # ~7,000 pages of WAL: past the 1,000 at which SQLite would checkpoint in a commit

@@ -12,11 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from taogpud import nvml
 from taogpud.cli.guide import NVIDIA_SMI  # the table `taogpuctl show --evidence` prints
+from taogpud.observability import nvml
 from taogpud.wire import FINISHED_STATES
 
-Job = dict[str, Any]  # a job record as the daemon answers it (taogpud.jobs.JobRecord)
+Job = dict[str, Any]  # a job record as the daemon answers it (taogpud.jobs.records.JobRecord)
 
 
 class Caps(BaseModel):

@@ -31,7 +31,7 @@ from taogpud.agents import results
 from taogpud.cli.failures import CliError
 from taogpud.client import ApiError, Client, DaemonUnreachable, NotInGroup
 from taogpud.client.stream import stream_lines
-from taogpud.trace_ring import RING_LINES
+from taogpud.observability.trace_ring import RING_LINES
 
 if TYPE_CHECKING:
     from mcp.server import MCPServer
@@ -73,7 +73,7 @@ def sdk_server() -> type[MCPServer]:
     try:
         from mcp.server import MCPServer
     except ImportError as exc:
-        from taogpud.install_hints import install_hint
+        from taogpud.host.install_hints import install_hint
 
         raise CliError(f"taogpuctl mcp needs the MCP SDK ({exc})", install_hint("mcp")) from None
     return MCPServer
@@ -334,7 +334,7 @@ def read_gpu_status(client: Client) -> results.GpuStatus:
     devices = client.devices()
     inventory = None
     if any(device.get("uuid") for device in devices):  # NVML only where there are GPUs
-        from taogpud import nvml
+        from taogpud.observability import nvml
 
         inventory = nvml.inventory(read_process_names=False)
     return results.gpu_status(client.status(), devices, client.tasks(), inventory)

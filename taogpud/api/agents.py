@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from taogpud import trace, wire
-from taogpud.access import may_touch
+from taogpud import wire
 from taogpud.api.deps import Daemon
 from taogpud.api.models import McpCallModel, McpCallView
 from taogpud.api.peer import peer_of
 from taogpud.daemon.state import DaemonState
 from taogpud.errors import JobNotFound
-from taogpud.jobs import Peer
+from taogpud.jobs.access import may_touch
+from taogpud.jobs.records import Peer
+from taogpud.observability import trace
 
 router = APIRouter(tags=["agents"])
 

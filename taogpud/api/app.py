@@ -18,9 +18,9 @@ from taogpud.api import trace as trace_api
 from taogpud.api.edge import CLIENT_GONE, ApiEdge
 from taogpud.daemon.state import DaemonState
 from taogpud.errors import ErrorBody, TaogpudError
+from taogpud.host.unix_socket import peer_in
 from taogpud.i18n import accepted_language
-from taogpud.logging import get_logger
-from taogpud.unix_socket import peer_in
+from taogpud.observability.logging import get_logger
 
 log = get_logger("taogpud.api")
 

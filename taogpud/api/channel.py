@@ -6,9 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from taogpud import channel, wire
+from taogpud import wire
 from taogpud.api.deps import Daemon
-from taogpud.channel import ChannelSettings, ModelRole, PingResult
+from taogpud.provider import channel
+from taogpud.provider.channel import ChannelSettings, ModelRole, PingResult
 
 router = APIRouter(tags=["channel"])
 

@@ -30,10 +30,11 @@ from typing import Protocol
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from taogpud import trace, wire
+from taogpud import wire
 from taogpud.errors import BodyTooLarge, ErrorBody
-from taogpud.logging import request_trace_enabled
-from taogpud.unix_socket import peer_in
+from taogpud.host.unix_socket import peer_in
+from taogpud.observability import trace
+from taogpud.observability.logging import request_trace_enabled
 
 CLIENT_GONE = 499  # as nginx logs it: the client closed the connection before the answer
 UPLOAD_PATH = wire.UPLOAD_ARRAY.path

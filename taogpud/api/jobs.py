@@ -15,13 +15,13 @@ from fastapi.routing import APIRoute
 from pydantic import Field, TypeAdapter, ValidationError
 
 from taogpud import wire
-from taogpud.access import check_access, view_of
 from taogpud.api.deps import Daemon
 from taogpud.api.models import JobRequestModel
 from taogpud.api.peer import peer_of
 from taogpud.daemon.state import DaemonState
 from taogpud.errors import OutputNotFound, RequestError
-from taogpud.jobs import JobRecord, JobState
+from taogpud.jobs.access import check_access, view_of
+from taogpud.jobs.records import JobRecord, JobState
 
 router = APIRouter(tags=["jobs"])
 

@@ -1,6 +1,6 @@
 """The API's pydantic views and request models (v1); what the core takes is taogpud.wire's.
 
-The job view is `taogpud.jobs.JobRecord`. The paths are taogpud.wire's routes.
+The job view is `taogpud.jobs.records.JobRecord`. The paths are taogpud.wire's routes.
 
 Routes (all JSON unless said; errors are always {code, message, hint}):
 
@@ -236,7 +236,7 @@ class WorkerView(BaseModel):
 
 
 class ArraysView(BaseModel):
-    """The bounds on uploads (taogpud/arrays.py), as one caller sees them."""
+    """The bounds on uploads (taogpud/arrayfiles/store.py), as one caller sees them."""
 
     budget_bytes: int  # all arrays together
     used_bytes: int

@@ -16,7 +16,6 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request, Response
 
 from taogpud import wire
-from taogpud.access import check_access
 from taogpud.api.deps import Daemon
 from taogpud.api.models import (
     LeaseView,
@@ -27,8 +26,9 @@ from taogpud.api.models import (
 )
 from taogpud.api.peer import peer_of
 from taogpud.daemon.state import DaemonState
-from taogpud.jobs import JobRecord
-from taogpud.scheduler import ProgramExit
+from taogpud.jobs.access import check_access
+from taogpud.jobs.records import JobRecord
+from taogpud.jobs.scheduler import ProgramExit
 
 router = APIRouter(tags=["programs"])
 JSON = "application/json"

@@ -19,8 +19,8 @@ from taogpud.api.models import (
 )
 from taogpud.api.peer import peer_of
 from taogpud.daemon.state import DaemonState, Phase
-from taogpud.logging import write_failures
-from taogpud.metrics import render_metrics
+from taogpud.observability.logging import write_failures
+from taogpud.observability.metrics import render_metrics
 
 router = APIRouter(tags=["daemon"])
 

@@ -22,12 +22,13 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from taogpud import trace, wire
-from taogpud.access import check_access, may_see
+from taogpud import wire
 from taogpud.api.deps import Daemon
 from taogpud.api.peer import peer_of
 from taogpud.daemon.state import DaemonState, Phase
-from taogpud.trace_ring import RING, RING_LINES, TraceLine
+from taogpud.jobs.access import check_access, may_see
+from taogpud.observability import trace
+from taogpud.observability.trace_ring import RING, RING_LINES, TraceLine
 
 router = APIRouter(tags=["trace"])
 NDJSON = "application/x-ndjson"

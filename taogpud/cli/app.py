@@ -83,7 +83,7 @@ ConfigFlag = Annotated[Path | None, typer.Option("--config", help="The config.to
 
 @dataclass(frozen=True)
 class Globals:
-    socket_path: Path | None  # None: taogpud.paths.client_sockets() chooses
+    socket_path: Path | None  # None: taogpud.host.paths.client_sockets() chooses
 
 
 @app.callback()
@@ -478,10 +478,10 @@ def tasks_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
 def devices_command(ctx: typer.Context, json_out: JsonFlag = False) -> int:
     """The GPUs the NVIDIA driver shows (NVML, read here), the OpenCL platforms and devices
     (asked of a child process here), and the devices the workers hold."""
-    from taogpud import nvml
     from taogpud.backends.opencl import probe as opencl_probe
     from taogpud.backends.opencl import report as opencl_report
     from taogpud.cli import devices as view
+    from taogpud.observability import nvml
 
     unreachable: DaemonUnreachable | None = None
     workers: list[dict[str, Any]] | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from taogpud import nvml
+from taogpud.observability import nvml
 
 GIB = 1024**3
 MIB = 1024**2

@@ -14,7 +14,7 @@ def checked_files(
     """One entry per file: {file, path (None: embedded defaults), looked_at}."""
     from taogpud.config import resolve_paths  # here: pydantic costs every other command time
     from taogpud.config.loading import default_config_dir
-    from taogpud.paths import user_mode
+    from taogpud.host.paths import user_mode
 
     settings_at, config_at, _, _ = resolve_paths(settings, config, environ=environ)
     directory = default_config_dir(environ, system=not user_mode())

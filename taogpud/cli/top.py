@@ -76,7 +76,7 @@ def top_command(
 
 
 def fetch(client: Any) -> Snapshot:
-    from taogpud import nvml
+    from taogpud.observability import nvml
 
     inventory = nvml.inventory(read_process_names=False)
     return Snapshot(

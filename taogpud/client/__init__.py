@@ -28,9 +28,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from taogpud import paths, wire
+from taogpud import wire
 from taogpud.client.http import UnixHTTPConnection
 from taogpud.client.transport import MalformedResponse, Transport
+from taogpud.host import paths
 from taogpud.i18n import _
 from taogpud.wire import FINISHED_STATES, JobRequest, ProgramRequest, Route
 
@@ -47,7 +48,7 @@ JSON_TYPE = "application/json"
 NPY_TYPE = "application/octet-stream"
 NPY_MAGIC = b"\x93NUMPY"
 
-Job = dict[str, Any]  # a JobRecord as JSON (see taogpud.jobs.JobRecord)
+Job = dict[str, Any]  # a JobRecord as JSON (see taogpud.jobs.records.JobRecord)
 OnUpdate = Callable[[Job], None]
 T = TypeVar("T")
 Body = bytes | list[bytes | memoryview] | None  # a list is sent part by part, uncopied
@@ -421,7 +422,7 @@ class Client:
     def _shared(self) -> Any:
         with self._shared_lock:  # threads that compute at once share one connection
             if self._shared_arrays is None:
-                from taogpud.client.shm import SharedArrays
+                from taogpud.memfd.client import SharedArrays
 
                 self._shared_arrays = SharedArrays(self, self.shared_memory_bytes)
             return self._shared_arrays
@@ -507,7 +508,9 @@ def _npy_parts(array_or_npy_bytes: Any) -> list[bytes | memoryview]:
         return [memoryview(array_or_npy_bytes).cast("B")]
     import numpy as np
 
-    from taogpud.pool.shm import npy_header  # here: hashlib and secrets are no status's cost
+    from taogpud.arrayfiles.images import (
+        npy_header,  # here: hashlib and secrets are no status's cost
+    )
 
     array = np.asarray(array_or_npy_bytes, order="C")  # keeps 0-d (ascontiguousarray would not)
     header = npy_header(tuple(array.shape), array.dtype.str)

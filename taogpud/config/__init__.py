@@ -43,7 +43,7 @@ from taogpud.config.rules import (
 )
 from taogpud.config.shown import hide_tree, shaped_in
 from taogpud.errors import ConfigError, Problem
-from taogpud.paths import user_mode
+from taogpud.host.paths import user_mode
 
 KeySource = Literal["credential", "env", "file", "none"]
 

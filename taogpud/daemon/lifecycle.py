@@ -30,15 +30,14 @@ from pathlib import Path
 
 import uvicorn
 
-from taogpud import __version__, config, heap, nvml, systemd, trace
-from taogpud import logging as tlog
+from taogpud import __version__, config
 from taogpud.api.app import create_app
 from taogpud.api.jobs import end_waits
 from taogpud.api.models import job_request_from
-from taogpud.arrays import ArrayStore, array_budget_bytes, upload_quota_bytes
+from taogpud.arrayfiles import images
+from taogpud.arrayfiles.store import ArrayStore, array_budget_bytes, upload_quota_bytes
 from taogpud.config.ray import serves_client_memory
 from taogpud.daemon.reload import Reloader, watch_files
-from taogpud.daemon.shm_server import ShmServer
 from taogpud.daemon.state import DaemonState, DaemonStatus, Limits, Phase
 from taogpud.daemon.state_lock import StateDirLocked, StateDirNotOurs, lock_state_dir, not_ours
 from taogpud.doors import Doors, http_protocol
@@ -49,19 +48,22 @@ from taogpud.errors import (
     StateDiskFull,
     TaogpudError,
 )
+from taogpud.host import heap, systemd
+from taogpud.host.paths import default_socket, default_state_dir, kernel_cache_env
+from taogpud.host.unix_socket import bind_unix_socket
 from taogpud.i18n import _, user_language
-from taogpud.paths import default_socket, default_state_dir, kernel_cache_env
-from taogpud.pool import shm
+from taogpud.jobs.scheduler import Policy, Scheduler
+from taogpud.jobs.store import JobStore
+from taogpud.memfd.protocol import socket_path_for
+from taogpud.memfd.server import ShmServer
+from taogpud.observability import logging as tlog
+from taogpud.observability import nvml, trace
 from taogpud.pool.environ import keep_from_children
 from taogpud.pool.executor import create_pool
 from taogpud.pool.plan import plan_workers
 from taogpud.relay import listen as relay_listen
 from taogpud.relay.forward import Relay
 from taogpud.relay.listen import RelayListener
-from taogpud.scheduler import Policy, Scheduler
-from taogpud.shm_wire import socket_path_for
-from taogpud.store import JobStore
-from taogpud.unix_socket import bind_unix_socket
 
 WARM_TIMEOUT_S = 300.0  # CUDA kernel compilation on a cold cache can take minutes
 WORKER_STOP_TIMEOUT_S = 10.0
@@ -203,7 +205,9 @@ class Daemon:
         private_dir(state_dir)
         os.environ.update(kernel_cache_env(state_dir))  # inherited by the spawned workers
         store = JobStore(state_dir / STORE_NAME)
-        arrays = ArrayStore(array_budget_bytes(self.snapshot), store, shm.namespace_of(state_dir))
+        arrays = ArrayStore(
+            array_budget_bytes(self.snapshot), store, images.namespace_of(state_dir)
+        )
         arrays.user_quota_bytes = upload_quota_bytes(self.snapshot, arrays)
         arrays.restore()
         pool = create_pool(self.snapshot, plan.specs)
@@ -321,7 +325,7 @@ async def _heartbeat(notifier: systemd.Notifier, state: DaemonState) -> None:
 
 
 async def _watch_programs(state: DaemonState) -> None:
-    """NVML, sampled while programs hold CUDA leases: the proof of each (taogpud/proof.py),
+    """NVML, sampled while programs hold CUDA leases: the proof of each (taogpud/programs/proof.py),
     with the XIDs the driver reported meanwhile where NVML reports them."""
     xids = _XidEvents()
     try:

@@ -35,16 +35,16 @@ from typing import Any
 from watchfiles import Change, awatch
 
 from taogpud import config
-from taogpud import logging as tlog
-from taogpud.arrays import ArrayStore, array_budget_bytes, upload_quota_bytes
+from taogpud.arrayfiles.store import ArrayStore, array_budget_bytes, upload_quota_bytes
 from taogpud.config.ray import restart_only
 from taogpud.daemon.state import DaemonStatus, Phase, status_line
 from taogpud.errors import BackendUnavailable, ConfigError, Problem
+from taogpud.host.systemd import Notifier
+from taogpud.jobs.scheduler import Policy, Scheduler
+from taogpud.observability import logging as tlog
 from taogpud.pool.environ import keep_from_children
 from taogpud.pool.interface import Pool
 from taogpud.pool.plan import plan_workers
-from taogpud.scheduler import Policy, Scheduler
-from taogpud.systemd import Notifier
 from taogpud.wire import ChangeView, ReloadView
 
 WATCH_STEP_MS = 50  # quiet time after a change before it is acted on

@@ -18,12 +18,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from taogpud.arrays import ArrayStore
+from taogpud.arrayfiles.store import ArrayStore
 from taogpud.config import ConfigSnapshot
 from taogpud.doors import Doors
+from taogpud.jobs.scheduler import Scheduler
+from taogpud.jobs.store import JobStore
 from taogpud.pool.interface import Pool
-from taogpud.scheduler import Scheduler
-from taogpud.store import JobStore
 from taogpud.wire import ReloadView
 
 

@@ -37,15 +37,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from taogpud import nvml
 from taogpud.config.rules import check_pair
 from taogpud.i18n import Text, joined, render
-from taogpud.jobs import JobRecord, JobState
-from taogpud.logging import get_logger
+from taogpud.jobs.records import JobRecord, JobState
+from taogpud.observability import nvml
+from taogpud.observability.logging import get_logger
 
 if TYPE_CHECKING:
-    from taogpud.channel import PingResult
     from taogpud.config import ConfigFile, ConfigSnapshot, SettingsFile
+    from taogpud.provider.channel import PingResult
 
 log = get_logger("taogpud.doctor")
 

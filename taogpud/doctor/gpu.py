@@ -15,11 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from taogpud import nvml
 from taogpud.backends.cuda.kernels import same_arch
 from taogpud.doctor import Check, CheckStatus, Target, guarded, worst
+from taogpud.host.install_hints import install_hint
 from taogpud.i18n import Text
-from taogpud.install_hints import install_hint
+from taogpud.observability import nvml
 
 GIB = 1024**3
 RECOMMENDED_CUDA_MAJOR = 12  # the guide's recommendation

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast, get_args
 
-from taogpud import __version__, nvml
-from taogpud.channel import ChannelSettings, key_advice, key_sources_tried, ping
+from taogpud import __version__
 from taogpud.doctor import (
     Check,
     CheckStatus,
@@ -47,8 +46,10 @@ from taogpud.doctor.gpu import (
 )
 from taogpud.errors import ConfigError, Problem, TaogpudError
 from taogpud.i18n import Text
-from taogpud.jobs import JobRecord, Peer
-from taogpud.logging import get_logger
+from taogpud.jobs.records import JobRecord, Peer
+from taogpud.observability import nvml
+from taogpud.observability.logging import get_logger
+from taogpud.provider.channel import ChannelSettings, key_advice, key_sources_tried, ping
 
 if TYPE_CHECKING:
     from taogpud.config import ConfigSnapshot

@@ -41,7 +41,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from taogpud.doors.policy import Door, Doors, Ticket
 from taogpud.errors import ErrorBody
-from taogpud.unix_socket import PEER_KEY, read_peer
+from taogpud.host.unix_socket import PEER_KEY, read_peer
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_LINE_BYTES = 8 * 1024

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Hashable
 from typing import Any
 
-from taogpud.logging import get_logger
+from taogpud.observability.logging import get_logger
 
 log = get_logger("taogpud.doors")
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from taogpud.config import ServerSection
 from taogpud.doors.noise import Noise
-from taogpud.jobs import Peer
+from taogpud.jobs.records import Peer
 
 Caps = Callable[[], ServerSection]
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from taogpud.doors.http import too_many
 from taogpud.doors.policy import Door, Doors, Ticket
 from taogpud.errors import ErrorBody
-from taogpud.unix_socket import read_peer
+from taogpud.host.unix_socket import read_peer
 
 ACCEPT_BACKOFF_S = 0.05
 ACCEPT_BACKOFF_MAX_S = 1.0

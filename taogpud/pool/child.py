@@ -13,10 +13,10 @@ import signal
 import threading
 from multiprocessing.connection import Connection
 
-from taogpud import heap
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
 from taogpud.backends.cpu import blas_thread_env
-from taogpud.pool import pinning
+from taogpud.host import heap
+from taogpud.memfd import pinning
 from taogpud.pool import protocol as msg
 from taogpud.pool.cancels import Cancels
 from taogpud.pool.execute import STICKY_ERROR_CODES, execute
@@ -25,7 +25,7 @@ from taogpud.pool.execute import STICKY_ERROR_CODES, execute
 def worker_main(spec: WorkerSpec, control: Connection, slots: list[Connection]) -> None:
     """Entry point of a spawned worker; returns when the daemon says stop or goes away."""
     _prepare_environment(spec)
-    from taogpud import logging as tlog
+    from taogpud.observability import logging as tlog
     from taogpud.tasks.warmup import backend_for, warm
 
     tlog.configure()

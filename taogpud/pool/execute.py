@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from taogpud.arrayfiles import images
 from taogpud.backends.base import Backend, DeviceInfo
 from taogpud.errors import BadSummary
+from taogpud.memfd import regions
 from taogpud.pool import protocol as msg
-from taogpud.pool import regions, shm
 
 # Backend.sticky_error_code values: the worker exits after reporting one (pool/child.py).
 STICKY_ERROR_CODES = frozenset({"cuda_sticky_error", "opencl_device_lost", "device_unusable"})
@@ -217,14 +218,14 @@ def _failed(
     return msg.JobFinished(order.job_id, status, _ms_since(started), error=(code, message, hint))
 
 
-def map_input(ref: shm.ArrayRef | regions.RegionRef, maps: list[mmap.mmap]) -> Any:
+def map_input(ref: images.ArrayRef | regions.RegionRef, maps: list[mmap.mmap]) -> Any:
     """A read-only numpy view of a shared .npy image or of a client's region: no copy."""
     import numpy as np
 
     if isinstance(ref, regions.RegionRef):  # the seam: an array in a client's own memory
         return regions.map_region(ref, maps)
 
-    mapped = shm.open_map(ref)
+    mapped = images.open_map(ref)
     maps.append(mapped)
     count = math.prod(ref.shape)
     flat = np.frombuffer(mapped, dtype=np.dtype(ref.dtype), count=count, offset=ref.header_bytes)
@@ -255,7 +256,7 @@ def write_output(folder: Path, name: str, array: Any) -> msg.OutputFile:
     try:
         # Written by hand, not np.save: numpy's writer drops errno, and ENOSPC must show.
         with partial.open("wb") as file:
-            file.write(shm.npy_header(tuple(host.shape), host.dtype.str))
+            file.write(images.npy_header(tuple(host.shape), host.dtype.str))
             file.write(host.data.cast("B") if host.ndim else host.tobytes())
         partial.rename(folder / f"{name}.npy")
     except BaseException:

@@ -9,7 +9,7 @@ from taogpud.backends.base import WorkerSpec
 from taogpud.config import ConfigSnapshot
 from taogpud.errors import BackendUnavailable, HostCannotRun
 from taogpud.i18n import Text
-from taogpud.logging import get_logger
+from taogpud.observability.logging import get_logger
 
 log = get_logger("taogpud.pool")
 

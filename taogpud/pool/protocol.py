@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from taogpud.arrayfiles.images import ArrayRef
 from taogpud.backends.base import DeviceInfo
-from taogpud.pool.regions import RegionRef
-from taogpud.pool.shm import ArrayRef
+from taogpud.memfd.regions import RegionRef
 
 # A worker's exit status after its device became unusable (a sticky CUDA error, a lost
 # OpenCL device): it reported the job first, then left.

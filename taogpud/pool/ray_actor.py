@@ -30,9 +30,9 @@ from typing import Any
 
 import ray
 
-from taogpud import heap
 from taogpud.backends.base import Backend, DeviceInfo, WorkerSpec
-from taogpud.pool import pinning
+from taogpud.host import heap
+from taogpud.memfd import pinning
 from taogpud.pool import protocol as msg
 from taogpud.pool.cancels import Cancels
 from taogpud.pool.execute import OUTPUT_NAME, execute, map_input
@@ -44,7 +44,7 @@ class WorkerActor:
     """Decorated by the pool with ray.remote (num_gpus, max_concurrency, runtime_env)."""
 
     def __init__(self, spec: WorkerSpec) -> None:
-        from taogpud import logging as tlog
+        from taogpud.observability import logging as tlog
 
         tlog.configure()
         self.spec = spec

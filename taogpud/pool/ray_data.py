@@ -17,8 +17,8 @@ from typing import Any
 
 import ray
 
+from taogpud.arrayfiles import images
 from taogpud.pool import protocol as msg
-from taogpud.pool import shm
 from taogpud.pool.execute import map_input, write_output
 from taogpud.pool.ray_calls import first_line
 
@@ -33,8 +33,8 @@ class InputCache:
     def __init__(self) -> None:
         self._refs: dict[str, tuple[asyncio.Future[Any], int]] = {}  # shm name → (put, users)
 
-    async def acquire(self, inputs: dict[str, shm.ArrayRef]) -> dict[str, Any]:
-        taken: list[shm.ArrayRef] = []
+    async def acquire(self, inputs: dict[str, images.ArrayRef]) -> dict[str, Any]:
+        taken: list[images.ArrayRef] = []
         found = {}
         try:
             for name, ref in inputs.items():
@@ -49,10 +49,10 @@ class InputCache:
             raise
         return found
 
-    def release(self, inputs: dict[str, shm.ArrayRef]) -> None:
+    def release(self, inputs: dict[str, images.ArrayRef]) -> None:
         self._release(list(inputs.values()))
 
-    def _release(self, refs: list[shm.ArrayRef]) -> None:
+    def _release(self, refs: list[images.ArrayRef]) -> None:
         for ref in refs:
             put, users = self._refs.get(ref.name, (None, 0))
             if put is None:
@@ -63,7 +63,7 @@ class InputCache:
                 self._refs[ref.name] = (put, users - 1)
 
 
-def _put_image(ref: shm.ArrayRef) -> Any:
+def _put_image(ref: images.ArrayRef) -> Any:
     maps: list[mmap.mmap] = []
     try:
         return ray.put(map_input(ref, maps))

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from taogpud.backends.base import WorkerSpec
 from taogpud.errors import BackendUnavailable
-from taogpud.logging import get_logger
+from taogpud.observability.logging import get_logger
 from taogpud.pool import protocol as msg
 from taogpud.pool.leftovers import end_resource_tracker
 from taogpud.pool.worker import WorkerHandle, WorkerState

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def mount(app: FastAPI, state: DaemonState) -> None:
     """Put the relay in front of the API app (/relay/...) and its routes in it (/v1/relay/...);
     the Relay itself is app.state.relay, for the TCP listener to share."""
-    from taogpud import metrics
+    from taogpud.observability import metrics
     from taogpud.relay.forward import Relay, UnixRelay
     from taogpud.relay.metrics import RelayCollector
     from taogpud.relay.routes import router

@@ -25,21 +25,22 @@ import aiohttp
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from taogpud import trace, wire
-from taogpud.channel import ChannelSettings, Scrubber, public_url
+from taogpud import wire
 from taogpud.config import ConfigSnapshot, RelayLimits, RelaySection
 from taogpud.doors.http import abandon_response, claim_connection, too_many
 from taogpud.doors.noise import Noise
 from taogpud.errors import ErrorBody
+from taogpud.host.unix_socket import peer_in
 from taogpud.i18n import Text, accepted_language, render
-from taogpud.logging import get_logger, request_trace_enabled
+from taogpud.observability import trace
+from taogpud.observability.logging import get_logger, request_trace_enabled
+from taogpud.provider.channel import ChannelSettings, Scrubber, public_url
 from taogpud.relay import upstream, websocket
 from taogpud.relay.limits import Limiter
 from taogpud.relay.scrub import KeyBytes
 from taogpud.relay.tokens import TokenStore
 from taogpud.relay.tools import tool_of
 from taogpud.relay.usage import MAX_JSON_BYTES, StreamUsage, Tokens, UseKey, UseTable, usage_of_json
-from taogpud.unix_socket import peer_in
 
 ERROR_HEADER = b"x-taogpud-error"  # on the relay's own error answers: its code
 log = get_logger("taogpud.relay")

@@ -13,8 +13,8 @@ from fastapi import APIRouter, Query, Request
 
 from taogpud import wire
 from taogpud.errors import NotPermitted, RequestError
+from taogpud.host.unix_socket import peer_in
 from taogpud.relay.forward import PREFIX, Relay, _channel_host
-from taogpud.unix_socket import peer_in
 
 router = APIRouter(tags=["relay"])
 

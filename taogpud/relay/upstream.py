@@ -16,7 +16,7 @@ failure is the client's to see.
 
 The client is aiohttp's: on this host class it costs about a fifth of httpx's CPU per request
 (0.2 ms against 1.0 ms, measured against the fake provider), which is most of what the relay
-adds. httpx stays the channel ping's client (taogpud/channel.py).
+adds. httpx stays the channel ping's client (taogpud/provider/channel.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import orjson
 from pydantic import SecretStr
 from yarl import URL
 
-from taogpud.channel import Backoff, retry_after_s
+from taogpud.provider.channel import Backoff, retry_after_s
 
 Family = Literal["openai", "anthropic"]
 KeyHeader = Literal["auto", "authorization", "x-api-key"]

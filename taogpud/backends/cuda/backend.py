@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from taogpud import nvml
 from taogpud.backends.base import Backend, DeviceInfo, PhaseClock, WorkerSpec
 from taogpud.backends.cuda.evidence import (
     NvmlWatch,
@@ -30,7 +29,8 @@ from taogpud.backends.cuda.evidence import (
 )
 from taogpud.backends.cuda.kernels import resolve_arch, same_arch
 from taogpud.errors import BackendUnavailable
-from taogpud.install_hints import install_hint
+from taogpud.host.install_hints import install_hint
+from taogpud.observability import nvml
 
 INSTALL_HINT = install_hint("cuda")
 

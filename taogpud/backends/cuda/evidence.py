@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from taogpud.install_hints import install_hint
-from taogpud.nvml import Xid
+from taogpud.host.install_hints import install_hint
+from taogpud.observability.nvml import Xid
 
 SAMPLE_PERIOD_S = 0.05  # NVML's own utilisation window is 1/6 s to 1 s; faster adds nothing
 NVML_WINDOW_S = (1 / 6, 1.0)  # what one utilisation reading averages over, by product

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from taogpud.errors import InvalidParams
-from taogpud.install_hints import install_hint
+from taogpud.host.install_hints import install_hint
 
 ARCH = re.compile(r"sm_(\d{2,3})([a-z]?)")
 CACHE_PREFIX = "taogpud-kernel-"

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from taogpud import nvml
 from taogpud.backends.cuda.kernels import same_arch
 from taogpud.errors import BackendUnavailable
-from taogpud.logging import get_logger
+from taogpud.observability import nvml
+from taogpud.observability.logging import get_logger
 
 if TYPE_CHECKING:
     from taogpud.config import ConfigSnapshot

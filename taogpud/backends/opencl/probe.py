@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from taogpud.install_hints import install_hint
+from taogpud.host.install_hints import install_hint
 from taogpud.pool.environ import child_env  # a leaf: imports nothing of taogpud
 
 PROBE_TIMEOUT_S = 120.0  # a cold PoCL build is about a second; a GPU driver's first can be more

@@ -3,7 +3,7 @@
 Admission at submit: the task exists, its params validate, its inputs exist, its
 memory estimate fits some device's cap (else `too_large` with the numbers), and
 the bounded queue has room (else `queue_full`). Placement when a slot frees is
-decided by `taogpud.placement` (pure: caps, affinity, strategy) over a plain view of
+decided by `taogpud.jobs.placement` (pure: caps, affinity, strategy) over a plain view of
 the workers; the scheduler applies the decision.
 """
 
@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
-from taogpud import leases, metrics, placement, proof, tasks, trace
-from taogpud.access import check_access
-from taogpud.arrays import ArrayStore, check_dtypes
+from taogpud import tasks
+from taogpud.arrayfiles.store import ArrayStore, check_dtypes
 from taogpud.config import ConfigSnapshot
 from taogpud.errors import (
     Conflict,
@@ -38,7 +37,9 @@ from taogpud.errors import (
     UnsupportedExecutor,
 )
 from taogpud.i18n import Text
-from taogpud.jobs import (
+from taogpud.jobs import placement
+from taogpud.jobs.access import check_access
+from taogpud.jobs.records import (
     PROGRAM_TASK,
     JobErrorView,
     JobRecord,
@@ -48,13 +49,15 @@ from taogpud.jobs import (
     ProgramView,
     new_job_id,
 )
-from taogpud.nvml import GpuDevice, Xid
+from taogpud.jobs.store import JobStore
+from taogpud.memfd.regions import RegionRef
+from taogpud.observability import metrics, trace
+from taogpud.observability.nvml import GpuDevice, Xid
 from taogpud.pool import protocol as msg
 from taogpud.pool.interface import Pool, Worker
-from taogpud.pool.regions import RegionRef
 from taogpud.pool.worker import WorkerState
-from taogpud.program_logs import ProgramLogs
-from taogpud.store import JobStore
+from taogpud.programs import leases, proof
+from taogpud.programs.logs import ProgramLogs
 from taogpud.tasks.kernel import KERNEL_TASK_NAME
 from taogpud.wire import JobRequest, ProgramRequest
 
@@ -78,7 +81,7 @@ class Policy:
 
     @functools.cached_property
     def rules(self) -> placement.Rules:
-        """The keys placement obeys (taogpud.placement), made once per policy."""
+        """The keys placement obeys (taogpud.jobs.placement), made once per policy."""
         return placement.Rules(self.strategy, self.gpu_affinity, self.max_concurrent_tasks)
 
     @classmethod
@@ -111,7 +114,9 @@ class Scheduler:
         self.running_total = 0
         self.jobs_total = 0  # accepted since start
         self.finished_counts: Counter[tuple[str, str, str]] = Counter()  # (task, backend, status)
-        self.job_times = metrics.JobTimes()  # queue and run time histograms (taogpud.metrics)
+        self.job_times = (
+            metrics.JobTimes()
+        )  # queue and run time histograms (taogpud.observability.metrics)
         # The run queue follows the job states: a job is in it exactly while its status is
         # queued, and only _move puts it there or takes it out (see _move).
         self._queue: list[tuple[tuple[int, int], JobRecord]] = []  # ((-priority, seq), job)

@@ -1,6 +1,6 @@
 """structlog, configured in exactly one place: JSON lines on stdout, level and
 redaction that a reload can change. Under journald, job events go as native journal
-entries instead (taogpud.journal): the same line, plus indexed fields.
+entries instead (taogpud.observability.journal): the same line, plus indexed fields.
 
 With `cache_logger_on_first_use=True` a later `configure()` does not change the
 level of loggers already used, so the level is a processor reading `_state`
@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 import structlog
 
-from taogpud import journal, trace_ring
+from taogpud.observability import journal, trace_ring
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "critical": 50}
 REDACTED = "<redacted>"
@@ -271,7 +271,8 @@ def _orjson_dumps(event: Any, **_: Any) -> bytes:
     return orjson.dumps(event, default=str)
 
 
-# the job trace (taogpud.trace) and the relay's (taogpud.relay): their fields become journal fields
+# the job trace (observability/trace.py) and the relay's (taogpud.relay): their fields become
+# journal fields
 JOURNAL_EVENT_PREFIX = ("job.", "relay.request")
 
 

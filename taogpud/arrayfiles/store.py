@@ -31,7 +31,8 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from taogpud.access import may_touch
+from taogpud.arrayfiles import images
+from taogpud.arrayfiles.images import ArrayRef, BadArray
 from taogpud.config import ConfigSnapshot
 from taogpud.errors import (
     BodyTooLarge,
@@ -40,10 +41,9 @@ from taogpud.errors import (
     RequestError,
     TaogpudError,
 )
-from taogpud.jobs import Peer
-from taogpud.pool import shm
-from taogpud.pool.shm import ArrayRef, BadArray
-from taogpud.store import JobStore
+from taogpud.jobs.access import may_touch
+from taogpud.jobs.records import Peer
+from taogpud.jobs.store import JobStore
 
 NUMERIC_KINDS = "biufc"  # numpy dtype kinds an upload may have
 EVICTION = (
@@ -69,7 +69,7 @@ class ArrayStore:
     ) -> None:
         self.budget_bytes = budget_bytes
         self.user_quota_bytes = user_quota_bytes or default_quota_bytes(budget_bytes)
-        self.namespace = namespace  # shm.namespace_of(state directory)
+        self.namespace = namespace  # images.namespace_of(state directory)
         self._store = store  # remembers which images are ours across a daemon restart
         self._arrays: OrderedDict[str, ArrayRef] = OrderedDict()
         self._pins: dict[str, int] = {}
@@ -117,7 +117,7 @@ class ArrayStore:
                     self._add(array_id, ref)
                 else:
                     self._store.delete_array(array_id)
-        shm.sweep_orphans(self.namespace, keep={ref.name for ref in self._arrays.values()})
+        images.sweep_orphans(self.namespace, keep={ref.name for ref in self._arrays.values()})
 
     def pin(self, array_ids: list[str]) -> None:
         for array_id in array_ids:
@@ -135,7 +135,7 @@ class ArrayStore:
         ref = self._arrays.pop(array_id, None)
         if ref is not None:
             self.used_bytes -= ref.header_bytes + ref.nbytes
-            shm.unlink(ref.name)
+            images.unlink(ref.name)
             if self._store is not None:
                 self._store.delete_array(array_id)
 
@@ -181,7 +181,7 @@ class ArrayStore:
             if written != total:
                 raise _wrong_length(written, total, max_bytes)
         except BaseException:
-            shm.unlink(name)
+            images.unlink(name)
             raise
         finally:
             os.close(fd)
@@ -205,10 +205,10 @@ class ArrayStore:
 
     def _create(self, total_bytes: int) -> tuple[str, Any]:
         try:
-            return shm.create(total_bytes, self.namespace, os.getpid())
+            return images.create(total_bytes, self.namespace, os.getpid())
         except OSError as exc:  # /dev/shm itself is full (other users of it, a small tmpfs)
             raise ArrayStoreFull(
-                f"no room in {shm.SHM_DIR} for {total_bytes} bytes: {exc.strerror}",
+                f"no room in {images.SHM_DIR} for {total_bytes} bytes: {exc.strerror}",
                 "free memory in /dev/shm, or send a smaller array",
             ) from None
 
@@ -279,7 +279,7 @@ class ArrayStore:
 def array_budget_bytes(snapshot: ConfigSnapshot) -> int:
     """memory.array_budget_mb, else half of /dev/shm, at most 8 GiB; never more than /dev/shm
     holds. Uploads and kept outputs live there, and it is memory."""
-    stat = os.statvfs(shm.SHM_DIR)
+    stat = os.statvfs(images.SHM_DIR)
     shm_bytes = stat.f_blocks * stat.f_frsize
     budget_mb = snapshot.config.memory.array_budget_mb
     return min(budget_mb << 20, shm_bytes) if budget_mb else min(shm_bytes // 2, 8 << 30)
@@ -339,7 +339,7 @@ def check_dtypes(task: str, job_dtype: str | None, refs: Mapping[str, HasDtype])
 def _read_header(head: bytes) -> tuple[tuple[int, ...], str, int]:
     """(shape, dtype, header length) of an upload, or the 400 that says what is wrong."""
     try:
-        shape, dtype, header_bytes = shm.parse_header(head)
+        shape, dtype, header_bytes = images.parse_header(head)
         return shape, checked_dtype(dtype), header_bytes
     except BadArray as exc:
         raise RequestError(str(exc), "send the bytes numpy.save() writes") from None
@@ -399,5 +399,5 @@ class _Chunks:
     def _put(fd: int, size: int, offset: int, chunk: bytes | memoryview) -> int:
         end = offset + len(chunk)
         if end <= size:
-            shm.write_at(fd, chunk, offset)
+            images.write_at(fd, chunk, offset)
         return end

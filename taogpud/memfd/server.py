@@ -29,15 +29,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from taogpud import shm_wire as wire
 from taogpud.doors import Deadline, Doors, StreamDoor, Ticket, stream_door
 from taogpud.errors import ErrorBody, RequestError, TaogpudError
-from taogpud.jobs import Peer
-from taogpud.logging import get_logger
-from taogpud.pool.regions import MemoryHandle, RegionRef
-from taogpud.scheduler import JobRegions, Scheduler
-from taogpud.store import JobStore
-from taogpud.unix_socket import bind_unix_socket
+from taogpud.host.unix_socket import bind_unix_socket
+from taogpud.jobs.records import Peer
+from taogpud.jobs.scheduler import JobRegions, Scheduler
+from taogpud.jobs.store import JobStore
+from taogpud.memfd import protocol
+from taogpud.memfd.regions import MemoryHandle, RegionRef
+from taogpud.observability.logging import get_logger
 from taogpud.wire import JobRequest
 
 # A submit's fields → the request the scheduler takes, or a RequestError: the API's validation
@@ -223,7 +223,7 @@ class ShmServer:
             "shm",
             bind_unix_socket(path),
             str(path),
-            lambda: wire.MAX_MESSAGE_BYTES,
+            lambda: protocol.MAX_MESSAGE_BYTES,
             self._connected,
             _refusal,
         )
@@ -268,7 +268,7 @@ class ShmServer:
 
 
 class _Connection:
-    """One client: its attached memory and up to wire.MAX_IN_FLIGHT jobs at once, each
+    """One client: its attached memory and up to protocol.MAX_IN_FLIGHT jobs at once, each
     answered when it ends, under the id its request gave."""
 
     def __init__(self, server: ShmServer, sock: socket.socket, ticket: Ticket) -> None:
@@ -293,7 +293,7 @@ class _Connection:
     def _readable(self) -> None:
         try:
             data, fds, flags, _ = socket.recv_fds(
-                self.sock, 1 << 16, wire.MAX_FDS, socket.MSG_CMSG_CLOEXEC
+                self.sock, 1 << 16, protocol.MAX_FDS, socket.MSG_CMSG_CLOEXEC
             )
         except (BlockingIOError, InterruptedError):
             return
@@ -326,7 +326,7 @@ class _Connection:
     def _next_message(self) -> dict[str, Any] | None:
         before = len(self._in)
         try:
-            message = wire.take_message(self._in)
+            message = protocol.take_message(self._in)
         except ValueError as exc:  # not our framing: say so once, then hang up
             self._reply({"error": RequestError(str(exc), "speak shm_wire").body().as_dict()})
             self.close()
@@ -374,10 +374,10 @@ class _Connection:
         self.memory = self.server.adopt(fd, self._uid(), frozen=False)
         handle = self.memory.handle
         memory = {"size": handle.size, "writable": handle.writable}
-        self._reply({"memory": memory, "max_in_flight": wire.MAX_IN_FLIGHT}, request_id)
+        self._reply({"memory": memory, "max_in_flight": protocol.MAX_IN_FLIGHT}, request_id)
 
     def _submit(self, message: dict[str, Any], fds: list[int], request_id: Any) -> None:
-        if len(self.waiting) >= wire.MAX_IN_FLIGHT:
+        if len(self.waiting) >= protocol.MAX_IN_FLIGHT:
             raise TooManyInFlight(
                 f"this connection has {len(self.waiting)} jobs in flight, the most it may have",
                 "wait for an answer before submitting more, or open another connection",
@@ -455,7 +455,7 @@ class _Connection:
             return
         if request_id is not None:
             message["id"] = request_id
-        self._out += wire.encode(message)
+        self._out += protocol.encode(message)
         self._flush()
 
     def _flush(self) -> None:
@@ -496,7 +496,7 @@ class _Connection:
 
 def _refusal(body: ErrorBody) -> bytes:
     """A connection over a cap hears why, in the socket's own framing, before it is closed."""
-    return wire.encode({"error": body.as_dict()})
+    return protocol.encode({"error": body.as_dict()})
 
 
 def _drop_all(memories: list[Memory]) -> None:

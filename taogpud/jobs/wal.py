@@ -28,7 +28,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from taogpud.logging import get_logger
+from taogpud.observability.logging import get_logger
 
 log = get_logger("taogpud.store")
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from taogpud.nvml import GpuDevice, Xid
+from taogpud.observability.nvml import GpuDevice, Xid
 
 TORCH_CHECK = "python3 -c 'import torch; print(torch.cuda.is_available())'"
 

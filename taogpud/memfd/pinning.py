@@ -108,7 +108,9 @@ class PinnedSpans:
 
 
 def _log() -> Any:
-    from taogpud.logging import get_logger  # here: regions (and the pipe's messages) stay light
+    from taogpud.observability.logging import (
+        get_logger,  # here: regions (and the pipe's messages) stay light
+    )
 
     return get_logger("taogpud.worker")
 
@@ -125,6 +127,6 @@ def _address_of(mapping: mmap.mmap) -> int:
 
 def install(pin: Pin | None) -> None:
     """This worker's backend pins the client memory it maps (None: nothing to pin, cpu)."""
-    from taogpud.pool import regions
+    from taogpud.memfd import regions
 
     regions.MAPPED.pinner = None if pin is None else Pinner(pin)

@@ -8,7 +8,7 @@ allow retries).
 Recent jobs are also kept in memory for reads; finished ones are bounded by count
 and age. WAL with synchronous=NORMAL survives a crash of the daemon at the cost
 of a few microseconds per write; only a power cut can lose the last commits. The WAL is
-copied into the database by a thread of its own (taogpud.wal), never inside a commit.
+copied into the database by a thread of its own (taogpud.jobs.wal), never inside a commit.
 
 A store that cannot be read (not a database, or, after a crash, it fails its integrity
 check) is moved aside (never deleted) and a fresh one started, with a log line saying
@@ -38,10 +38,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from taogpud import wal
 from taogpud.errors import StateDiskFull
-from taogpud.jobs import JobRecord, JobState
-from taogpud.logging import get_logger
+from taogpud.jobs import wal
+from taogpud.jobs.records import JobRecord, JobState
+from taogpud.observability.logging import get_logger
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -94,7 +94,7 @@ class JobStore:
         self.write_failure: str | None = None  # why the last commit failed; None once one works
         self.damaged_at_start = False
         self._db: sqlite3.Connection | None = None
-        self._wal: wal.Checkpointer | None = None  # checkpoints off the loop (taogpud.wal)
+        self._wal: wal.Checkpointer | None = None  # checkpoints off the loop (taogpud.jobs.wal)
         if path is not None:
             self._db, self.damaged_at_start = _open(path)
             self._wal = wal.open_checkpointer(path)
@@ -489,7 +489,7 @@ def _connect(path: Path) -> sqlite3.Connection:
     try:
         _check(db, crashed)
         # Not locking_mode=EXCLUSIVE (two fcntl calls a commit fewer): the checkpoints run on a
-        # connection of their own (taogpud.wal), and the sqlite3 shell may read the store
+        # connection of their own (taogpud.jobs.wal), and the sqlite3 shell may read the store
         # while the daemon runs. One daemon per state directory is daemon/state_lock.py's.
         _vacuum_incrementally(db)
         db.execute("PRAGMA journal_mode=WAL")

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from taogpud.install_hints import install_hint
+from taogpud.host.install_hints import install_hint
 
 T = TypeVar("T")
 

@@ -60,7 +60,7 @@ from taogpud.config import (
     check_api_url,  # the one place the URL rule lives
 )
 from taogpud.config.rules import CREDENTIAL_NAME, REDACTED
-from taogpud.logging import get_logger
+from taogpud.observability.logging import get_logger
 
 log = get_logger("taogpud.channel")
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from taogpud.errors import NotPermitted
 from taogpud.i18n import Text
-from taogpud.jobs import JobErrorView, JobRecord, Peer
+from taogpud.jobs.records import JobErrorView, JobRecord, Peer
 
 ADMIN_GROUP = "taogpu-admin"
 HIDDEN = "(another user's job: only its owner, root or group taogpu-admin see this)"

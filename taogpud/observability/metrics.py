@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from taogpud.daemon.state import DaemonState
-    from taogpud.jobs import JobRecord
+    from taogpud.jobs.records import JobRecord
 
 # Upper bounds (s). Queue: from a free slot's ~1 ms to a backlog's minutes. Run: tiny jobs
 # take ~1 ms on a warm worker, GPU jobs up to their timeout.

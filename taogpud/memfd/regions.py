@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from taogpud.errors import TaogpudError
-from taogpud.pool.pinning import PinnedSpans, Pinner
+from taogpud.memfd.pinning import PinnedSpans, Pinner
 
 OUTPUT_ALIGN = 64  # each output starts on a cache line
 

@@ -37,8 +37,8 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from taogpud import shm_wire as wire
 from taogpud.client.http import UnixHTTPConnection
+from taogpud.memfd import protocol
 
 if TYPE_CHECKING:
     from taogpud.client import Client, Job
@@ -193,7 +193,7 @@ class SharedArrays:
         transport = self.client.transport
         if not isinstance(transport, UnixHTTPConnection):
             return  # no socket beside it to pass descriptors over: the HTTP body it is
-        path = wire.socket_path_for(transport.socket_path)
+        path = protocol.socket_path_for(transport.socket_path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(str(path))
@@ -201,8 +201,8 @@ class SharedArrays:
             sock.close()
             return
         arena = Arena(self._size)
-        wire.send(sock, {"op": "attach"}, [arena.fd])
-        attached = _answer(wire.receive(sock, self._buffer))
+        protocol.send(sock, {"op": "attach"}, [arena.fd])
+        attached = _answer(protocol.receive(sock, self._buffer))
         # an older daemon says nothing: one job at a time, as it allows
         self._in_flight = threading.BoundedSemaphore(int(attached.get("max_in_flight", 1)))
         self.sock, self.arena = sock, arena
@@ -267,7 +267,7 @@ class SharedArrays:
             message["output"] = {"offset": blocks[-1][0], "nbytes": out_length}
             message["id"] = request_id = next(self._ids)
             with self._send_lock:
-                wire.send(self.sock, message, fds)
+                protocol.send(self.sock, message, fds)
         except BaseException:
             self._in_flight.release()
             self._release(blocks)
@@ -325,7 +325,7 @@ class SharedArrays:
         the connection broke (then every waiter hears why)."""
         assert self.sock is not None
         try:
-            message = wire.receive(self.sock, self._buffer)
+            message = protocol.receive(self.sock, self._buffer)
         except (ConnectionError, OSError, ValueError) as exc:
             self._broken = ConnectionError(f"the shared-memory connection broke: {exc}")
             return None

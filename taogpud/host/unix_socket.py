@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from taogpud.jobs import Peer
+from taogpud.jobs.records import Peer
 
 SOCKET_GROUP = "taogpu"
 BACKLOG = 1024

@@ -32,8 +32,8 @@ from typing import Any
 
 import structlog
 
-from taogpud.jobs import JobRecord, JobState
-from taogpud.logging import get_logger, write_lines
+from taogpud.jobs.records import JobRecord, JobState
+from taogpud.observability.logging import get_logger, write_lines
 
 log = get_logger("taogpud.jobs")
 
