@@ -32,16 +32,16 @@ WATCHER = "config watcher thread (a wait)"
 GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "logging and traces",
-        ("/structlog/", "/taogpud/logging.py", "/taogpud/trace.py", "/taogpud/journal.py",
-         "/logging/__init__.py"),
+        ("/structlog/", "/taogpud/observability/logging.py", "/taogpud/observability/trace.py",
+         "/taogpud/observability/journal.py", "/logging/__init__.py"),
     ),
-    ("job store (SQLite)", ("/taogpud/store.py", "/sqlite3/")),
+    ("job store (SQLite)", ("/taogpud/jobs/store.py", "/taogpud/jobs/wal.py", "/sqlite3/")),
     (
         "worker pipe",
         ("/taogpud/pool/worker.py", "/taogpud/pool/protocol.py", "/taogpud/pool/supervisor.py",
          "/multiprocessing/connection.py"),
     ),
-    ("arrays (shared memory)", ("/taogpud/arrays.py", "/taogpud/pool/shm.py")),
+    ("arrays (shared memory)", ("/taogpud/arrayfiles/",)),
     (
         "worker process: task, backend",
         ("/taogpud/pool/", "/taogpud/backends/", "/taogpud/tasks/", "/concurrent/futures/"),
