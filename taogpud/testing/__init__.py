@@ -152,7 +152,7 @@ def wait_until(
 
 def source_root() -> Path | None:
     """The checkout this taogpud was imported from; None for an installed package."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     return root if (root / "pyproject.toml").is_file() else None
 
 
