@@ -1,26 +1,47 @@
 """The exception tree, drawn once, and the one place that maps it to API error codes.
 
-    TaogpudError                   code           HTTP   meaning
-    ├── ConfigError                config_invalid  400   a config file or key is wrong
-    ├── BackendUnavailable         backend_unavailable 503  the backend cannot start
-    │   └── HostCannotRun          backend_unavailable 503  nor ever will here (no driver or CuPy)
-    ├── ArrayStoreFull             array_store_full 507  no room for another array (arrays.py)
-    ├── StateDiskFull              state_disk_full 507   the job store cannot be written (disk full)
-    ├── RequestError               invalid_request 400   a request is malformed
-    │   ├── UnknownTask            unknown_task    404   no task of that name is registered
-    │   ├── InvalidParams          invalid_params  422   params do not match the task's model
-    │   ├── MissingInput           missing_input   404   an input array id is not known
-    │   ├── TaskDisabled           task_disabled   403   the config turns this task off
-    │   ├── UnsupportedTask        unsupported_task 422  the task has no body for this backend
-│   └── UnsupportedExecutor    unsupported_executor 422  programs run under the local executor only
-    ├── JobNotFound                job_not_found   404   no job with that id
-    ├── OutputNotFound             output_not_found 404  the job kept no output of that name
-    ├── NotPermitted               forbidden       403   the caller may not touch this job
-    ├── Conflict                   conflict        409   not in this state (a program started twice)
-    ├── Rejected                   too_large       413   the job can never fit a device (admission)
-    ├── BodyTooLarge               body_too_large  413   a request body passed its route's limit
-    ├── QueueFull                  queue_full      429   the bounded queue is full; retry later
-    └── Draining                   draining        503   the daemon is stopping; no new jobs
+What the daemon answers with (its `code` and HTTP status are the API's, docs/api.md):
+
+    TaogpudError                   code                   HTTP  meaning
+    ├── ConfigError                config_invalid          400  a config file or key is wrong
+    ├── BackendUnavailable         backend_unavailable     503  the backend cannot start
+    │   └── HostCannotRun          backend_unavailable     503  nor ever will here (no driver/CuPy)
+    ├── ArrayStoreFull             array_store_full        507  no room for another array
+    ├── StateDiskFull              state_disk_full         507  the job store cannot be written
+    ├── RegionError                bad_region              400  a client's memory is not as vetted
+    ├── RequestError               invalid_request         400  a request is malformed
+    │   ├── UnknownTask            unknown_task            404  no task of that name is registered
+    │   ├── InvalidParams          invalid_params          422  params do not match the task's model
+    │   │   └── KernelCompileError kernel_compile_failed   422  a kernel's source does not compile
+    │   ├── MissingInput           missing_input           404  an input array id is not known
+    │   ├── TaskDisabled           task_disabled           403  the config turns this task off
+    │   ├── UnsupportedTask        unsupported_task        422  no body for this backend
+    │   ├── UnsupportedExecutor    unsupported_executor    422  programs run locally only
+    │   ├── NotMemfd               not_memfd               400  the descriptor is no memfd
+    │   ├── NotSealed              not_sealed              400  the memfd lacks the seals it needs
+    │   ├── RegionOutside          region_outside_memory   400  a region passes the memory's end
+    │   ├── RegionMismatch         region_mismatch         400  a region's shape or dtype is wrong
+    │   ├── RegionNotAllocated     region_not_allocated    400  a region past the bytes allocated
+    │   ├── MemoryQuota            memory_quota_exceeded   507  the uid holds its quota of memory
+    │   └── TooManyInFlight        too_many_in_flight      429  a connection's jobs at their cap
+    ├── JobNotFound                job_not_found           404  no job with that id
+    ├── OutputNotFound             output_not_found        404  the job kept no output of that name
+    ├── NotPermitted               forbidden               403  the caller may not touch this job
+    ├── Conflict                   conflict                409  not in this state (started twice)
+    ├── Rejected                   too_large               413  the job can never fit a device
+    ├── BodyTooLarge               body_too_large          413  a request body passed its limit
+    ├── QueueFull                  queue_full              429  the bounded queue is full; retry
+    ├── Draining                   draining                503  the daemon is stopping; no new jobs
+    └── BadSummary                 bad_summary             500  a task's summary is not plain JSON
+
+Inside the daemon, never answered as they are (each caught where its meaning is known):
+
+    JobCancelled                   a task body's job was cancelled or timed out (tasks re-export it)
+    BadArray (ValueError)          an uploaded body is not a .npy image this daemon can use
+    DeviceMemoryCapExceeded        an OpenCL allocation past the device's cap (a MemoryError:
+      (MemoryError)                the job fails `out_of_device_memory`)
+    StateDirLocked                 another live process holds the state directory
+    StateDirNotOurs                the state directory belongs to another user
 
 Job failures are not exceptions of the daemon: they are `JobErrorView` values
 recorded on the job (`out_of_device_memory`, `task_failed`, `worker_crashed`,
@@ -239,3 +260,77 @@ class BadSummary(TaogpudError):
     """A task's summary that is not plain JSON: the job fails, the store never sees it."""
 
     code = "bad_summary"
+
+
+class KernelCompileError(InvalidParams):
+    """The source does not compile for the arch (the NVRTC log says why)."""
+
+    code = "kernel_compile_failed"
+
+
+class ArrayStoreFull(TaogpudError):
+    code = "array_store_full"
+    http_status = 507
+
+
+class RegionError(TaogpudError):
+    """The client's memory is not what the daemon vetted, or the outputs do not fit."""
+
+    code = "bad_region"
+    http_status = 400
+
+
+# --- the shared-memory socket's refusals (memfd/server.py) ------------------------------------
+
+
+class NotMemfd(RequestError):
+    code = "not_memfd"
+
+
+class NotSealed(RequestError):
+    code = "not_sealed"
+
+
+class RegionOutside(RequestError):
+    code = "region_outside_memory"
+
+
+class RegionMismatch(RequestError):
+    code = "region_mismatch"
+
+
+class RegionNotAllocated(RequestError):
+    code = "region_not_allocated"
+
+
+class MemoryQuota(RequestError):
+    code = "memory_quota_exceeded"
+    http_status = 507
+
+
+class TooManyInFlight(RequestError):
+    code = "too_many_in_flight"
+    http_status = 429
+
+
+# --- inside the daemon: caught where their meaning is known, never answered as they are -------
+
+
+class JobCancelled(Exception):
+    """Raised inside a task body when its job was cancelled or timed out."""
+
+
+class BadArray(ValueError):
+    """An uploaded body is not a .npy image this daemon can use."""
+
+
+class DeviceMemoryCapExceeded(MemoryError):
+    """An allocation would pass the device's cap (memoryFraction × global memory)."""
+
+
+class StateDirLocked(Exception):
+    """Another live process holds the state directory."""
+
+
+class StateDirNotOurs(Exception):
+    """The state directory, or a file in it, belongs to another user (say, one root left)."""

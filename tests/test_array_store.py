@@ -15,8 +15,8 @@ import pytest
 from conftest import CPU_CONFIG, RunningDaemon, deep_merge, to_toml
 
 from taogpud.arrayfiles import images
-from taogpud.arrayfiles.store import ArrayStore, ArrayStoreFull
-from taogpud.errors import BodyTooLarge
+from taogpud.arrayfiles.store import ArrayStore
+from taogpud.errors import ArrayStoreFull, BodyTooLarge
 from taogpud.jobs.records import Peer
 
 ALICE, CAROL = Peer(uid=1001, gid=1001), Peer(uid=1002, gid=1002)

@@ -27,11 +27,12 @@ from taogpud.backends.cuda.evidence import (
     job_evidence,
     normalise_bus_id,
 )
-from taogpud.backends.cuda.kernels import KernelCompileError, compile_cubin, resolve_arch
+from taogpud.backends.cuda.kernels import compile_cubin, resolve_arch
 from taogpud.backends.cuda.samples import SAMPLES
 from taogpud.backends.cuda.startup import check_at_start, parent_pid, startup_findings
 from taogpud.cli.devices import devices_document, gpu_rows, header_lines, process_lines
 from taogpud.client import ApiError
+from taogpud.errors import KernelCompileError
 from taogpud.host.paths import kernel_cache_env
 from taogpud.observability import nvml
 from taogpud.pool import protocol as msg

@@ -441,7 +441,8 @@ def test_full_dev_shm_is_a_clear_error(
     small_state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An upload bigger than the room left in /dev/shm (here a 2 MiB tmpfs) is array_store_full."""
-    from taogpud.arrayfiles.store import ArrayStore, ArrayStoreFull
+    from taogpud.arrayfiles.store import ArrayStore
+    from taogpud.errors import ArrayStoreFull
 
     monkeypatch.setattr(images, "SHM_DIR", small_state_dir)
     with pytest.raises(ArrayStoreFull) as full:

@@ -31,7 +31,8 @@ from conftest import (
 )
 
 from taogpud.client import ApiError
-from taogpud.daemon.state_lock import LOCK_NAME, StateDirNotOurs, lock_state_dir
+from taogpud.daemon.state_lock import LOCK_NAME, lock_state_dir
+from taogpud.errors import StateDirNotOurs
 from taogpud.jobs.store import WRITE_RETRY_S as STORE_RETRY_S
 from taogpud.jobs.store import JobStore
 from taogpud.testing import cpu_pair, daemon_command, wait_for_ready, wait_until, write_pair

@@ -14,7 +14,7 @@ import pytest
 from taogpud import tasks
 from taogpud.backends.opencl import probe as opencl_probe
 from taogpud.backends.opencl.backend import device_lost
-from taogpud.backends.opencl.memory import DeviceMemoryBudget, DeviceMemoryCapExceeded
+from taogpud.backends.opencl.memory import DeviceMemoryBudget
 from taogpud.backends.opencl.probe import (
     OpenclDevice,
     OpenclInventory,
@@ -23,7 +23,7 @@ from taogpud.backends.opencl.probe import (
     problem,
 )
 from taogpud.backends.opencl.report import check_opencl, opencl_document, rows
-from taogpud.errors import UnsupportedTask
+from taogpud.errors import DeviceMemoryCapExceeded, UnsupportedTask
 
 MIB = 2**20
 

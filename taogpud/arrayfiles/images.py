@@ -21,13 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from taogpud.errors import BadArray
+
 SHM_DIR = Path("/dev/shm")
 PREFIX = "taogpud."
 NPY_MAGIC = b"\x93NUMPY"
-
-
-class BadArray(ValueError):
-    """An uploaded body is not a .npy image this daemon can use."""
 
 
 @dataclass(frozen=True)

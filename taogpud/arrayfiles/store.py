@@ -32,9 +32,11 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from taogpud.arrayfiles import images
-from taogpud.arrayfiles.images import ArrayRef, BadArray
+from taogpud.arrayfiles.images import ArrayRef
 from taogpud.config import ConfigSnapshot
 from taogpud.errors import (
+    ArrayStoreFull,
+    BadArray,
     BodyTooLarge,
     InvalidParams,
     MissingInput,
@@ -52,11 +54,6 @@ EVICTION = (
     "progress fit budget_bytes; it never evicts another user's array or one a queued or "
     "running job uses"
 )
-
-
-class ArrayStoreFull(TaogpudError):
-    code = "array_store_full"
-    http_status = 507
 
 
 class ArrayStore:

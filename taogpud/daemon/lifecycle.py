@@ -39,12 +39,14 @@ from taogpud.arrayfiles.store import ArrayStore, array_budget_bytes, upload_quot
 from taogpud.config.ray import serves_client_memory
 from taogpud.daemon.reload import Reloader, watch_files
 from taogpud.daemon.state import DaemonState, DaemonStatus, Limits, Phase
-from taogpud.daemon.state_lock import StateDirLocked, StateDirNotOurs, lock_state_dir, not_ours
+from taogpud.daemon.state_lock import lock_state_dir, not_ours
 from taogpud.doors import Doors, http_protocol
 from taogpud.errors import (
     BackendUnavailable,
     ConfigError,
     HostCannotRun,
+    StateDirLocked,
+    StateDirNotOurs,
     StateDiskFull,
     TaogpudError,
 )

@@ -23,15 +23,9 @@ import os
 import pwd
 from pathlib import Path
 
+from taogpud.errors import StateDirLocked, StateDirNotOurs
+
 LOCK_NAME = "taogpud.lock"
-
-
-class StateDirLocked(Exception):
-    """Another live process holds the state directory."""
-
-
-class StateDirNotOurs(Exception):
-    """The state directory, or a file in it, belongs to another user (say, one root left)."""
 
 
 def lock_state_dir(state_dir: Path, socket_path: Path | None) -> int:

@@ -25,17 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taogpud.errors import TaogpudError
+from taogpud.errors import RegionError
 from taogpud.memfd.pinning import PinnedSpans, Pinner
 
 OUTPUT_ALIGN = 64  # each output starts on a cache line
-
-
-class RegionError(TaogpudError):
-    """The client's memory is not what the daemon vetted, or the outputs do not fit."""
-
-    code = "bad_region"
-    http_status = 400
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,18 @@ from pathlib import Path
 from typing import Any
 
 from taogpud.doors import Deadline, Doors, StreamDoor, Ticket, stream_door
-from taogpud.errors import ErrorBody, RequestError, TaogpudError
+from taogpud.errors import (
+    ErrorBody,
+    MemoryQuota,
+    NotMemfd,
+    NotSealed,
+    RegionMismatch,
+    RegionNotAllocated,
+    RegionOutside,
+    RequestError,
+    TaogpudError,
+    TooManyInFlight,
+)
 from taogpud.host.unix_socket import bind_unix_socket
 from taogpud.jobs.records import Peer
 from taogpud.jobs.scheduler import JobRegions, Scheduler
@@ -51,36 +62,6 @@ FROZEN_SEALS = SIZE_SEALS | fcntl.F_SEAL_WRITE
 F_SEAL_FUTURE_WRITE = 0x10  # Linux 5.1; not in Python 3.11's fcntl
 MAX_DIMS = 32
 DEFAULT_MEMORIES_PER_UID = 64  # descriptors one uid may have the daemon hold
-
-
-class NotMemfd(RequestError):
-    code = "not_memfd"
-
-
-class NotSealed(RequestError):
-    code = "not_sealed"
-
-
-class RegionOutside(RequestError):
-    code = "region_outside_memory"
-
-
-class RegionMismatch(RequestError):
-    code = "region_mismatch"
-
-
-class RegionNotAllocated(RequestError):
-    code = "region_not_allocated"
-
-
-class MemoryQuota(RequestError):
-    code = "memory_quota_exceeded"
-    http_status = 507
-
-
-class TooManyInFlight(RequestError):
-    code = "too_many_in_flight"
-    http_status = 429
 
 
 class Memory:

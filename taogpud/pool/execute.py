@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from taogpud.arrayfiles import images
 from taogpud.backends.base import Backend, DeviceInfo
-from taogpud.errors import BadSummary
+from taogpud.errors import BadSummary, JobCancelled
 from taogpud.memfd import regions
 from taogpud.pool import protocol as msg
 
@@ -56,8 +56,6 @@ def execute(
     slot: int,
     io: JobIO | None = None,  # None: SharedFiles; the Ray executor brings its own
 ) -> msg.JobFinished:
-    from taogpud.tasks.base import JobCancelled
-
     started = time.perf_counter()
     maps: list[mmap.mmap] = []
     try:

@@ -23,9 +23,9 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, ValidationError
 
-from taogpud.errors import InvalidParams, UnknownTask
+from taogpud.errors import InvalidParams, JobCancelled, UnknownTask
 from taogpud.i18n import Text
-from taogpud.tasks.base import JobCancelled, Task, TaskContext, TaskOutput
+from taogpud.tasks.base import Task, TaskContext, TaskOutput
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -10,9 +10,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel
 
-
-class JobCancelled(Exception):
-    """Raised inside a task body when its job was cancelled or timed out."""
+from taogpud.errors import JobCancelled
 
 
 class OutputPlaces(Protocol):

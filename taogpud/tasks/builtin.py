@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from taogpud.backends.cuda.evidence import format_gpu_uuid
-from taogpud.errors import InvalidParams
-from taogpud.tasks.base import JobCancelled, Task, TaskContext, TaskOutput
+from taogpud.errors import InvalidParams, JobCancelled
+from taogpud.tasks.base import Task, TaskContext, TaskOutput
 
 # Accepted up to 2**48 elements on purpose: whether a size fits is the
 # scheduler's call (admission, with the device's numbers), not the model's.

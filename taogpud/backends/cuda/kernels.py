@@ -18,19 +18,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from taogpud.errors import InvalidParams
+from taogpud.errors import InvalidParams, KernelCompileError
 from taogpud.host.install_hints import install_hint
 
 ARCH = re.compile(r"sm_(\d{2,3})([a-z]?)")
 CACHE_PREFIX = "taogpud-kernel-"
 _loaded: dict[str, Any] = {}  # cubin digest → CuPy Module, per worker process
 _loaded_lock = threading.Lock()
-
-
-class KernelCompileError(InvalidParams):
-    """The source does not compile for the arch (the NVRTC log says why)."""
-
-    code = "kernel_compile_failed"
 
 
 def resolve_arch(cuda_arch: str, compute_capability: str) -> str:

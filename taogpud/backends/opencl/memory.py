@@ -17,9 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
-
-class DeviceMemoryCapExceeded(MemoryError):
-    """An allocation would pass the device's cap (memoryFraction × global memory)."""
+from taogpud.errors import DeviceMemoryCapExceeded
 
 
 class Pool(Protocol):
