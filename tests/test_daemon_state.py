@@ -22,7 +22,8 @@ from taogpud.daemon.reload import Reloader
 from taogpud.daemon.state import DaemonState, DaemonStatus, Limits, Phase
 from taogpud.doors import Doors
 from taogpud.host.systemd import Notifier
-from taogpud.jobs.scheduler import Policy, Scheduler
+from taogpud.jobs.policy import Policy
+from taogpud.jobs.scheduler import Scheduler
 from taogpud.jobs.store import JobStore
 from taogpud.pool.executor import create_pool
 from taogpud.wire import ReloadView

@@ -16,8 +16,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from taogpud.backends.base import DeviceInfo, WorkerSpec
+from taogpud.jobs.policy import Policy
 from taogpud.jobs.records import JobRecord, JobState, Peer
-from taogpud.jobs.scheduler import Policy, ProgramExit
+from taogpud.jobs.scheduler import ProgramExit
 from taogpud.observability import nvml
 from taogpud.programs.proof import ProgramProof, children_now, process_tree
 from taogpud.wire import ProgramRequest

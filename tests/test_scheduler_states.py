@@ -34,8 +34,9 @@ from taogpud.arrayfiles.store import ArrayStore
 from taogpud.backends.base import DeviceInfo, WorkerSpec
 from taogpud.errors import Draining, QueueFull
 from taogpud.jobs import store as store_module
+from taogpud.jobs.policy import Policy
 from taogpud.jobs.records import JobState, Peer
-from taogpud.jobs.scheduler import Policy, Scheduler
+from taogpud.jobs.scheduler import Scheduler
 from taogpud.jobs.store import JobStore
 from taogpud.observability import trace
 from taogpud.pool import protocol as msg
@@ -310,7 +311,7 @@ class JobStates(RuleBasedStateMachine):
     @invariant()
     def each_job_is_where_its_state_says(self) -> None:
         scheduler, workers = self.daemon.scheduler, self.daemon.pool.workers
-        queue = scheduler.queued_ids()
+        queue = scheduler.queue.ids()
         assert len(queue) == len(set(queue)), f"queued twice: {queue}"
         on_workers = [j for w in workers for j in w.running]
         assert len(on_workers) == len(set(on_workers)), f"on two workers: {on_workers}"

@@ -60,7 +60,7 @@ async def follow_lease(
     job = scheduler.get(job_id)
     return LeaseView(
         phase=scheduler.lease_phase(job),
-        queue_position=scheduler.queue_position(job_id),
+        queue_position=scheduler.queue.position(job_id),
         job=job.model_dump(mode="json"),
     )
 

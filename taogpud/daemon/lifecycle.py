@@ -54,7 +54,8 @@ from taogpud.host import heap, systemd
 from taogpud.host.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.host.unix_socket import bind_unix_socket
 from taogpud.i18n import _, user_language
-from taogpud.jobs.scheduler import Policy, Scheduler
+from taogpud.jobs.policy import Policy
+from taogpud.jobs.scheduler import Scheduler
 from taogpud.jobs.store import JobStore
 from taogpud.memfd.protocol import socket_path_for
 from taogpud.memfd.server import ShmServer

@@ -40,7 +40,8 @@ from taogpud.config.ray import restart_only
 from taogpud.daemon.state import DaemonStatus, Phase, status_line
 from taogpud.errors import BackendUnavailable, ConfigError, Problem
 from taogpud.host.systemd import Notifier
-from taogpud.jobs.scheduler import Policy, Scheduler
+from taogpud.jobs.policy import Policy
+from taogpud.jobs.scheduler import Scheduler
 from taogpud.observability import logging as tlog
 from taogpud.pool.environ import keep_from_children
 from taogpud.pool.interface import Pool

@@ -1,44 +1,37 @@
-"""The queue and admission; the only place job states change.
+"""The coordinator of jobs: the only place job states change (_move).
 
-Admission at submit: the task exists, its params validate, its inputs exist, its
-memory estimate fits some device's cap (else `too_large` with the numbers), and
-the bounded queue has room (else `queue_full`). Placement when a slot frees is
-decided by `taogpud.jobs.placement` (pure: caps, affinity, strategy) over a plain view of
+What a job must pass to enter is taogpud.jobs.admission's; the jobs waiting, in the order
+they start, are taogpud.jobs.runqueue's (it follows the states). Placement when a slot frees
+is decided by `taogpud.jobs.placement` (pure: caps, affinity, strategy) over a plain view of
 the workers; the scheduler applies the decision.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import functools
 import shutil
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
-from taogpud import tasks
-from taogpud.arrayfiles.store import ArrayStore, check_dtypes
-from taogpud.config import ConfigSnapshot
+from taogpud.arrayfiles.store import ArrayStore
 from taogpud.errors import (
     Conflict,
-    Draining,
     JobNotFound,
     NotPermitted,
-    QueueFull,
-    Rejected,
     RequestError,
     StateDiskFull,
-    TaskDisabled,
-    UnsupportedExecutor,
 )
 from taogpud.i18n import Text
-from taogpud.jobs import placement
+from taogpud.jobs import admission, placement
 from taogpud.jobs.access import check_access
+from taogpud.jobs.memory import JobRegions
+from taogpud.jobs.policy import Policy
 from taogpud.jobs.records import (
     PROGRAM_TASK,
     JobErrorView,
@@ -49,8 +42,8 @@ from taogpud.jobs.records import (
     ProgramView,
     new_job_id,
 )
+from taogpud.jobs.runqueue import RunQueue
 from taogpud.jobs.store import JobStore
-from taogpud.memfd.regions import RegionRef
 from taogpud.observability import metrics, trace
 from taogpud.observability.nvml import GpuDevice, Xid
 from taogpud.pool import protocol as msg
@@ -58,47 +51,9 @@ from taogpud.pool.interface import Pool, Worker
 from taogpud.pool.worker import WorkerState
 from taogpud.programs import leases, proof
 from taogpud.programs.logs import ProgramLogs
-from taogpud.tasks.kernel import KERNEL_TASK_NAME
 from taogpud.wire import JobRequest, ProgramRequest
 
 CANCEL_GRACE_S = 5.0  # a running job told to stop gets this long before its worker is killed
-
-
-@dataclass(frozen=True)
-class Policy:
-    """The scheduling keys of config.toml; a reload swaps the whole value."""
-
-    max_concurrent_tasks: int = 8
-    strategy: str = "round_robin"
-    gpu_affinity: bool = True
-    queue_limit: int = 1000
-    job_timeout_s: float | None = None
-    enable_profiling: bool = True
-    allow_user_kernels: bool = False  # the `kernel` task: CUDA C from clients
-    allow_fallback_to_cpu: bool = False  # a program never seen on its GPU: flagged, not stopped
-    first_use_timeout_s: float = 60.0  # gpu.firstUseTimeoutS (proof.py)
-    program_log_bytes: int = 16 << 20  # scheduling.program_log_kb: a detached program's log
-
-    @functools.cached_property
-    def rules(self) -> placement.Rules:
-        """The keys placement obeys (taogpud.jobs.placement), made once per policy."""
-        return placement.Rules(self.strategy, self.gpu_affinity, self.max_concurrent_tasks)
-
-    @classmethod
-    def from_snapshot(cls, snapshot: ConfigSnapshot) -> Policy:
-        scheduling = snapshot.config.scheduling
-        return cls(
-            max_concurrent_tasks=scheduling.max_concurrent_tasks,
-            strategy=scheduling.strategy,
-            gpu_affinity=scheduling.gpu_affinity,
-            queue_limit=scheduling.queue_limit,
-            job_timeout_s=scheduling.job_timeout_s,
-            enable_profiling=snapshot.config.runtime.enable_profiling,
-            allow_user_kernels=snapshot.config.backend.cuda.allow_user_kernels,
-            allow_fallback_to_cpu=snapshot.settings.gpu.allow_fallback_to_cpu,
-            first_use_timeout_s=snapshot.settings.gpu.first_use_timeout_s,
-            program_log_bytes=scheduling.program_log_kb << 10,
-        )
 
 
 class Scheduler:
@@ -118,11 +73,10 @@ class Scheduler:
             metrics.JobTimes()
         )  # queue and run time histograms (taogpud.observability.metrics)
         # The run queue follows the job states: a job is in it exactly while its status is
-        # queued, and only _move puts it there or takes it out (see _move).
-        self._queue: list[tuple[tuple[int, int], JobRecord]] = []  # ((-priority, seq), job)
-        self._queued_ids: set[str] = set()
+        # queued, and only _move puts it there or takes it out (see _move). Read it; never
+        # change it from outside.
+        self.queue = RunQueue()
         self._withdrawn: dict[str, JobRecord] = {}  # running jobs whose submit was refused
-        self._seq = 0
         self._rr_next = 0
         self._affinity: dict[str, int] = {}  # affinity key → device index
         self._stop_reason: dict[str, JobState] = {}  # running job → cancelled | timed_out
@@ -140,29 +94,21 @@ class Scheduler:
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return len(self.queue)
 
     # -- submit ---------------------------------------------------------------------------
 
     def submit(
         self, request: JobRequest, peer: Peer, regions: JobRegions | None = None
     ) -> JobRecord:
-        """Admit a job; with `regions` (daemon/shm_server.py) its inputs and outputs are in the
-        client's own memory instead of the array store."""
-        self._check_accepting()
-        task = tasks.get(request.task)
-        self._check_enabled(task)
-        self._check_backend(task)
-        validated = tasks.validate_params(task, request.params)
-        if regions is None:
-            self._check_inputs(task, validated, request.inputs, peer)
-            estimate = task.estimate_bytes(validated) + self._input_bytes(request.inputs)
-        else:  # the client's own memory: its region refs carry the dtypes to check
-            tasks.check_input_names(task, regions.inputs)
-            check_dtypes(task.name, _dtype_param(validated), regions.inputs)
-            estimate = task.estimate_bytes(validated) + regions.input_bytes()
+        """Admit a job (taogpud.jobs.admission); with `regions` (memfd/server.py) its inputs
+        and outputs are in the client's own memory instead of the array store."""
+        admission.check_open(self.accepting, self.store)
+        task, validated, estimate = admission.check_job(
+            request, peer, regions, self.policy, self.arrays, self.pool
+        )
         devices = self._devices()  # one view for the admission and the placement below
-        self._admit(request, estimate, devices)
+        admission.check_room(request, estimate, devices, len(self.queue), self.policy)
         job_id, params = new_job_id(), validated.model_dump(mode="json")
         created_at = time.time()  # before its order's sent_at: queue_ms is never negative
         inputs = request.inputs if regions is None else {}
@@ -172,7 +118,7 @@ class Scheduler:
         placed = self._place_at_once(wanted, devices)
         worker = placed[0] if placed else None
         if worker is not None:  # its order leaves first: the worker runs while the job is made
-            refs = self._refs_of(job_id, inputs)  # found by _check_inputs above
+            refs = self._refs_of(job_id, inputs)  # found by admission.check_job above
             sent_at = self._send(worker, job_id, task.name, params, request.keep_outputs, refs)
         job = JobRecord(  # after the order: 26 µs of a tiny job's round trip (timeline marks)
             id=job_id,
@@ -201,14 +147,6 @@ class Scheduler:
             self.dispatch()
         return job
 
-    def _check_accepting(self) -> None:
-        if not self.accepting:
-            raise Draining(
-                Text("taogpud is stopping and takes no new jobs"),
-                Text("submit again once it is back"),
-            )
-        self.store.check_writable()  # a full disk refuses new jobs before any is made
-
     def commit(self, job_id: str) -> str:
         """Commit the store before a submit is answered; returns the job's record as written.
 
@@ -234,7 +172,7 @@ class Scheduler:
         if job.status.finished:
             return  # its finish unpinned the inputs already
         self.arrays.unpin(list(job.inputs.values()))
-        self._dequeue(job.id)
+        self.queue.remove(job.id)
         worker = self._worker_running(job.id)
         if worker is not None:
             self._withdrawn[job.id] = job
@@ -246,47 +184,9 @@ class Scheduler:
     ) -> list[Worker] | None:
         """Where a new job starts now, as dispatch() would place it: nothing is waiting (it
         would go first) and a slot is free; else None, and the job queues."""
-        if self._queue or not self.accepting:
+        if self.queue or not self.accepting:
             return None
         return self._place(wanted, devices)  # placement checks the caps and the slots
-
-    def _check_enabled(self, task: tasks.Task) -> None:
-        if task.name == KERNEL_TASK_NAME and not self.policy.allow_user_kernels:
-            raise TaskDisabled(
-                Text("the kernel task (CUDA C from clients) is off on this host"),
-                Text(
-                    "an administrator can set allow_user_kernels = true under [backend.cuda] "
-                    "in config.toml"
-                ),
-            )
-
-    def _check_backend(self, task: tasks.Task) -> None:
-        """A task runs only where it has an implementation: never on the host instead."""
-        for backend in sorted({w.spec.backend for w in self.pool.workers}):
-            task.body_for(backend)  # raises UnsupportedTask, naming the backends it has
-
-    def _check_inputs(
-        self, task: tasks.Task, params: Any, inputs: dict[str, str], peer: Peer
-    ) -> None:
-        """Each input is known, the submitter's own (arrays.py) and of the job's dtype."""
-        tasks.check_input_names(task, inputs)
-        refs = self.arrays.inputs_for(peer, inputs)
-        check_dtypes(task.name, _dtype_param(params), refs)
-
-    def _input_bytes(self, inputs: dict[str, str]) -> int:
-        refs = (self.arrays.get(array_id) for array_id in inputs.values())
-        return sum(ref.nbytes for ref in refs if ref is not None)
-
-    def _admit(self, request: JobRequest, estimate: int, devices: list[placement.Device]) -> None:
-        refusal = placement.admit(request.task, estimate, request.device, devices)
-        if refusal is not None:
-            error = RequestError if refusal.code == "no_such_device" else Rejected
-            raise error(refusal.message, refusal.hint)
-        if len(self._queue) >= self.policy.queue_limit:
-            raise QueueFull(
-                Text("the queue is full ({n} jobs waiting)", n=self.policy.queue_limit),
-                Text("retry later, or raise scheduling.queue_limit in config.toml"),
-            )
 
     # -- the job state machine ------------------------------------------------------------
 
@@ -302,12 +202,9 @@ class Scheduler:
         job.status = state
         if state is JobState.queued:
             job.started_at = None
-            if job.id not in self._queued_ids:
-                self._queued_ids.add(job.id)
-                self._seq += 1
-                bisect.insort(self._queue, ((-job.priority, self._seq), job), key=lambda e: e[0])
+            self.queue.add(job)
         else:
-            self._dequeue(job.id)
+            self.queue.remove(job.id)
         if state.finished:
             job.error, job.finished_at = error, time.time()
         if job.program is not None:
@@ -318,31 +215,20 @@ class Scheduler:
         """The job's trace line as it stands, written once the store has committed it."""
         self.store.after_commit(job.id, trace.job_line(job))
 
-    def _dequeue(self, job_id: str) -> None:
-        if job_id in self._queued_ids:
-            self._queued_ids.discard(job_id)
-            # dispatch starts jobs from the front: the search is short where it is frequent
-            index = next(i for i, entry in enumerate(self._queue) if entry[1].id == job_id)
-            del self._queue[index]
-
-    def queued_ids(self) -> list[str]:
-        """The run queue in the order it starts jobs (tests check it against the states)."""
-        return [job.id for _, job in self._queue]
-
     # -- placement ------------------------------------------------------------------------
 
     def dispatch(self) -> None:
         """Start every queued job that can run now, in priority order."""
         if not self.accepting:
             return  # stopping: queued jobs stay queued in the store for the next start
-        if not self._queue:
+        if not self.queue:
             return  # every job's finish calls this; most often nothing waits
         index, devices, rules, granted = 0, self._devices(), self.policy.rules, False
         starts: list[tuple[JobRecord, Worker, dict[str, Any]]] = []
-        while index < len(self._queue) and placement.has_capacity(
+        while index < len(self.queue) and placement.has_capacity(
             devices, self.running_total, rules
         ):
-            job = self._queue[index][1]
+            job = self.queue.at(index)
             placed = self._place(_wanted(job), devices)
             if placed is None:
                 index += 1
@@ -476,12 +362,6 @@ class Scheduler:
 
     # -- cancel and timeouts --------------------------------------------------------------
 
-    def queue_position(self, job_id: str) -> int | None:
-        """Where a queued job stands: 1 starts next (priority first, then arrival)."""
-        if job_id not in self._queued_ids:
-            return None
-        return 1 + next(i for i, (_, job) in enumerate(self._queue) if job.id == job_id)
-
     def cancel(self, job_id: str, peer: Peer) -> JobRecord:
         job = self.get(job_id)
         check_access(job, peer, "cancel")
@@ -600,7 +480,7 @@ class Scheduler:
             elif not self._retry(job, "taogpud restarted"):
                 message = "taogpud stopped while the job ran (it restarted since)"
                 self._finish(job, JobState.interrupted, _error("interrupted", message))
-        trace.log.info("store.recovered", jobs=len(jobs), queued=len(self._queue))
+        trace.log.info("store.recovered", jobs=len(jobs), queued=len(self.queue))
         self.dispatch()
 
     def on_worker_warm(self, worker: Worker) -> None:
@@ -641,11 +521,11 @@ class Scheduler:
     def submit_program(self, request: ProgramRequest, peer: Peer) -> JobRecord:
         """Queue a program for its caller, the process that will start it once granted. Its
         client is followed from now: gone before its program starts, the job ends."""
-        self._check_accepting()
-        self._check_executor()
+        admission.check_open(self.accepting, self.store)
+        admission.check_executor(self.pool)
         client = _caller(peer)
         devices = self._devices()
-        self._admit_program(request, devices)
+        admission.check_program_room(request, devices, len(self.queue), self.policy)
         mem = request.mem_bytes
         program = ProgramView(gpus=request.gpus, share=request.share, mem_bytes=mem)
         program.client_pid, program.client_start = client.pid, client.start
@@ -671,27 +551,6 @@ class Scheduler:
         else:
             self._move(job, JobState.queued)
         return job
-
-    def _check_executor(self) -> None:
-        if self.pool.executor != "local":
-            raise UnsupportedExecutor(
-                f"programs run under the local executor only; this daemon runs executor "
-                f"{self.pool.executor!r}",
-                'run it on a daemon with executor = "local" (docs/programs.md)',
-            )
-
-    def _admit_program(self, request: ProgramRequest, devices: list[placement.Device]) -> None:
-        mem = request.mem_bytes or 0
-        refusal = placement.admit(PROGRAM_TASK, mem, request.device, devices, request.gpus)
-        if refusal is not None:
-            error = RequestError if refusal.code == "no_such_device" else Rejected
-            hint = "ask for less with --mem" if refusal.code == "too_large" else refusal.hint
-            raise error(refusal.message.replace("needs about", "reserves"), hint)
-        if len(self._queue) >= self.policy.queue_limit:
-            raise QueueFull(
-                f"the queue is full ({self.policy.queue_limit} jobs waiting)",
-                "retry later, or raise scheduling.queue_limit in config.toml",
-            )
 
     def _grant(self, job: JobRecord, workers: list[Worker]) -> None:
         """The lease: the devices are the program's from now, until it and its children end."""
@@ -1039,22 +898,6 @@ class Scheduler:
 
 
 @dataclass
-class JobRegions:
-    """A job's inputs and output span in a client's memory, and what to do once it ends."""
-
-    inputs: dict[str, RegionRef]
-    output: RegionRef | None
-    handover: str  # "shared": the client's memory for the connection; "sealed": frozen input
-    release: Callable[[], None] = lambda: None
-
-    def input_bytes(self) -> int:
-        return sum(ref.nbytes for ref in self.inputs.values())
-
-    def record(self) -> dict[str, Any]:
-        return {"handover": self.handover, "bytes": self.input_bytes()}
-
-
-@dataclass
 class Lease:
     """An unfinished program's bookkeeping: its client while it waits, then the devices it
     holds and its process. Its record (JobRecord.program) is what the store keeps."""
@@ -1110,13 +953,6 @@ def _device(worker: Worker, held: Held | None = None) -> placement.Device:
 
 def _error(code: str, message: str, hint: str = "") -> JobErrorView:
     return JobErrorView(code=code, message=message, hint=hint)
-
-
-def _dtype_param(params: Any) -> str | None:
-    """The job's `dtype` param, if its task has one. A params model keeps its fields in its
-    __dict__; getattr of one it lacks goes through pydantic's __getattr__ and an exception
-    (2 µs, on every job of a task without one)."""
-    return cast("str | None", vars(params).get("dtype"))
 
 
 def _finished_error(state: JobState, finished: msg.JobFinished, job: JobRecord) -> JobErrorView:

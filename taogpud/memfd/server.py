@@ -43,8 +43,9 @@ from taogpud.errors import (
     TooManyInFlight,
 )
 from taogpud.host.unix_socket import bind_unix_socket
+from taogpud.jobs.memory import JobRegions
 from taogpud.jobs.records import Peer
-from taogpud.jobs.scheduler import JobRegions, Scheduler
+from taogpud.jobs.scheduler import Scheduler
 from taogpud.jobs.store import JobStore
 from taogpud.memfd import protocol
 from taogpud.memfd.regions import MemoryHandle, RegionRef
