@@ -5,7 +5,7 @@ beside LiteLLM's proxy in front of the same provider when one is given.
 
 p50 of N small non-streaming chat completions (one keep-alive http.client connection),
 time to first byte of a streaming one (the first byte of its first event), and requests/s
-with 8 client threads; each direct to the fake provider (tests/fake_provider.py), through
+with 8 client threads; each direct to the fake provider (taogpud/testing/fake_provider.py), through
 the relay's TCP listener, and through LiteLLM's proxy (`litellm[proxy]` installed in a venv
 of its own; its `litellm` command is passed with --litellm). All rows in one run, one after
 another, against the same provider.
@@ -34,7 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taogpud.testing import running
-from tests.fake_provider import FakeProvider, Reply, closed_port, fake_provider, openai_stream
+from taogpud.testing.fake_provider import (
+    FakeProvider,
+    Reply,
+    closed_port,
+    fake_provider,
+    openai_stream,
+)
 
 KEY = "sk-bench-" + "0" * 24
 BODY = json.dumps({"model": "default", "messages": [{"role": "user", "content": "hi"}]})

@@ -70,6 +70,7 @@ from packaging.requirements import Requirement
 import taogpud
 
 OPTIONAL = {"ray", "pyopencl", "mako"}  # extras the GPU host does not have (ray, opencl)
+OPTIONAL |= {"schemathesis", "hypothesis"}  # the dev extra: taogpud.testing.fuzzing alone
 bad, skipped, count = [], [], 0
 for module in pkgutil.walk_packages(taogpud.__path__, "taogpud."):
     if module.name.endswith("__main__"):

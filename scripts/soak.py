@@ -63,7 +63,7 @@ from taogpud.testing import (
     start_daemon,
     to_toml,
 )
-from tests.fuzzing import FUZZ_CONFIG, FUZZ_SETTINGS, fuzz
+from taogpud.testing.fuzzing import FUZZ_CONFIG, FUZZ_SETTINGS, fuzz
 
 MAX_CONCURRENT = 3
 CLIENTS = 8

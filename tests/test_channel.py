@@ -1,4 +1,4 @@
-"""The API channel against a real HTTP server on 127.0.0.1 (tests/fake_provider.py).
+"""The API channel against a real HTTP server on 127.0.0.1 (taogpud/testing/fake_provider.py).
 
 Never the internet: every URL here is loopback, a closed loopback port, or a name under
 `.invalid` (RFC 6761: it never resolves). The key is random per run and is compared only
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_provider import OK, FakeProvider, Reply, closed_port, completion, fake_provider
 from pydantic import SecretStr
 from structlog.testing import capture_logs
 
@@ -32,6 +31,14 @@ from taogpud.provider.channel import (
     key_advice,
     key_sources_tried,
     public_url,
+)
+from taogpud.testing.fake_provider import (
+    OK,
+    FakeProvider,
+    Reply,
+    closed_port,
+    completion,
+    fake_provider,
 )
 
 KEY = f"sk-taogpud-test-{secrets.token_hex(12)}"

@@ -1,6 +1,6 @@
 """`taogpuctl api ping` and `taogpuctl doctor` as users run them: subprocesses against real
 daemons (tests/conftest.py), whose API channel points at a real HTTP server on 127.0.0.1
-(tests/fake_provider.py). Never the internet.
+(taogpud/testing/fake_provider.py). Never the internet.
 
 Exit codes (DESIGN §11): api ping 0 ok, 1 the channel failed, 3 no daemon; doctor 0, or 1 when
 any check failed — an unreachable daemon included (the report still comes).
@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 from conftest import RunningDaemon
-from fake_provider import FakeProvider, fake_provider
 
 from taogpud.backends.cuda.backend import probe_cuda
 from taogpud.client import ApiError
 from taogpud.doctor import ORDER
 from taogpud.testing import taogpuctl
+from taogpud.testing.fake_provider import FakeProvider, fake_provider
 
 KEY = f"sk-taogpud-doctor-{secrets.token_hex(12)}"
 STATUSES = {"pass", "warn", "fail", "skip"}

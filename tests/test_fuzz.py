@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import pytest
 from conftest import RunningDaemon
-from fuzzing import FUZZ_CONFIG, FUZZ_SETTINGS, fuzz
+
+from taogpud.testing.fuzzing import FUZZ_CONFIG, FUZZ_SETTINGS, fuzz
 
 EXAMPLES_PER_OPERATION = 25  # scripts/soak.py runs many more
 

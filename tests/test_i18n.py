@@ -21,7 +21,7 @@ from scripts import i18n as catalogs
 from taogpud import testing
 from taogpud.daemon.lifecycle import EXIT_HOST_CANNOT_RUN
 from taogpud.i18n import Text, accepted_language, catalog_for, user_language
-from tests.fake_provider import fake_provider
+from taogpud.testing.fake_provider import fake_provider
 from tests.test_relay import KEY, start_relay, token_of
 
 ZH = {"LANG": "zh_CN.UTF-8"}

@@ -119,3 +119,22 @@ def test_the_module_that_serves_the_api_still_imports_what_it_may() -> None:
     for module, allowed in SERVES_THE_API.items():
         path = PACKAGE_ROOT.parent.joinpath(*module.split(".")).with_suffix(".py")
         assert allowed <= {name for _, name in imported_names(path)}, module
+
+
+# bench/ and scripts/ are run from a checkout and from a package alike: what they share with
+# the tests (the fake provider, the fuzzer, the harness) lives in taogpud.testing, never in
+# tests/. A test module's own name counts too: a folder put on sys.path imports it bare.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+OUTSIDE_TESTS = ("bench", "scripts", "taogpud")
+
+
+def test_nothing_outside_the_tests_imports_them() -> None:
+    test_modules = {"tests"} | {path.stem for path in (REPO_ROOT / "tests").glob("*.py")}
+    offences = [
+        f"{path.relative_to(REPO_ROOT)}:{line} imports {name}"
+        for folder in OUTSIDE_TESTS
+        for path in sorted((REPO_ROOT / folder).rglob("*.py"))
+        for line, name in names_in(path.read_text(), folder)
+        if name.split(".")[0] in test_modules
+    ]
+    assert offences == []

@@ -1,8 +1,8 @@
 """Claude Code itself uses taogpud's GPU tools (issue 39): set up by nothing but what
 `taogpuctl relay env --tool claude-code` printed (its exports, and its `claude mcp add` line
-run as printed), `claude -p` talks to tests/fake_provider.py through the relay; the provider
-is scripted to ask for `gpu_status`, then `run_task vector_add`. The calls reach the daemon
-as this user, the job runs, and the tool results reach the provider.
+run as printed), `claude -p` talks to taogpud/testing/fake_provider.py through the relay;
+the provider is scripted to ask for `gpu_status`, then `run_task vector_add`. The calls reach
+the daemon as this user, the job runs, and the tool results reach the provider.
 
 Skipped, saying why, where Claude Code is not installed (.ci/run installs it, as for
 tests/test_real_tools.py).
@@ -18,10 +18,17 @@ from typing import Any
 
 import pytest
 from conftest import RunningDaemon
-from fake_provider import FakeProvider, Reply, Seen, anthropic_message, fake_provider
 from test_mcp_registration import taogpuctl_on_path
 from test_real_tools import CLAUDE_CODE_VERSION, TURN_TIMEOUT_S, clean_env, tool_binary
 from test_relay import KEY, start_relay
+
+from taogpud.testing.fake_provider import (
+    FakeProvider,
+    Reply,
+    Seen,
+    anthropic_message,
+    fake_provider,
+)
 
 pytestmark = pytest.mark.slow
 

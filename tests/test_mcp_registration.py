@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 from conftest import RunningDaemon
-from fake_provider import FakeProvider, fake_provider
 from test_real_tools import CLAUDE_CODE_VERSION, CODEX_VERSION, tool_binary
 from test_relay import KEY, start_relay
 
 from taogpud import testing
 from taogpud.agents.registration import SERVER_NAME, claude_code_lines, server_entry
+from taogpud.testing.fake_provider import FakeProvider, fake_provider
 
 
 @pytest.fixture

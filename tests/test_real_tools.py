@@ -1,7 +1,7 @@
 """The real coding agents through the relay (issue 38): Codex (`codex exec`), Claude Code
 (`claude -p`) and OpenClaw (`openclaw agent --local`), from npm at the versions .ci/run
 installs, each set up by nothing but what `taogpuctl relay env --tool X` printed or wrote,
-completing a streamed turn against tests/fake_provider.py on 127.0.0.1.
+completing a streamed turn against taogpud/testing/fake_provider.py on 127.0.0.1.
 
 A tool that is not installed, or whose binary cannot start on this host, is skipped with the
 reason; once it runs, the test asserts the provider saw its turn with the daemon's key and
@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 from conftest import RunningDaemon
-from fake_provider import (
+from test_relay import KEY, MODELS, relay_lines, start_relay
+
+from taogpud.testing.fake_provider import (
     FakeProvider,
     Reply,
     Seen,
@@ -29,7 +31,6 @@ from fake_provider import (
     openai_stream,
     responses_stream,
 )
-from test_relay import KEY, MODELS, relay_lines, start_relay
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,6 @@
 """The relay (issue 21) with the real clients: the official openai and anthropic SDKs, over
-the loopback TCP listener and over the daemon's Unix socket, against tests/fake_provider.py.
+the loopback TCP listener and over the daemon's Unix socket, against
+taogpud/testing/fake_provider.py.
 
 The key is random per run and compared only inside the fake provider; every test asserts it
 reached neither the client nor (daemon_home's check) any log.
@@ -20,7 +21,9 @@ import httpx
 import openai
 import pytest
 from conftest import RunningDaemon
-from fake_provider import (
+
+from taogpud.testing import wait_until
+from taogpud.testing.fake_provider import (
     FakeProvider,
     Reply,
     anthropic_message,
@@ -29,8 +32,6 @@ from fake_provider import (
     fake_provider,
     openai_stream,
 )
-
-from taogpud.testing import wait_until
 
 KEY = "sk-relay-" + secrets.token_hex(16)
 MODELS = {"default": "claude-sonnet-4", "coding": "claude-coder-9", "reasoning": "claude-opus-4"}

@@ -1,7 +1,7 @@
 """The relay's door, beyond the battery every door passes (tests/test_doors.py): refused
 requests make summaries, not a line each, and show nobody their paths or User-Agents; a
 hang-up mid-body is one info line; `Expect: 100-continue` is the relay's to answer; two
-Host headers are refused. Against tests/fake_provider.py and a raw upstream that hangs up.
+Host headers are refused. Against taogpud/testing/fake_provider.py and a raw upstream that hangs up.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 from conftest import RunningDaemon
-from fake_provider import FakeProvider, fake_provider
 from test_relay import KEY, start_relay, token_of
 
 from taogpud.testing import wait_until
+from taogpud.testing.fake_provider import FakeProvider, fake_provider
 
 FLOOD = 300
 MARK = "doors-flood-marker"

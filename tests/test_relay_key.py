@@ -1,6 +1,6 @@
 """The key never leaves through the relay (issue 34), whatever the provider sends back.
 
-The fake provider (tests/fake_provider.py, a real server on 127.0.0.1) repeats the
+The fake provider (taogpud/testing/fake_provider.py, a real server on 127.0.0.1) repeats the
 credentials it got in success bodies, in SSE streams (each echoing event split in two chunks
 in the middle of the key) and in response headers of every status. The official SDKs read
 the answers; the bytes are checked as they came off the socket. The byte scrubber itself is
@@ -20,11 +20,17 @@ import httpx
 import openai
 import pytest
 from conftest import RunningDaemon
-from fake_provider import FakeProvider, Reply, anthropic_message, completion, fake_provider
 from pydantic import SecretStr
 
 from taogpud.provider.channel import Scrubber
 from taogpud.relay.scrub import MARK, KeyBytes
+from taogpud.testing.fake_provider import (
+    FakeProvider,
+    Reply,
+    anthropic_message,
+    completion,
+    fake_provider,
+)
 
 KEY = "sk-relay-" + secrets.token_hex(16)
 BLANK = MARK.decode() + "*" * (len(KEY) - len(MARK))  # the key's place, as many bytes as it had

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from conftest import RunningDaemon
-from fake_provider import FakeProvider, fake_provider
+
+from taogpud.testing.fake_provider import FakeProvider, fake_provider
 
 KEY = "sk-relay-" + secrets.token_hex(16)
 OUTSIDE = [

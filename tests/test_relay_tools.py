@@ -2,7 +2,7 @@
 prints, followed as printed, and the headers and paths those tools send, passed through.
 
 The clients are the official openai and anthropic SDKs, set up from nothing but what
-`relay env` printed; the provider is tests/fake_provider.py on 127.0.0.1.
+`relay env` printed; the provider is taogpud/testing/fake_provider.py on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -18,14 +18,6 @@ import httpx
 import openai
 import pytest
 from conftest import RunningDaemon
-from fake_provider import (
-    FakeProvider,
-    Reply,
-    anthropic_message,
-    fake_provider,
-    openai_stream,
-    responses_stream,
-)
 from test_relay import (
     _CLIENTS,
     KEY,
@@ -37,6 +29,15 @@ from test_relay import (
     start_relay,
     token_of,
     unix_get,
+)
+
+from taogpud.testing.fake_provider import (
+    FakeProvider,
+    Reply,
+    anthropic_message,
+    fake_provider,
+    openai_stream,
+    responses_stream,
 )
 
 

@@ -1,4 +1,5 @@
-"""A real OpenAI- and Anthropic-compatible HTTP server on 127.0.0.1 for the channel's tests.
+"""A real OpenAI- and Anthropic-compatible HTTP server on 127.0.0.1: the provider the tests
+and the relay bench (bench/relay.py) talk to.
 
 It answers POST (and GET) on any path from a script of replies (then a default one) and
 records what it received. It checks the Authorization and x-api-key headers itself and keeps
@@ -23,7 +24,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from websockets.frames import Opcode
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Request
 from websockets.protocol import State as WsState
 from websockets.server import ServerProtocol
 
@@ -88,7 +90,7 @@ def anthropic_stream(model: str, words: int = 3) -> tuple[bytes, ...]:
     def event(name: str, data: dict[str, Any]) -> bytes:
         return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
 
-    message = {
+    message: dict[str, Any] = {
         "id": "msg_1", "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": 7, "output_tokens": 1},
@@ -154,7 +156,7 @@ def responses_stream(model: str, words: int = 3, pad: int = 0) -> tuple[bytes, .
 
 
 def responses_object(model: str, text: str, usage: dict[str, int] | None) -> dict[str, Any]:
-    message = {
+    message: dict[str, Any] = {
         "id": "msg_1", "type": "message", "role": "assistant", "status": "completed",
         "content": [{"type": "output_text", "text": text, "annotations": []}],
     }  # fmt: skip
@@ -251,6 +253,7 @@ class FakeProvider:
                 head = "".join(f"{name}: {value}\r\n" for name, value in self.headers.items())
                 protocol.receive_data(f"GET {self.path} HTTP/1.1\r\n{head}\r\n".encode())
                 (request,) = protocol.events_received()
+                assert isinstance(request, Request)  # a server receives a request first
                 protocol.send_response(protocol.accept(request))
                 self.close_connection = True
                 self._pump(protocol)
@@ -269,8 +272,8 @@ class FakeProvider:
                             break
                         protocol.receive_data(data)
                         for frame in protocol.events_received():
-                            if frame.opcode is Opcode.TEXT:
-                                self._ws_answer(protocol, json.loads(frame.data))
+                            if isinstance(frame, Frame) and frame.opcode is Opcode.TEXT:
+                                self._ws_answer(protocol, json.loads(bytes(frame.data)))
                     self.wfile.write(b"".join(protocol.data_to_send()))
                 except OSError:
                     end = "broken"
@@ -281,7 +284,8 @@ class FakeProvider:
                 seen = Seen(self.path, False, False, event, "WS")
                 with provider._lock:
                     provider.seen.append(seen)
-                model = event.get("model") if isinstance(event.get("model"), str) else "m"
+                model = event.get("model")
+                model = model if isinstance(model, str) else "m"
                 for sse in responses_stream(model, provider.ws_words):
                     protocol.send_text(sse.split(b"data: ", 1)[1].strip())
 
