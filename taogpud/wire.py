@@ -13,6 +13,7 @@ against ~0.3 ms for a NamedTuple (5 classes; bench/cli_start.py measures the sta
     JobState, FINISHED_STATES   a job's states, and which of them are final
     Route and the routes        the paths the app serves and the client calls
     limits                      body sizes, priority and retry bounds, the longest long-poll
+    NPY_MAGIC, npy_header       an array's body (POST /v1/arrays): a .npy image, its header
     ErrorBody                   the one error shape: {code, message, hint}
     JobRequest                  a job as submitted (POST /v1/jobs, the .shm socket)
     ChangeView, ReloadView      a reload's report (POST /v1/config/reload, GET /v1/config/status)
@@ -126,6 +127,20 @@ MAX_PROGRAM_GPUS = 64
 
 # A program's lease as its starter follows it (GET /v1/programs/{id}/lease?after=PHASE).
 LEASE_PHASES = ("queued", "granted", "stopping", "ended")
+
+
+# --- an array's body: a .npy image -------------------------------------------------------------
+
+NPY_MAGIC = b"\x93NUMPY"
+
+
+def npy_header(shape: tuple[int, ...], dtype_str: str) -> bytes:
+    """A .npy v1 header padded to 64 bytes, as numpy writes it."""
+    shape_text = f"({shape[0]},)" if len(shape) == 1 else f"{tuple(shape)}"
+    text = f"{{'descr': {dtype_str!r}, 'fortran_order': False, 'shape': {shape_text}, }}"
+    pad = 64 - (10 + len(text) + 1) % 64
+    body = (text + " " * pad + "\n").encode("latin1")
+    return NPY_MAGIC + b"\x01\x00" + len(body).to_bytes(2, "little") + body
 
 
 # --- the error body --------------------------------------------------------------------------

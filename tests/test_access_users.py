@@ -280,7 +280,7 @@ def _connect_as(user: User, socket_path: Path) -> socket.socket:
 
 def _hold_upload(conn: socket.socket, data_bytes: int) -> None:
     """The head of an upload of `data_bytes` and its first 64 KiB; the rest never comes."""
-    npy_head = images.npy_header((data_bytes // 4,), "<f4")
+    npy_head = wire.npy_header((data_bytes // 4,), "<f4")
     head = (
         f"POST {wire.UPLOAD_ARRAY.path} HTTP/1.1\r\nHost: localhost\r\n"
         "Content-Type: application/octet-stream\r\n"

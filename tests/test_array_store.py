@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import CPU_CONFIG, RunningDaemon, deep_merge, to_toml
 
+from taogpud import wire
 from taogpud.arrayfiles import images
 from taogpud.arrayfiles.store import ArrayStore
 from taogpud.errors import ArrayStoreFull, BodyTooLarge
@@ -34,7 +35,7 @@ def store() -> Iterator[ArrayStore]:
 
 
 def upload(store: ArrayStore, owner: Peer) -> str:
-    npy = images.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
+    npy = wire.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
 
     async def body() -> AsyncIterator[bytes]:
         yield npy
@@ -66,7 +67,7 @@ def test_a_full_budget_refuses_rather_than_evict_another_users_array(store: Arra
 
 
 def test_an_array_past_the_quota_is_refused_with_the_numbers(store: ArrayStore) -> None:
-    npy = images.npy_header((3000,), "<f4") + bytes(12000)
+    npy = wire.npy_header((3000,), "<f4") + bytes(12000)
 
     async def body() -> AsyncIterator[bytes]:
         yield npy
@@ -84,7 +85,7 @@ def test_another_users_id_is_none_for_them_and_known_to_root(store: ArrayStore) 
 
 def test_a_body_past_the_upload_limit_is_a_413(store: ArrayStore) -> None:
     """A chunked upload (no length to refuse it by) longer than the limit: body_too_large."""
-    npy = images.npy_header((10,), "<f4") + bytes(40)
+    npy = wire.npy_header((10,), "<f4") + bytes(40)
 
     async def body() -> AsyncIterator[bytes]:
         yield npy
@@ -115,7 +116,7 @@ class HeldUpload:
     reservation a client makes by sending a header and holding the connection."""
 
     def __init__(self, store: ArrayStore, owner: Peer) -> None:
-        self.npy = images.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
+        self.npy = wire.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
         self._go_on = asyncio.Event()
         self._abort = False
         self.task = asyncio.create_task(store.upload(self._body(), 1 << 20, owner=owner))
@@ -135,7 +136,7 @@ class HeldUpload:
 
 
 async def _upload_now(store: ArrayStore, owner: Peer) -> str:
-    npy = images.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
+    npy = wire.npy_header((1000,), "<f4") + np.ones(1000, np.float32).tobytes()
 
     async def body() -> AsyncIterator[bytes]:
         yield npy
@@ -200,7 +201,7 @@ def test_an_upload_the_body_timeout_cuts_gives_its_reservation_back(
     """An upload held mid-body past server.body_timeout_s: the daemon answers 408 and
     closes, and its reservation and partial file go with it, the client still connected."""
     daemon = daemon_factory(config={"server": {"body_timeout_s": 1}})
-    npy_head = images.npy_header((1 << 18,), "<f4")
+    npy_head = wire.npy_header((1 << 18,), "<f4")
     head = (
         f"POST /v1/arrays HTTP/1.1\r\nHost: localhost\r\n"
         f"Content-Type: application/octet-stream\r\nContent-Length: {len(npy_head) + (1 << 20)}"

@@ -22,8 +22,8 @@ from conftest import RunningDaemon, start_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from taogpud.arrayfiles.images import NPY_MAGIC
 from taogpud.client import ApiError
+from taogpud.wire import NPY_MAGIC
 
 
 @pytest.fixture(scope="module")

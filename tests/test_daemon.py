@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from conftest import RunningDaemon, start_daemon
 
-from taogpud.arrayfiles import images
+from taogpud import wire
 from taogpud.client import ApiError
 from taogpud.testing import daemon_command
 
@@ -508,7 +508,7 @@ def test_an_upload_in_pieces_then_a_pipelined_request_on_the_same_connection(
     """An upload streamed from the request in pieces: every byte lands, none of the
     request behind it is taken, and the connection serves on."""
     array = np.arange(3 * 2**20, dtype=np.float32)  # 12 MiB: many reads
-    image = images.npy_header(array.shape, "<f4") + array.tobytes()
+    image = wire.npy_header(array.shape, "<f4") + array.tobytes()
     head = (
         "POST /v1/arrays HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n"
         f"content-length: {len(image)}\r\n\r\n"
@@ -537,7 +537,7 @@ def test_an_upload_longer_than_its_header_says_is_refused_and_the_connection_ser
 ) -> None:
     """Content-Length frames the body: 1 MiB more than the .npy header announces is read to
     its end (not taken for the next request), refused, and the next request is answered."""
-    image = images.npy_header((2**20,), "<f4") + bytes(4 * 2**20)
+    image = wire.npy_header((2**20,), "<f4") + bytes(4 * 2**20)
     padded = image + bytes(2**20)
     head = (
         "POST /v1/arrays HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n"

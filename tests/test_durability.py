@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from conftest import RunningDaemon, mounted_tmpfs, start_daemon
 
+from taogpud import wire
 from taogpud.arrayfiles import images
 from taogpud.client import Client
 from taogpud.errors import StateDiskFull
@@ -420,17 +421,19 @@ def test_an_upload_cut_off_midway_leaves_nothing_behind(daemon: RunningDaemon) -
     """A client that announces a 4 MiB .npy and hangs up after 1 MiB: the half-filled image
     is removed from /dev/shm, and the next upload and job run as usual."""
 
-    def images() -> set[Path]:
+    def daemons_images() -> set[Path]:
         return set(images.SHM_DIR.glob(f"{images.PREFIX}{images.namespace_of(daemon.state_dir)}.*"))
 
-    before = images()
-    image = images.npy_header((2**20,), "<f4") + bytes(4 * 2**20)
+    before = daemons_images()
+    image = wire.npy_header((2**20,), "<f4") + bytes(4 * 2**20)
     head = (
         "POST /v1/arrays HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n"
         f"content-length: {len(image)}\r\n\r\n"
     )
     raw_exchange(daemon, head.encode() + image[: 2**20], close_early=True)
-    wait_until(lambda: images() == before, "the half-filled image to leave /dev/shm", poll_s=0.05)
+    wait_until(
+        lambda: daemons_images() == before, "the half-filled image to leave /dev/shm", poll_s=0.05
+    )
     with daemon.client() as client:
         kept = client.upload_array(np.ones(2**20, dtype=np.float32))
         job = client.run("reduce_sum", inputs={"x": kept["id"]})

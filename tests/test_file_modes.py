@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from taogpud import wire
 from taogpud.arrayfiles import images
 
 
@@ -52,7 +53,7 @@ def test_state_is_private_under_umask_022(
     for pid in (daemon.proc.pid, *workers):
         assert umask_of(pid) == 0o077, pid
     with daemon.client() as client:
-        uploaded = client.upload_array(images.npy_header((2,), "<f4") + bytes(8))
+        uploaded = client.upload_array(wire.npy_header((2,), "<f4") + bytes(8))
     image = next(images.SHM_DIR.glob(f"{images.PREFIX}{images.namespace_of(state)}.*.npy"))
     assert uploaded["nbytes"] == 8 and mode(image) == 0o600
 

@@ -2,9 +2,13 @@
 
 Each module's AST is walked whole, so an import inside a function counts as much as one at
 the top: backends never import tasks (tasks hand backends what they need, tasks/warmup.py),
-placement stays pure (nothing of taogpud, no asyncio), and the core under the API (the
-scheduler, the pool, the relay, the daemon) never imports it: what they share with it, the
-Unix socket and SO_PEERCRED, is a leaf of the standard library (taogpud/host/unix_socket.py).
+the pool that spawns them or the doctor that reads them (what a child inherits is the host's,
+host/environ.py; the OpenCL check is the doctor's, doctor/opencl.py); the client takes the
+.npy header from wire.py, never from the daemon's array files; what the scheduler sees of a
+pool (pool/interface.py) names no executor's workers; placement stays pure (nothing of
+taogpud, no asyncio), and the core under the API (the scheduler, the pool, the relay, the
+daemon) never imports it: what they share with it, the Unix socket and SO_PEERCRED, is a leaf
+of the standard library (taogpud/host/unix_socket.py).
 """
 
 from __future__ import annotations
@@ -20,7 +24,18 @@ PACKAGE_ROOT = Path(taogpud.__file__).parent
 
 # (modules whose names start with this, imported names that may not start with any of these)
 RULES = [
-    ("taogpud.backends", ("taogpud.tasks",)),
+    # a backend is given what it runs; the pool spawns it and the doctor reads it
+    ("taogpud.backends", ("taogpud.tasks", "taogpud.pool", "taogpud.doctor")),
+    # the client speaks wire.py (the .npy header included) and its own memfd, nothing above
+    (
+        "taogpud.client",
+        ("taogpud.arrayfiles", "taogpud.api", "taogpud.daemon", "taogpud.jobs", "taogpud.pool"),
+    ),
+    # what the scheduler sees of a pool, never one executor's workers
+    (
+        "taogpud.pool.interface",
+        ("taogpud.pool.worker", "taogpud.pool.supervisor", "taogpud.pool.ray_pool"),
+    ),
     ("taogpud.jobs.placement", ("taogpud", "asyncio")),
     ("taogpud.jobs.scheduler", ("taogpud.api",)),
     ("taogpud.pool", ("taogpud.api",)),

@@ -22,7 +22,8 @@ from taogpud.backends.opencl.probe import (
     inventory,
     problem,
 )
-from taogpud.backends.opencl.report import check_opencl, opencl_document, rows
+from taogpud.backends.opencl.report import opencl_document, rows
+from taogpud.doctor.opencl import check_opencl
 from taogpud.errors import DeviceMemoryCapExceeded, UnsupportedTask
 
 MIB = 2**20

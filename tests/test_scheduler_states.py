@@ -40,7 +40,7 @@ from taogpud.jobs.scheduler import Scheduler
 from taogpud.jobs.store import JobStore
 from taogpud.observability import trace
 from taogpud.pool import protocol as msg
-from taogpud.pool.worker import WorkerState
+from taogpud.pool.interface import WorkerState
 from taogpud.wire import JobRequest
 
 T = TypeVar("T")

@@ -25,7 +25,6 @@ from taogpud.errors import BadArray
 
 SHM_DIR = Path("/dev/shm")
 PREFIX = "taogpud."
-NPY_MAGIC = b"\x93NUMPY"
 
 
 @dataclass(frozen=True)
@@ -87,15 +86,6 @@ _HEADER_READERS = {
     (2, 0): "read_array_header_2_0",
     (3, 0): "read_array_header_2_0",
 }
-
-
-def npy_header(shape: tuple[int, ...], dtype_str: str) -> bytes:
-    """A .npy v1 header padded to 64 bytes, as numpy writes it."""
-    shape_text = f"({shape[0]},)" if len(shape) == 1 else f"{tuple(shape)}"
-    text = f"{{'descr': {dtype_str!r}, 'fortran_order': False, 'shape': {shape_text}, }}"
-    pad = 64 - (10 + len(text) + 1) % 64
-    body = (text + " " * pad + "\n").encode("latin1")
-    return NPY_MAGIC + b"\x01\x00" + len(body).to_bytes(2, "little") + body
 
 
 def create(total_bytes: int, namespace: str, owner_pid: int) -> tuple[str, int]:

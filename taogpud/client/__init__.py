@@ -508,12 +508,8 @@ def _npy_parts(array_or_npy_bytes: Any) -> list[bytes | memoryview]:
         return [memoryview(array_or_npy_bytes).cast("B")]
     import numpy as np
 
-    from taogpud.arrayfiles.images import (
-        npy_header,  # here: hashlib and secrets are no status's cost
-    )
-
     array = np.asarray(array_or_npy_bytes, order="C")  # keeps 0-d (ascontiguousarray would not)
-    header = npy_header(tuple(array.shape), array.dtype.str)
+    header = wire.npy_header(tuple(array.shape), array.dtype.str)
     return [header, array.reshape(-1).data.cast("B") if array.size else b""]
 
 

@@ -51,6 +51,7 @@ from taogpud.errors import (
     TaogpudError,
 )
 from taogpud.host import heap, systemd
+from taogpud.host.environ import keep_from_children
 from taogpud.host.paths import default_socket, default_state_dir, kernel_cache_env
 from taogpud.host.unix_socket import bind_unix_socket
 from taogpud.i18n import _, user_language
@@ -61,7 +62,6 @@ from taogpud.memfd.protocol import socket_path_for
 from taogpud.memfd.server import ShmServer
 from taogpud.observability import logging as tlog
 from taogpud.observability import nvml, trace
-from taogpud.pool.environ import keep_from_children
 from taogpud.pool.executor import create_pool
 from taogpud.pool.plan import plan_workers
 from taogpud.relay import listen as relay_listen

@@ -39,11 +39,11 @@ from taogpud.arrayfiles.store import ArrayStore, array_budget_bytes, upload_quot
 from taogpud.config.ray import restart_only
 from taogpud.daemon.state import DaemonStatus, Phase, status_line
 from taogpud.errors import BackendUnavailable, ConfigError, Problem
+from taogpud.host.environ import keep_from_children
 from taogpud.host.systemd import Notifier
 from taogpud.jobs.policy import Policy
 from taogpud.jobs.scheduler import Scheduler
 from taogpud.observability import logging as tlog
-from taogpud.pool.environ import keep_from_children
 from taogpud.pool.interface import Pool
 from taogpud.pool.plan import plan_workers
 from taogpud.wire import ChangeView, ReloadView

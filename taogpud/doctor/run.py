@@ -189,7 +189,7 @@ def _opencl_check(snapshot: ConfigSnapshot) -> Check:
 
 def _probe_and_check_opencl(snapshot: ConfigSnapshot) -> Check:
     from taogpud.backends.opencl import probe as opencl_probe
-    from taogpud.backends.opencl.report import check_opencl
+    from taogpud.doctor.opencl import check_opencl
 
     opencl = snapshot.config.backend.opencl
     wanted = snapshot.opencl_device_ids()

@@ -47,8 +47,7 @@ from taogpud.jobs.store import JobStore
 from taogpud.observability import metrics, trace
 from taogpud.observability.nvml import GpuDevice, Xid
 from taogpud.pool import protocol as msg
-from taogpud.pool.interface import Pool, Worker
-from taogpud.pool.worker import WorkerState
+from taogpud.pool.interface import Pool, Worker, WorkerState
 from taogpud.programs import leases, proof
 from taogpud.programs.logs import ProgramLogs
 from taogpud.wire import JobRequest, ProgramRequest

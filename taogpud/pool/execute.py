@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from taogpud import wire
 from taogpud.arrayfiles import images
 from taogpud.backends.base import Backend, DeviceInfo
 from taogpud.errors import BadSummary, JobCancelled
@@ -254,7 +255,7 @@ def write_output(folder: Path, name: str, array: Any) -> msg.OutputFile:
     try:
         # Written by hand, not np.save: numpy's writer drops errno, and ENOSPC must show.
         with partial.open("wb") as file:
-            file.write(images.npy_header(tuple(host.shape), host.dtype.str))
+            file.write(wire.npy_header(tuple(host.shape), host.dtype.str))
             file.write(host.data.cast("B") if host.ndim else host.tobytes())
         partial.rename(folder / f"{name}.npy")
     except BaseException:

@@ -12,11 +12,18 @@ scheduler through the same `PoolSink`, with the same pipe messages (protocol.py)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Protocol
 
 from taogpud.backends.base import DeviceInfo, WorkerSpec
 from taogpud.pool import protocol as msg
-from taogpud.pool.worker import WorkerState
+
+
+class WorkerState(StrEnum):
+    starting = "starting"  # spawned, warming up
+    warm = "warm"  # takes jobs
+    stopping = "stopping"  # told to stop; finishes what it has
+    dead = "dead"  # exited or failed to warm; the pool may replace it
 
 
 class Worker(Protocol):

@@ -41,17 +41,16 @@ from taogpud.backends.base import DeviceInfo, WorkerSpec
 from taogpud.backends.cpu import blas_thread_env
 from taogpud.config import RaySection
 from taogpud.errors import BackendUnavailable
+from taogpud.host.environ import without_secrets
 from taogpud.memfd.regions import RegionRef
 from taogpud.observability.logging import get_logger
 from taogpud.pool import protocol as msg
-from taogpud.pool.environ import without_secrets
 from taogpud.pool.execute import STICKY_ERROR_CODES
-from taogpud.pool.interface import PoolSink
+from taogpud.pool.interface import PoolSink, WorkerState
 from taogpud.pool.ray_actor import CONTROL, WorkerActor
 from taogpud.pool.ray_calls import KeeperThread, first_line, in_daemon_thread, wait_ref
 from taogpud.pool.ray_data import InputCache, failed, keep_outputs
 from taogpud.pool.supervisor import next_respawn_delay
-from taogpud.pool.worker import WorkerState
 
 MONITOR_EVERY_S = 2.0
 MONITOR_TIMEOUT_S = 5.0

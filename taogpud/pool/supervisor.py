@@ -16,8 +16,9 @@ from taogpud.backends.base import WorkerSpec
 from taogpud.errors import BackendUnavailable
 from taogpud.observability.logging import get_logger
 from taogpud.pool import protocol as msg
+from taogpud.pool.interface import WorkerState
 from taogpud.pool.leftovers import end_resource_tracker
-from taogpud.pool.worker import WorkerHandle, WorkerState
+from taogpud.pool.worker import WorkerHandle
 
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0

@@ -14,24 +14,17 @@ import itertools
 import multiprocessing
 import time
 from collections.abc import Callable
-from enum import StrEnum
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from taogpud.backends.base import DeviceInfo, WorkerSpec
+from taogpud.host.environ import without_secrets
 from taogpud.pool import protocol as msg
 from taogpud.pool.child import worker_main
-from taogpud.pool.environ import without_secrets
+from taogpud.pool.interface import WorkerState
 
 SPAWN = multiprocessing.get_context("spawn")
 _ping_tokens = itertools.count(1)
-
-
-class WorkerState(StrEnum):
-    starting = "starting"  # spawned, warming up
-    warm = "warm"  # takes jobs
-    stopping = "stopping"  # told to stop; finishes what it has
-    dead = "dead"  # exited or failed to warm; the pool may replace it
 
 
 class WorkerHandle:

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from taogpud.host.environ import child_env  # a leaf: imports nothing of taogpud
 from taogpud.host.install_hints import install_hint
-from taogpud.pool.environ import child_env  # a leaf: imports nothing of taogpud
 
 PROBE_TIMEOUT_S = 120.0  # a cold PoCL build is about a second; a GPU driver's first can be more
 INSTALL_HINT = install_hint("opencl")
