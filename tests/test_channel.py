@@ -268,6 +268,26 @@ def test_unresolvable_name_is_dns() -> None:
     assert result.attempts <= 2
 
 
+def test_the_proxy_variables_apply(provider: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> None:
+    """http_proxy is honoured, no_proxy too: the proxy gets the absolute URL of a provider no
+    DNS knows and its answer is the ping's; a host no_proxy names is reached directly."""
+    proxy = f"http://127.0.0.1:{provider.port}"
+    for name in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(name, proxy)
+    for name in ("no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+
+    async def go(base_url: str) -> PingResult:
+        async with Channel(settings_for(base_url), backoff=FAST) as channel:
+            return await channel.ping()
+
+    result = asyncio.run(go("http://provider.invalid/api"))
+    assert result.ok and provider.seen[-1].path == "http://provider.invalid/api/v1/chat/completions"
+    monkeypatch.setenv("no_proxy", "provider.invalid")
+    result = asyncio.run(go("http://provider.invalid/api"))
+    assert result.status == "dns" and len(provider.seen) == 1
+
+
 def test_utm_params_are_refused_before_sending(provider: FakeProvider) -> None:
     """A base URL with utm_* → utm_params, nothing sent, the parameter named."""
     result = ping(settings_for(f"{provider.base_url}?utm_source=guide&x=1"))

@@ -1,4 +1,4 @@
-"""The API channel: how the daemon reaches the AI provider (httpx), and the guide's ping.
+"""The API channel: how the daemon reaches the AI provider, and the guide's ping.
 
 The daemon holds the key; clients never need it. One ping is the setup guide's check:
 
@@ -20,10 +20,11 @@ and its answer is classified, never raised:
     bad_answer             a 2xx whose body is not the expected JSON
     http_error      429/5xx  any other HTTP status (429 honours Retry-After)
 
-Timeouts: each attempt has a whole-request deadline (asyncio.timeout; httpx's own timeouts are
-per connect/read/write) of min(provider.timeoutMs, api.request_timeout_s); a caller may cap
-the whole ping too. Retries: provider.maxRetries more attempts, with exponential backoff and
-jitter, for the statuses marked above (httpx's transport retries only failed connects).
+Timeouts: each attempt has a whole-request deadline (asyncio.timeout; the client's own are per
+connect and read) of min(provider.timeoutMs, api.request_timeout_s); a caller may cap the whole
+ping too. Retries: provider.maxRetries more attempts, with exponential backoff and jitter, for
+the statuses marked above. The client, its proxy, TLS and the key's header are the relay's
+too (taogpud/provider/http.py: aiohttp, and why).
 
 The key is never in a result, a log line, a repr or an error text: everything that came from
 outside (server bodies, exception texts) goes through `Scrubber` before it is shown.
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import email.utils
 import json
 import math
 import os
@@ -49,7 +49,7 @@ from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
+import aiohttp
 from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticCustomError
 
@@ -61,6 +61,8 @@ from taogpud.config import (
 )
 from taogpud.config.rules import CREDENTIAL_NAME, REDACTED
 from taogpud.observability.logging import get_logger
+from taogpud.provider import http
+from taogpud.provider.http import Backoff
 
 log = get_logger("taogpud.channel")
 
@@ -102,18 +104,6 @@ class PingResult(BaseModel):
     http_status: int | None = None
     url: str  # the endpoint, without credentials or query
     key_source: KeySource
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with "equal jitter": retry n waits U(c/2, c), c = min(cap, base·2ⁿ⁻¹)."""
-
-    base_s: float = 0.5
-    cap_s: float = 8.0
-
-    def delay_s(self, retry: int, rng: random.Random) -> float:
-        ceiling = min(self.cap_s, self.base_s * 2 ** (retry - 1))
-        return rng.uniform(ceiling / 2, ceiling)
 
 
 @dataclass(frozen=True)
@@ -292,25 +282,22 @@ class _Attempt:
 
 
 class Channel:
-    """The API channel over httpx. Use as `async with Channel(settings) as channel:`."""
+    """The API channel. Use as `async with Channel(settings) as channel:` (on the loop)."""
 
     def __init__(
         self,
         settings: ChannelSettings,
         *,
         backoff: Backoff | None = None,
-        trust_env: bool = True,  # HTTPS_PROXY / NO_PROXY / SSL_CERT_FILE, as operators expect
+        trust_env: bool = True,  # HTTPS_PROXY / NO_PROXY, as operators expect
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
         self.backoff = backoff or Backoff()
         self._rng = rng or random.Random()
         self._scrub = Scrubber(settings.api_key)
-        self._client = httpx.AsyncClient(
-            trust_env=trust_env,
-            follow_redirects=False,  # a redirect is reported: the base URL should be the final one
-            headers={"User-Agent": f"taogpud/{__version__}", "Accept": "application/json"},
-        )
+        self._proxy = http.proxy_for(settings.base_url) if trust_env else None
+        self._client = http.new_session()
 
     def __repr__(self) -> str:
         return (
@@ -330,7 +317,7 @@ class Channel:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._client.close()
 
     async def ping(
         self, role: ModelRole = "default", *, deadline_s: float | None = None
@@ -377,7 +364,7 @@ class Channel:
         key = self.settings.api_key
         if key is None:
             return _Attempt("no_key", *self.settings.no_key())
-        if not _header_safe(key.get_secret_value()):
+        if not http.header_safe(key.get_secret_value()):
             return _Attempt(
                 "rejected_key",
                 f"the key from {self.settings.key_source} holds a character an HTTP header "
@@ -387,27 +374,39 @@ class Channel:
             )
         return None
 
-    def _headers(self) -> dict[str, str]:
-        key = self.settings.api_key
-        return {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
+    def _headers(self) -> list[tuple[str, str]]:
+        """What the guide's request carries: the key as a Bearer token, JSON both ways."""
+        return [
+            ("User-Agent", f"taogpud/{__version__}"),
+            ("Accept", "application/json"),
+            ("Accept-Encoding", "identity"),  # the client decompresses nothing
+            ("Content-Type", "application/json"),
+            *http.key_header(self.settings.api_key, "authorization", "openai"),
+        ]
 
     async def _attempt(self, url: str, body: dict[str, Any], budget_s: float) -> _Attempt:
         sent = time.perf_counter()
+        payload = json.dumps(body).encode()
         try:
             async with asyncio.timeout(budget_s):
-                request = self._client.build_request(
-                    "POST", url, json=body, headers=self._headers(), timeout=budget_s
+                response = await http.send(
+                    self._client,
+                    "POST",
+                    url,
+                    headers=self._headers(),
+                    body=payload,
+                    timeout_s=budget_s,
+                    proxy=self._proxy,
                 )
-                response = await self._client.send(request, stream=True)
                 try:
                     raw = await _read_capped(response)
                 finally:
-                    await response.aclose()
-        except (TimeoutError, httpx.TimeoutException) as exc:
+                    response.release()
+        except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors
             return self._timed_out(exc, url, budget_s)
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             return self._transport_failure(exc, url)
-        except (httpx.InvalidURL, UnicodeError, ValueError) as exc:  # e.g. an unencodable header
+        except (UnicodeError, ValueError) as exc:  # e.g. an unencodable header
             detail = (
                 f"the request could not be built ({type(exc).__name__}: {self._scrub(str(exc))})"
             )
@@ -418,7 +417,7 @@ class Channel:
         return outcome
 
     def _timed_out(self, exc: Exception, url: str, budget_s: float) -> _Attempt:
-        if isinstance(exc, httpx.ConnectTimeout):
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
             detail = f"connecting to {_host(url)} took longer than {budget_s:.3g} s"
         else:
             detail = f"no answer from {_host(url)} within {budget_s:.3g} s"
@@ -430,23 +429,23 @@ class Channel:
             retry=True,
         )
 
-    def _transport_failure(self, exc: httpx.HTTPError, url: str) -> _Attempt:
+    def _transport_failure(self, exc: aiohttp.ClientError, url: str) -> _Attempt:
         said = self._scrub(str(exc)) or type(exc).__name__
         host = _host(url)
         connect = self._connect_failure(exc, url, said)
         if connect is not None:
             return connect
-        if isinstance(exc, httpx.UnsupportedProtocol):
+        if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
             return _Attempt("bad_url", f"{public_url(url)} cannot be used ({said})", _URL_FIX)
-        if isinstance(exc, httpx.RemoteProtocolError):
+        if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
             detail = f"{host} closed the connection without a proper answer ({said})"
             return _Attempt("network", detail, _NETWORK_FIX, retry=True)
-        if isinstance(exc, httpx.NetworkError | httpx.ProxyError):
+        if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientHttpProxyError):
             detail = f"{host}: {type(exc).__name__}: {said}"
             return _Attempt("network", detail, _NETWORK_FIX, retry=True)
         return _Attempt("http_error", f"{host}: {type(exc).__name__}: {said}", _NETWORK_FIX)
 
-    def _connect_failure(self, exc: httpx.HTTPError, url: str, said: str) -> _Attempt | None:
+    def _connect_failure(self, exc: aiohttp.ClientError, url: str, said: str) -> _Attempt | None:
         """DNS, a refused connection or TLS, found anywhere in the exception's chain."""
         gai = _cause(exc, socket.gaierror)
         if gai is not None:
@@ -472,8 +471,8 @@ class Channel:
 
     # -- the answer ------------------------------------------------------------------------
 
-    def _classify(self, response: httpx.Response, raw: bytes) -> _Attempt:
-        status = response.status_code
+    def _classify(self, response: aiohttp.ClientResponse, raw: bytes) -> _Attempt:
+        status = response.status
         if 200 <= status < 300:
             return self._answer(status, raw)
         said = self._server_said(raw)
@@ -488,7 +487,7 @@ class Channel:
         if status in (404, 405) and not _is_api_error(raw):
             return self._not_the_api(status, said)
         if status == 429:
-            retry_after = _retry_after_s(response.headers.get("retry-after"))
+            retry_after = http.retry_after_s(response.headers.get("retry-after"))
             detail = f"HTTP 429: rate limited{_suffix(said)}"
             hint = "wait and ping again; check the plan's rate limits with the provider"
             return _Attempt("http_error", detail, hint, True, retry_after, status)
@@ -634,18 +633,14 @@ _URL_FIX = (
 _NETWORK_FIX = "check the network path to the provider (proxy, firewall, VPN) and ping again"
 
 
-async def _read_capped(response: httpx.Response) -> bytes:
+async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
     chunks, size = [], 0
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.content.iter_any():
         chunks.append(chunk)
         size += len(chunk)
         if size >= MAX_ANSWER_BYTES:
             break
     return b"".join(chunks)
-
-
-def _header_safe(key: str) -> bool:
-    return all(0x21 <= ord(char) <= 0x7E for char in key)
 
 
 def _cause(exc: BaseException, kind: type[BaseException]) -> Any:
@@ -669,21 +664,6 @@ def _is_api_error(raw: bytes) -> bool:
     return isinstance(document, dict) and "error" in document
 
 
-def _retry_after_s(value: str | None) -> float | None:
-    """Retry-After as seconds (a number, or an HTTP date); None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
 def _host(url: str) -> str:
     parts = urlsplit(url)
     try:
@@ -702,6 +682,3 @@ def _hostname(url: str) -> str:
 
 def _suffix(said: str) -> str:
     return f" ({said})" if said else ""
-
-
-retry_after_s = _retry_after_s  # public: the relay honours Retry-After the same way

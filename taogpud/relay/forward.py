@@ -34,6 +34,7 @@ from taogpud.host.unix_socket import peer_in
 from taogpud.i18n import Text, accepted_language, render
 from taogpud.observability import trace
 from taogpud.observability.logging import get_logger, request_trace_enabled
+from taogpud.provider import http
 from taogpud.provider.channel import ChannelSettings, Scrubber, public_url
 from taogpud.relay import upstream, websocket
 from taogpud.relay.limits import Limiter
@@ -132,7 +133,7 @@ class Relay:
 
     def _session(self) -> aiohttp.ClientSession:
         if self._client is None:
-            self._client = upstream.new_session()
+            self._client = http.new_session()
         return self._client
 
     def _channel_of(self, snapshot: ConfigSnapshot) -> Channel:
@@ -146,7 +147,7 @@ class Relay:
                 settings,
                 scrub,
                 KeyBytes(scrub.forms),
-                upstream.proxy_for(settings.base_url),
+                http.proxy_for(settings.base_url),
                 _channel_host(settings.base_url),
             )
             cached = self._channel = (snapshot, channel)
@@ -213,7 +214,7 @@ class Relay:
         aliased = upstream.resolve_alias(body, settings.models)
         exchange.alias, exchange.model = aliased.alias, aliased.model
         family = upstream.family_of(exchange.path, scope["headers"])
-        key = upstream.key_header(settings.api_key, snapshot.config.relay.key_header, family)
+        key = http.key_header(settings.api_key, snapshot.config.relay.key_header, family)
         out = upstream.Outgoing(
             exchange.method,
             upstream.upstream_url(settings.base_url, exchange.raw_path, scope["query_string"]),
@@ -283,7 +284,7 @@ class Relay:
         settings = channel.settings
         _require_key(settings)
         family = upstream.family_of(exchange.path, scope["headers"])
-        key = upstream.key_header(settings.api_key, snapshot.config.relay.key_header, family)
+        key = http.key_header(settings.api_key, snapshot.config.relay.key_header, family)
         headers, protocols = websocket.handshake_headers(scope["headers"], key)
         url = upstream.upstream_url(settings.base_url, exchange.raw_path, scope["query_string"])
         exchange.attempts = 1

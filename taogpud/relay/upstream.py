@@ -14,30 +14,25 @@ Retries: provider.maxRetries more attempts for a failed connect, a 429 (after it
 and a 5xx. They all happen before the client has seen a byte: once the head is forwarded, a
 failure is the client's to see.
 
-The client is aiohttp's: on this host class it costs about a fifth of httpx's CPU per request
-(0.2 ms against 1.0 ms, measured against the fake provider), which is most of what the relay
-adds. httpx stays the channel ping's client (taogpud/provider/channel.py).
+The client, its timeouts, proxy, TLS and the key's header are the provider's one HTTP client
+(taogpud/provider/http.py: aiohttp, measured against httpx in one run), shared with the
+channel's ping.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
 import orjson
-from pydantic import SecretStr
 from yarl import URL
 
-from taogpud.provider.channel import Backoff, retry_after_s
-
-Family = Literal["openai", "anthropic"]
-KeyHeader = Literal["auto", "authorization", "x-api-key"]
+from taogpud.provider import http
+from taogpud.provider.http import Backoff, Family, retry_after_s
 
 RETRY_AFTER_MAX_S = 60.0  # a provider asking for a longer wait gets its 429 forwarded instead
 BACKOFF = Backoff(base_s=0.25, cap_s=4.0)
@@ -107,14 +102,6 @@ def upstream_url(base_url: str, path: str, query: bytes) -> str:
     parts = urlsplit(base_url)
     joined = parts.path.rstrip("/") + path
     return urlunsplit((parts.scheme, parts.netloc, joined, query.decode("latin-1"), ""))
-
-
-def key_header(key: SecretStr | None, mode: KeyHeader, family: Family) -> list[tuple[str, str]]:
-    if key is None:
-        return []
-    if mode == "x-api-key" or (mode == "auto" and family == "anthropic"):
-        return [("x-api-key", key.get_secret_value())]
-    return [("authorization", f"Bearer {key.get_secret_value()}")]
 
 
 def request_headers(
@@ -199,34 +186,6 @@ class Outgoing:
     proxy: str | None = None
 
 
-def new_session() -> aiohttp.ClientSession:
-    """The relay's one upstream client (made on the event loop, at the first request).
-
-    Nothing is added to what the client sent (no User-Agent, Accept or Content-Type of
-    aiohttp's own), nothing is decompressed (the answer goes on as it came), no cookie is
-    kept. The proxy variables are read once per channel (`proxy_for`), not by aiohttp's
-    trust_env, which reads ~/.netrc and the environment again at every request (in a thread:
-    a third of the relay's CPU when measured)."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=512, limit_per_host=0, keepalive_timeout=30),
-        trust_env=False,
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-        cookie_jar=aiohttp.DummyCookieJar(),
-        timeout=aiohttp.ClientTimeout(total=None),
-    )
-
-
-def proxy_for(url: str) -> str | None:
-    """The proxy that http_proxy / https_proxy / all_proxy name for `url`, unless no_proxy
-    exempts its host: what httpx's trust_env did for the channel."""
-    parts = urlsplit(url)
-    if urllib.request.proxy_bypass(parts.hostname or ""):
-        return None
-    proxies = urllib.request.getproxies()
-    return proxies.get(parts.scheme) or proxies.get("all")
-
-
 async def open_upstream(
     client: aiohttp.ClientSession, out: Outgoing, rng: random.Random, backoff: Backoff = BACKOFF
 ) -> Opened:
@@ -257,16 +216,15 @@ async def open_upstream(
 
 
 async def _attempt(client: aiohttp.ClientSession, out: Outgoing) -> aiohttp.ClientResponse:
-    timeout = aiohttp.ClientTimeout(total=None, connect=out.timeout_s, sock_read=out.timeout_s)
     try:
         async with asyncio.timeout(out.timeout_s):
-            return await client.request(
+            return await http.send(
+                client,
                 out.method,
                 URL(out.url, encoded=True),  # the path and query go as the client sent them
                 headers=out.headers,
-                data=out.body or None,
-                allow_redirects=False,
-                timeout=timeout,
+                body=out.body,
+                timeout_s=out.timeout_s,
                 proxy=out.proxy,
             )
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
