@@ -102,7 +102,7 @@ PYTEST_FILES = ["tests/test_gpu.py", "tests/test_tasks.py", "tests/test_doctor.p
                 "tests/test_doctor_checks.py", "tests/test_pinning.py"]  # fmt: skip
 # What the check and the daemon import, by distribution name: their versions head the report
 DEPENDS_ON = ["cupy-cuda13x", "cupy-cuda12x", "numpy", "nvidia-ml-py", "fastapi", "starlette",
-              "uvicorn", "pydantic", "pydantic-settings", "structlog", "orjson", "httpx",
+              "uvicorn", "pydantic", "pydantic-settings", "structlog", "orjson", "aiohttp",
               "typer", "rich", "watchfiles", "opentelemetry-api", "pytest"]  # fmt: skip
 MATMUL_N = 8192
 # A program of the user's own, on the GPU for ~4 s (NVML is read once a second) with 1 GiB.
