@@ -1,1 +1,1 @@
-"""The OpenCL backend: the worker's device code, memory budget, probe and doctor report."""
+"""The OpenCL backend: the worker's device code, memory budget, probe and `devices` report."""
