@@ -19,9 +19,12 @@ from typing import Annotated, Any
 
 import typer
 
+from taogpud.cli.context import connect
 from taogpud.cli.failures import CliError
-from taogpud.cli.options import ParamOption, SeedOption, SizeOption
-from taogpud.cli.output import emit_json, emit_line, warn
+from taogpud.cli.inputs import build_params
+from taogpud.cli.options import JsonFlag, ParamOption, SeedOption, SizeOption
+from taogpud.cli.output import Progress, emit_json, emit_line, warn
+from taogpud.cli.report import finish_waited
 from taogpud.i18n import _
 
 # evidence key → the nvidia-smi query that reads the same fact on the host
@@ -49,17 +52,12 @@ def run_command(
     size: SizeOption = None,
     seed: SeedOption = None,
     param: ParamOption = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")] = (
-        False
-    ),
+    json_out: JsonFlag = False,
 ) -> int:
     """The guide's check: run TASK, wait, print `device=… backend=…`; exit 1 unless it succeeded.
 
     Example: taogpuctl run --config "$OPENCLAW_CONFIG" --task vector_add --size 1000000
     """
-    from taogpud.cli.app import build_params, connect, finish_waited
-    from taogpud.cli.output import Progress
-
     params = build_params(size, seed, param or [])
     refuse_missing_files(settings=settings, config=config)
     with connect(ctx) as client:

@@ -72,7 +72,7 @@ def _socket_and_words(argv: Sequence[str]) -> tuple[Path | None, list[str]]:
     return (None if chosen is None else Path(chosen)), words
 
 
-# exec's options with a value, each read as typer would (its bounds: cli/app.py)
+# exec's options with a value, each read as typer would (its bounds: cli/programs.py)
 EXEC_VALUES = {
     "--gpus": ("gpus", int, 1),
     "--device": ("device", int, 0),
@@ -118,7 +118,7 @@ def answer_exec(socket_path: Path | None, given: dict[str, Any]) -> int:
     """`taogpuctl exec`, as the typer command runs it."""
     from taogpud.cli.failures import CliError, explain
     from taogpud.cli.output import report_error
-    from taogpud.cli.programs import detach_program, exec_program, parse_size
+    from taogpud.cli.program_run import detach_program, exec_program, parse_size
     from taogpud.client import Client
 
     try:

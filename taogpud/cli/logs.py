@@ -11,7 +11,11 @@ import orjson
 import typer
 
 from taogpud import wire
+from taogpud.cli.context import connect
+from taogpud.cli.conventions import resolve_id
 from taogpud.cli.output import emit_line
+from taogpud.cli.program_run import follow_log
+from taogpud.client.stream import stream_lines
 
 # a job line's fields shown in `logs`, in this order, after its time and event
 LOG_FIELDS: tuple[str, ...] = ("status", "task", "backend", "device", "fallback", "queue_ms")
@@ -28,9 +32,6 @@ def trace_command(
     ),
 ) -> None:
     """The daemon's trace, one JSON line per event, as journald has it (`trace --grep backend`)."""
-    from taogpud.cli.app import connect
-    from taogpud.client.stream import stream_lines
-
     query = {"limit": limit, "follow": str(follow).lower(), **({"grep": grep} if grep else {})}
     with connect(ctx) as client:
         client.health()  # an absent daemon is exit 3, said as every command says it
@@ -50,16 +51,10 @@ def logs_command(
 ) -> None:
     """One job's trace lines: queued, running, where it ran, how it ended; a program's own
     output (taogpuctl exec --detach)."""
-    from taogpud.cli.app import connect
-    from taogpud.cli.conventions import resolve_id
-    from taogpud.client.stream import stream_lines
-
     with connect(ctx) as client:
         job_id = resolve_id(client, job_id)
         socket_path = client.socket_path
         if not json_out and client.get(job_id).get("task") == "program":
-            from taogpud.cli.programs import follow_log
-
             follow_log(client, job_id, follow)  # its own output, kept by the daemon
             return
     path = wire.JOB_EVENTS.url({"follow": str(follow).lower()}, job_id=job_id)

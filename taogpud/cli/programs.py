@@ -1,120 +1,62 @@
-"""`taogpuctl exec`: your own program through the queue, under a lease (docs/programs.md).
-
-taogpuctl queues it, says where it stands while it waits, starts it here as you once the
-lease is granted (in this directory, with this environment plus the lease's devices), streams
-its output to this terminal and exits with its exit status. Ctrl-C (SIGINT), SIGTERM and
-SIGHUP go to the program's process group, and the job ends `cancelled`.
-"""
+"""Programs: `taogpuctl exec`, your own program through the queue under a lease of devices
+(docs/programs.md); running it here is cli/program_run.py's."""
 
 from __future__ import annotations
 
-import json
-import re
-import signal
-import subprocess
-import sys
-from typing import Any
+from typing import Annotated, Any
 
-from taogpud.cli import EXIT_INTERRUPTED, EXIT_OK
+import typer
+
+from taogpud.cli import program_run
+from taogpud.cli.context import connect
 from taogpud.cli.failures import CliError
-from taogpud.cli.output import emit_json, emit_line, report_error, state_word, warn
-from taogpud.client import Client
-from taogpud.client.program import Outcome, ProgramRun, forwarding
-from taogpud.i18n import _
+from taogpud.cli.options import JsonFlag
 
-UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+EXEC_SETTINGS: dict[str, Any] = {"allow_interspersed_args": False}  # the program keeps its flags
 
 
-def parse_size(text: str) -> int:
-    """`4G`, `512MiB`, `1.5g`, `1048576` → bytes (binary units)."""
-    match = SIZE.match(text)
-    if match is None or float(match[1]) <= 0:
-        not_size = _("--mem {text} is not a size").format(text=repr(text))
-        raise CliError(not_size, _("e.g. --mem 4G, --mem 512M, --mem 1.5GiB"))
-    return int(float(match[1]) * UNITS[match[2].lower()])
-
-
-def exec_program(client: Client, argv: list[str], request: dict[str, Any], json_out: bool) -> int:
-    """Run `argv` under a lease; taogpuctl's exit status is the program's."""
-    run = ProgramRun(client, argv, reap_descendants=True, on_queued=_say_queued, **request)
-    try:
-        with forwarding(run):
-            outcome = run.run()
-    except KeyboardInterrupt:  # Ctrl-C before the program started: the job goes with it
-        if run.job is not None:
-            client.cancel(run.job["id"])
-            warn(
-                _("job {job_id} cancelled before its program started").format(job_id=run.job["id"])
-            )
-        return EXIT_INTERRUPTED
-    return _report(outcome, json_out)
-
-
-def detach_program(client: Client, argv: list[str], request: dict[str, Any], json_out: bool) -> int:
-    """Leave a supervisor (taogpud/client/supervise.py) to queue and run it; print its id."""
-    spec = {"socket": client.socket_path, "argv": argv, "request": request}
-    supervisor = subprocess.Popen(
-        [sys.executable, "-m", "taogpud.client.supervise", json.dumps(spec)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # not this terminal's: a hang-up or Ctrl-C here is not its
-    )
-    assert supervisor.stdout is not None
-    said = json.loads(supervisor.stdout.readline() or '{"error": {"message": "it exited"}}')
-    supervisor.stdout.close()
-    if "error" in said:
-        supervisor.wait()
-        not_queued = _("the program was not queued: {reason}")
-        raise CliError(not_queued.format(reason=said["error"]["message"]),
-                       said["error"].get("hint") or "")  # fmt: skip
-    job = said["job"]
-    if json_out:
-        emit_json(job)
-    else:
-        emit_line(job["id"])
-    return EXIT_OK
-
-
-def program_status(job: dict[str, Any]) -> int | None:
-    """A finished program's exit status as a shell gives it (128+N: killed by signal N)."""
-    result = job.get("result") or {}
-    if result.get("signal"):
-        return 128 + int(getattr(signal, result["signal"], 0))
-    code = result.get("exit_code")
-    return int(code) if isinstance(code, int) else None
-
-
-def follow_log(client: Client, job_id: str, follow: bool) -> None:
-    """A program's log to stdout, as it comes with `follow`, until its job ended."""
-    offset = 0
-    while True:
-        piece = client.program_log(job_id, offset, wait_s=30.0 if follow else 0.0)
-        sys.stdout.buffer.write(piece["data"])
-        sys.stdout.buffer.flush()
-        offset = piece["next"]
-        if piece["ended"] or not (follow or piece["data"]):
-            return
-
-
-def _say_queued(lease: dict[str, Any]) -> None:
-    job = lease["job"]
-    position = lease["queue_position"]
-    queued = _("job {job_id} queued, position {position} in the queue")
-    sys.stderr.write(f"taogpuctl: {queued.format(job_id=job['id'], position=position)}\n")
-    sys.stderr.flush()
-
-
-def _report(outcome: Outcome, json_out: bool) -> int:
-    job = outcome.job
-    if json_out:
-        emit_json({**job, "exit_status": outcome.exit_status})
-    elif job.get("status") not in ("succeeded", None):
-        error = job.get("error") or {}
-        ended = _("job {job_id} {status}: {detail}")
-        message = ended.format(
-            job_id=job["id"], status=state_word(job["status"]), detail=error.get("message", "")
-        )
-        report_error(message, error.get("hint") or "")
-    return outcome.exit_status
+def exec_command(
+    ctx: typer.Context,
+    program: Annotated[
+        list[str], typer.Argument(metavar="-- PROGRAM [ARGS]...", help="What to run, as you.")
+    ],
+    *,
+    gpus: Annotated[
+        int | None, typer.Option(min=1, help="Devices at once, all or none (default 1).")
+    ] = None,
+    device: Annotated[int | None, typer.Option(min=0, help="This device index only.")] = None,
+    mem: Annotated[
+        str | None,
+        typer.Option(help="Memory reservation, e.g. 4G (default: the device's whole cap)."),
+    ] = None,
+    share: Annotated[
+        bool, typer.Option("--share", help="One slot of a device, not the whole device.")
+    ] = False,
+    affinity: Annotated[str | None, typer.Option(help="Jobs of one key stay on one GPU.")] = None,
+    priority: Annotated[int, typer.Option(help="Higher runs first (-1000..1000).")] = 0,
+    timeout: Annotated[float | None, typer.Option(min=0.0, help="Stop it after S seconds.")] = None,
+    name: Annotated[str | None, typer.Option(help="A name for the job.")] = None,
+    detach: Annotated[
+        bool,
+        typer.Option("--detach", "-d", help="Print the job id and leave it running; see logs."),
+    ] = False,
+    json_out: JsonFlag = False,
+) -> int:
+    """Run your own program through the queue under a lease of devices (docs/programs.md);
+    the exit status is the program's."""
+    if device is not None and gpus not in (None, 1):
+        raise CliError("--device names one device", "give either --device I or --gpus N")
+    request: dict[str, Any] = {
+        "gpus": gpus or 1,
+        "device": device,
+        "mem_bytes": None if mem is None else program_run.parse_size(mem),
+        "share": share,
+        "affinity": affinity,
+        "priority": priority,
+        "timeout_s": timeout,
+        "name": name,
+    }
+    with connect(ctx) as client:
+        if detach:
+            return program_run.detach_program(client, program, request, json_out)
+        return program_run.exec_program(client, program, request, json_out)

@@ -1,6 +1,6 @@
 """`taogpuctl status`: the daemon's backend, fallback, load against its caps, its workers.
 
-One function for both ways in: the typer command (cli/app.py, also under --watch) and the
+One function for both ways in: the typer command (cli/system.py, also under --watch) and the
 hot path (cli/hot.py), so the two print exactly the same.
 """
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from taogpud.cli.context import connect
 from taogpud.cli.conventions import short_ids
 from taogpud.cli.output import gibibytes, heading
 from taogpud.i18n import _, ngettext
@@ -59,7 +60,6 @@ def top_command(
     """A live view: devices (NVML), workers and slots, the job in each slot, the queue."""
     from rich.live import Live
 
-    from taogpud.cli.app import connect
     from taogpud.cli.output import stdout
 
     with connect(ctx) as client:

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import orjson
 import typer
 
+from taogpud.cli.context import connect, socket_of
 from taogpud.cli.failures import CliError
+from taogpud.cli.options import JsonFlag
 from taogpud.cli.output import emit_json, emit_line
 from taogpud.client import Client
 from taogpud.i18n import _
@@ -31,7 +33,6 @@ TOKEN_FILE = "relay-token"
 MAX_NAME = 200  # a file name holds 255 bytes; a longer socket path is shortened by its hash
 
 relay_app = typer.Typer(help="The relay: AI tools reach the provider through taogpud.")
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document.")]
 
 
 def token_path(socket_path: str) -> Path:
@@ -59,11 +60,6 @@ def save_token(path: Path, token: str) -> Path:
     return path
 
 
-def _client(ctx: typer.Context) -> Client:
-    # the global --socket lives on the root context's object (taogpud.cli.Globals)
-    return Client(getattr(ctx.find_root().obj, "socket_path", None))
-
-
 @relay_app.command("token")
 def token_command(
     ctx: typer.Context,
@@ -73,7 +69,7 @@ def token_command(
     json_out: JsonFlag = False,
 ) -> None:
     """Fetch a new relay token (the previous one stops working) and keep it 0600."""
-    with _client(ctx) as client:
+    with connect(ctx) as client:
         if revoke:
             answer = client.relay_revoke(uid)
             if uid is None:
@@ -104,7 +100,7 @@ def env_command(
     """Print the lines TOOL reads to use the relay and taogpud's GPU tools (`taogpuctl mcp`)."""
     if tool not in TOOLS:
         raise typer.BadParameter(f"unknown tool {tool!r}; known: {', '.join(TOOLS)}")
-    with _client(ctx) as client:
+    with connect(ctx) as client:
         status = client.relay_status()
         if not status.get("listen"):
             raise CliError(
@@ -113,7 +109,7 @@ def env_command(
             )
         token = _usable_token(client, status)
     made = recipe(tool, f"http://{status['listen']}", token, status.get("models") or {})
-    socket_path = getattr(ctx.find_root().obj, "socket_path", None)
+    socket_path = socket_of(ctx)
     made = with_mcp_server(made, tool, None if socket_path is None else str(socket_path))
     lines = _written(made) if write else made.lines()
     print("\n".join(lines))  # as is: never through rich, whose markup eats `[table]` lines
@@ -170,7 +166,7 @@ def _written(made: Recipe) -> list[str]:
 @relay_app.command("status")
 def status_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
     """The relay's state and its use per user and model."""
-    with _client(ctx) as client:
+    with connect(ctx) as client:
         status = client.relay_status()
     if json_out:
         emit_json(status)
