@@ -8,9 +8,12 @@ inside the server; the tests assert it is absent from every result, log event an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import secrets
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -294,6 +297,55 @@ def test_utm_params_are_refused_before_sending(provider: FakeProvider) -> None:
     assert result.status == "utm_params" and result.attempts == 0
     assert "utm_source" in result.detail and "utm_source" in result.hint
     assert "utm_source" not in result.url
+    assert provider.seen == []
+
+
+@contextlib.contextmanager
+def raw_server(answer: bytes) -> Iterator[int]:
+    """A TCP server on 127.0.0.1 that reads each request, writes `answer` (maybe nothing) and
+    hangs up: what no HTTP server does. Yields its port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(65536)
+                conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        done.set()
+        thread.join()
+        listener.close()
+
+
+@pytest.mark.parametrize("answer", [b"", b"NOT HTTP AT ALL\r\n\r\n"], ids=["hang-up", "not-http"])
+def test_no_proper_answer_is_network_and_retried(answer: bytes) -> None:
+    """A server that hangs up without answering, or answers something that is not HTTP:
+    network, retried, saying so (the second was an unretried http_error once the ping left
+    httpx)."""
+    with raw_server(answer) as port:
+        result = ping(settings_for(f"http://127.0.0.1:{port}/api", retries=1))
+    assert result.status == "network" and result.attempts == 2
+    assert "closed the connection without a proper answer" in result.detail
+    assert_no_key(result.model_dump_json())
+
+
+def test_tls_failure_is_network_and_not_retried(provider: FakeProvider) -> None:
+    """https:// to a server that speaks plain HTTP: the TLS handshake fails, network, one
+    attempt (a certificate does not get better by retrying), nothing reaches the server."""
+    result = ping(settings_for(f"https://127.0.0.1:{provider.port}/api", retries=2))
+    assert result.status == "network" and result.attempts == 1
+    assert result.detail.startswith("TLS with 127.0.0.1") and "SSL_CERT_FILE" in result.hint
     assert provider.seen == []
 
 

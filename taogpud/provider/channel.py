@@ -437,7 +437,7 @@ class Channel:
             return connect
         if isinstance(exc, aiohttp.InvalidURL | aiohttp.NonHttpUrlClientError):
             return _Attempt("bad_url", f"{public_url(url)} cannot be used ({said})", _URL_FIX)
-        if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        if isinstance(exc, _NO_PROPER_ANSWER) and not isinstance(exc, aiohttp.ClientHttpProxyError):
             detail = f"{host} closed the connection without a proper answer ({said})"
             return _Attempt("network", detail, _NETWORK_FIX, retry=True)
         if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientHttpProxyError):
@@ -631,6 +631,13 @@ _URL_FIX = (
     "https://taotoken.net/api"
 )
 _NETWORK_FIX = "check the network path to the provider (proxy, firewall, VPN) and ping again"
+# a hang-up before the answer, one cut short, or bytes that are not HTTP (aiohttp's parser
+# raises ClientResponseError; a proxy refusing CONNECT, a subclass, is the network's)
+_NO_PROPER_ANSWER = (
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientPayloadError,
+    aiohttp.ClientResponseError,
+)
 
 
 async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
