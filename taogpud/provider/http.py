@@ -7,8 +7,9 @@ settings, for the relay (relay/upstream.py, relay/websocket.py) and the channel'
                  passes answers on as they came), no cookie kept, a pool of 512 connections
     redirects    never followed (send()): a base URL that redirects is the operator's to fix
     TLS          aiohttp's verified default context: ssl.create_default_context(), made when
-                 aiohttp is imported, so the CA store OpenSSL finds (SSL_CERT_FILE and
-                 SSL_CERT_DIR honoured); certificates and host names always checked
+                 aiohttp is imported, so the system's CA store as OpenSSL finds it
+                 (ca-certificates, which the packages recommend; SSL_CERT_FILE and
+                 SSL_CERT_DIR honoured; no certifi); certificates and host names checked
     proxy        proxy_for(): http_proxy / https_proxy / all_proxy unless no_proxy exempts the
                  host, read once per configuration by the caller, passed with each request
     timeouts     attempt_timeout(): the connect, then every gap between two pieces of the
