@@ -39,6 +39,9 @@ COUNTS = {
     "ray": (1000, 100),
 }
 # The A/B row: the same daemon with request traces off and job traces below the level.
+# api.request lines (where_time_goes reads the server's time from them) are written at
+# level debug since issue 35; the bench always measured with them written.
+TRACED_LOGS = {"logging": {"level": "debug"}}
 QUIET_LOGS = {"logging": {"requestTrace": False, "level": "warning"}}
 QUIET_NAME = "taogpud, Python client, request/job traces off (A/B)"
 # The guide's placement: a lone client's jobs alternate between the two workers.
@@ -65,20 +68,25 @@ def plans(kind: str, repeats: int, quick: bool) -> tuple[Plan, Plan]:
     )
 
 
-def measure(repeats: int, quick: bool) -> DispatchResult:
+def measure(repeats: int, quick: bool, systems: Sequence[Measure] | None = None) -> DispatchResult:
     """`repeats` rounds: in each, every system runs once, in turn, the order reversed every
     other round; each row is then pooled over the rounds, a round's number one repeat.
 
     The targets are ratios of two systems (taogpud's p50 against Ray's warm actor's, ...),
     and this host is shared: measured all repeats at a time, the systems ran minutes apart,
     and a host that grew busier in between slowed one side of a ratio only. In rounds, each
-    system meets the same stretches of the run (and each round starts every system anew)."""
+    system meets the same stretches of the run (and each round starts every system anew).
+    `systems`: these instead of all of SYSTEMS (bench/refactor_guard.py measures two)."""
     result = DispatchResult()
     rounds = []
     for number in range(repeats):
         print(f"-- round {number + 1} of {repeats}", flush=True)
         rounds.append(
-            [row for system in round_order(SYSTEMS, number) for row in system(result, quick)]
+            [
+                row
+                for system in round_order(systems or SYSTEMS, number)
+                for row in system(result, quick)
+            ]
         )
     result.rows = pool_rounds(rounds)
     return result
@@ -92,12 +100,10 @@ def round_order(systems: Sequence[T], number: int) -> list[T]:
 
 def _taogpud(result: DispatchResult, quick: bool) -> list[DispatchRow]:
     one, many = plans("taogpud", 1, quick)
-    # api.request lines (where_time_goes reads the server's time from them) are written at
-    # level debug since issue 35; the bench always measured with them written
-    with running({"logging": {"level": "debug"}}) as daemon:
+    with running(TRACED_LOGS) as daemon:
         rows, breakdown = taogpud_client.measure(daemon, one, CLIENTS, many)
         result.breakdown = result.breakdown or breakdown
-        _print(rows)
+        print_rows(rows)
         cli_one, cli_many = plans("taogpuctl", 1, quick)
         socket_path = str(daemon.socket_path)
         rows += _peer(
@@ -111,12 +117,12 @@ def _taogpud(result: DispatchResult, quick: bool) -> list[DispatchRow]:
     ):
         with running(settings, config) as daemon:
             variant, _ = taogpud_client.measure(daemon, one, CLIENTS, many, name)
-        _print(variant)
+        print_rows(variant)
         rows += variant
     return rows
 
 
-def _isolated_peer(name: str, measure: Callable[..., Any], kind: str) -> Measure:
+def isolated_peer(name: str, measure: Callable[..., Any], kind: str) -> Measure:
     """A peer measured in a fresh spawned process, one repeat of its plans."""
     return lambda result, quick: _peer(result, name, measure, plans(kind, 1, quick))
 
@@ -140,22 +146,22 @@ def _peer(
     rows, footprint = found if isinstance(found, tuple) else (found, None)
     if footprint is not None:
         result.peer_footprints.setdefault(name, footprint)  # its first start
-    _print(rows)
+    print_rows(rows)
     return list(rows)
 
 
-def _print(rows: list[DispatchRow]) -> None:
+def print_rows(rows: list[DispatchRow]) -> None:
     print(*(_line(row) for row in rows), sep="\n", flush=True)
 
 
 # A round, in its first order: the floor, taogpud, then the peers.
 SYSTEMS: list[Measure] = [
-    _isolated_peer("bare asyncio echo", echo.measure, "echo"),
+    isolated_peer("bare asyncio echo", echo.measure, "echo"),
     _taogpud,
-    _isolated_peer(process_pool.NAME, process_pool.measure, "pool"),
-    _isolated_peer("process per job", process_per_job.measure, "per_job"),
-    _isolated_peer(dask_local.NAME, dask_local.measure, "dask"),
-    _isolated_peer("Ray local", ray_local.measure, "ray"),
+    isolated_peer(process_pool.NAME, process_pool.measure, "pool"),
+    isolated_peer("process per job", process_per_job.measure, "per_job"),
+    isolated_peer(dask_local.NAME, dask_local.measure, "dask"),
+    isolated_peer("Ray local", ray_local.measure, "ray"),
 ]
 
 

@@ -142,6 +142,7 @@ AS_MODULES = [
     ("bench.ray_shm", "--help"),
     ("bench.ab", "--help"),
     ("bench.shm_path", "--help"),
+    ("bench.refactor_guard", "--help"),
     ("scripts.soak", "--help"),
     ("scripts.gpu_check", "--test-files"),
 ]

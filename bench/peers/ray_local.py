@@ -25,6 +25,7 @@ from bench.stats import DispatchRow
 NAMESPACE = "taogpud-bench"
 ACTORS = 2  # one per CPU, like taogpud's two workers
 IDLE_S = 1.0
+NAMES = {"actor": "Ray local, a warm actor", "task": "Ray local, plain tasks"}
 CLIENT_NOTES = {
     "actor": "client i calls actor i mod 2",
     "task": "each client process is a Ray job, and a Ray worker serves one job: "
@@ -38,19 +39,26 @@ class Noop:
 
 
 def measure(
-    plan: Plan, clients: int, concurrent: Plan
+    plan: Plan, clients: int, concurrent: Plan, kinds: tuple[str, ...] = tuple(NAMES)
 ) -> tuple[list[DispatchRow], dict[str, float]]:
     temp_root = tempfile.mkdtemp(prefix="tgd-ray-", dir="/tmp")
     os.environ.update(RAY_TMPDIR=temp_root, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     try:
-        return _measure(plan, clients, concurrent)
+        return _measure(plan, clients, concurrent, kinds)
     finally:
         kill_all(with_marker(temp_root))  # anything ray.shutdown() left behind
         shutil.rmtree(temp_root, ignore_errors=True)
 
 
-def _measure(
+def measure_actor(
     plan: Plan, clients: int, concurrent: Plan
+) -> tuple[list[DispatchRow], dict[str, float]]:
+    """The warm actor's rows alone (bench/refactor_guard.py: plain tasks are no target)."""
+    return measure(plan, clients, concurrent, ("actor",))
+
+
+def _measure(
+    plan: Plan, clients: int, concurrent: Plan, kinds: tuple[str, ...]
 ) -> tuple[list[DispatchRow], dict[str, float]]:
     import ray
 
@@ -70,10 +78,8 @@ def _measure(
         time.sleep(IDLE_S)
         footprint["idle_rss_mib"] = sum(map(rss_mib, [os.getpid(), *descendants(os.getpid())]))
         rows = []
-        for kind, name in (
-            ("actor", "Ray local, a warm actor"),
-            ("task", "Ray local, plain tasks"),
-        ):
+        for kind in kinds:
+            name = NAMES[kind]
             with open_caller(None, kind, 0) as call:
                 one = sequential(call, plan)
             many = in_processes(
