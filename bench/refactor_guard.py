@@ -1,6 +1,6 @@
 """Issue 36's guard: the three ratios a pure refactor must hold, measured in one run.
 
-    python -m bench.refactor_guard --label before [--rounds 5] [--shm-repeats 7]
+    python -m bench.refactor_guard --label before [--rounds 9] [--shm-repeats 7]
 
 - the tiny-job p50 with 1 client, taogpud's Python client against Ray local's warm actor;
 - jobs/s with 8 clients, the same two;
@@ -59,7 +59,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--label", required=True, help='names the section, e.g. "before"')
-    parser.add_argument("--rounds", type=int, default=5, help="dispatch rounds (≥ 2)")
+    parser.add_argument("--rounds", type=int, default=9, help="dispatch rounds (≥ 2)")
     parser.add_argument("--shm-repeats", type=int, default=7, help="warm rounds of the lanes")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the file appended to")
     args = parser.parse_args()
