@@ -1,6 +1,6 @@
 """Issue 36's guard: the three ratios a pure refactor must hold, measured in one run.
 
-    python -m bench.refactor_guard --label before [--rounds 9] [--shm-repeats 7]
+    python -m bench.refactor_guard --label before [--rounds 5] [--shm-repeats 7]
 
 - the tiny-job p50 with 1 client, taogpud's Python client against Ray local's warm actor;
 - jobs/s with 8 clients, the same two;
@@ -59,12 +59,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--label", required=True, help='names the section, e.g. "before"')
-    parser.add_argument("--rounds", type=int, default=9, help="dispatch rounds (≥ 2)")
+    parser.add_argument("--rounds", type=int, default=5, help="dispatch rounds (≥ 2)")
     parser.add_argument("--shm-repeats", type=int, default=7, help="warm rounds of the lanes")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the file appended to")
     args = parser.parse_args()
-    # SIGTERM ends the run through its finally blocks: daemons, Ray and /dev/shm cleaned up.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    _exit_on_sigterm()
     load_before, started = host.load_average(), time.monotonic()
     print("== tiny-job dispatch: taogpud and Ray's warm actor", flush=True)
     rows = dispatch.measure(args.rounds, False, [_taogpud, _ray_actor]).rows
@@ -77,6 +76,12 @@ def main() -> None:
     with args.out.open("a") as out:
         out.write("\n" + section)
     print(section)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM ends the run through its finally blocks: daemons, Ray and /dev/shm cleaned up.
+    Set again after ray.init, which installs a handler of its own that just exits."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def _taogpud(result: DispatchResult, quick: bool) -> list[DispatchRow]:
@@ -96,6 +101,7 @@ def _shm_rows(repeats: int) -> dict[int, dict[str, list[float]]]:
     rows: dict[int, dict[str, list[float]]] = {}
     with contextlib.ExitStack() as stack:
         actor = stack.enter_context(shm_path.ray_actor(max(SHM_SIZES_MIB)))
+        _exit_on_sigterm()
         daemon = stack.enter_context(running())
         for size_mib in SHM_SIZES_MIB:
             clients: list[Client] = []
