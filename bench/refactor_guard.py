@@ -128,9 +128,10 @@ def _facts(args: argparse.Namespace, before: str, after: str, seconds: float) ->
 
 
 def _commit() -> str:
-    """HEAD, and whether taogpud/ or bench/ differ from it (then the numbers are not HEAD's)."""
+    """HEAD, and whether taogpud/ or bench/ differ from it (then the numbers are not HEAD's);
+    results a run before this one wrote do not count."""
     head = _git("rev-parse", "--short", "HEAD")
-    dirty = _git("status", "--porcelain", "--", "taogpud", "bench")
+    dirty = _git("status", "--porcelain", "--", "taogpud", "bench", ":!bench/results")
     return f"{head} (with uncommitted changes)" if dirty else head
 
 
