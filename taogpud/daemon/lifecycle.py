@@ -63,6 +63,7 @@ from taogpud.memfd.server import ShmServer
 from taogpud.observability import logging as tlog
 from taogpud.observability import nvml, trace
 from taogpud.pool.executor import create_pool
+from taogpud.pool.leftovers import end_resource_tracker
 from taogpud.pool.plan import plan_workers
 from taogpud.relay import listen as relay_listen
 from taogpud.relay.forward import Relay
@@ -104,8 +105,15 @@ class Daemon:
         args: argparse.Namespace,
         socket_path: Path,
         notifier: systemd.Notifier | None = None,
+        owns_process: bool = True,
     ) -> None:
         self.snapshot = snapshot
+        # False: a daemon inside another program (taogpud.testing's in-process harness). It
+        # leaves what belongs to the whole process as it found it: signal handlers (only the
+        # main thread may set them), the umask, os.environ, sockets systemd passed, the
+        # garbage collector's frozen objects; and it lets go of its state directory's lock at
+        # the end, as a process's exit would.
+        self.owns_process = owns_process
         self.args = args
         self.socket_path = socket_path
         self.state_dir: Path = args.state_dir or default_state_dir()
@@ -121,6 +129,18 @@ class Daemon:
         self.shm: ShmServer | None = None  # the shared-memory socket beside the HTTP one
 
     async def run(self) -> int:
+        try:
+            return await self._run()
+        finally:
+            if not self.owns_process:
+                self._unlock()
+
+    def request_stop(self) -> None:
+        """What SIGTERM does: stop taking jobs, drain, stop (a second call skips the drain)."""
+        self._signals_seen += 1
+        self._stop_requested.set()
+
+    async def _run(self) -> int:
         state, server, serving = await self._startup()
         assert self._reloader is not None  # built with the state
         loop = asyncio.get_running_loop()
@@ -133,7 +153,7 @@ class Daemon:
                 _watch_programs(state),
             )
         ]
-        frozen = heap.freeze_start_up()  # every worker is warm and the app built
+        frozen = heap.freeze_start_up() if self.owns_process else 0  # workers warm, app built
         state.status.phase = Phase.ready
         log.info(
             "daemon.ready", socket=str(self.socket_path), frozen_objects=frozen, **_summary(state)
@@ -156,20 +176,21 @@ class Daemon:
         state directory or a live socket fails before it touches either or spawns anything,
         and clients that connect while the workers warm wait in the backlog."""
         self._lock_fd = lock_state_dir(self.state_dir, self.socket_path)
-        self._relay = (relay_listen.inherited_socket(), None, None)  # before listen_socket()
-        inherited = systemd.listen_socket()
+        inherited = self._inherited_sockets()
         self._owns_socket_file = inherited is None  # systemd's socket unit owns its file
         sock = inherited or bind_unix_socket(self.socket_path)
         # After the bind (the socket's folder may be new, and its users must reach it): the
         # store, its WAL, kept outputs and the workers' files are created private, whatever
         # umask the daemon was started with, never chmod-ed afterwards.
-        os.umask(PRIVATE_UMASK)
+        if self.owns_process:
+            os.umask(PRIVATE_UMASK)
         try:
             state = self._build_state()
         except BaseException:
             self._remove_socket_file()
             raise
-        self._install_signal_handlers()
+        if self.owns_process:
+            self._install_signal_handlers()
         try:
             await state.pool.start(state.scheduler, WARM_TIMEOUT_S)
             state.scheduler.recover(state.store.unfinished())
@@ -181,6 +202,18 @@ class Daemon:
             self._remove_socket_file()
             raise
         return state, server, serving
+
+    def _inherited_sockets(self) -> socket.socket | None:
+        """The control socket systemd passed, if any; the relay's is kept in self._relay."""
+        if not self.owns_process:
+            return None
+        self._relay = (relay_listen.inherited_socket(), None, None)  # before listen_socket()
+        return systemd.listen_socket()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops its flock
+            self._lock_fd = None
 
     def _start_shm(self, state: DaemonState) -> None:
         """`<socket>.shm`: local clients' own memory, handed over once (daemon/shm_server.py).
@@ -206,7 +239,8 @@ class Daemon:
         plan = plan_workers(self.snapshot)
         state_dir = self.state_dir
         private_dir(state_dir)
-        os.environ.update(kernel_cache_env(state_dir))  # inherited by the spawned workers
+        if self.owns_process:
+            os.environ.update(kernel_cache_env(state_dir))  # inherited by the spawned workers
         store = JobStore(state_dir / STORE_NAME)
         arrays = ArrayStore(
             array_budget_bytes(self.snapshot), store, images.namespace_of(state_dir)
@@ -284,6 +318,8 @@ class Daemon:
         if self.shm is not None:
             self.shm.close()
         await state.pool.stop(WORKER_STOP_TIMEOUT_S)
+        if self.owns_process:  # the tracker is the process's, a harness's too
+            end_resource_tracker()  # else systemd kills it as a left-over after the unit stops
         state.arrays.release_unused()  # /dev/shm is memory: keep only what queued jobs need
         self._remove_socket_file()
         trace.flush()  # the last jobs' lines before the daemon's own
@@ -301,8 +337,7 @@ class Daemon:
 
     def _on_stop_signal(self, signum: int) -> None:
         """Recorded before anything is logged: a log line can never keep a stop from happening."""
-        self._signals_seen += 1
-        self._stop_requested.set()
+        self.request_stop()
         log.info("daemon.signal", signal=signal.Signals(signum).name, count=self._signals_seen)
 
     def _on_hup(self) -> None:
@@ -473,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(daemon: Daemon, notifier: systemd.Notifier) -> int:
     """The daemon's life on its event loop; a start that failed is refused with its reason."""
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             code = runner.run(daemon.run())
         tlog.flush_lines()  # what the log thread still holds for a slow stdout
         if not daemon.exit_hooks_safe:  # everything is saved; a library's exit hook would abort
@@ -537,7 +572,8 @@ def _in_language(error: TaogpudError, language: str | None) -> str:
     return _("{message} (fix: {fix})").format(message=said.message, fix=said.hint)
 
 
-def _loop_factory() -> type[asyncio.AbstractEventLoop] | None:
+def loop_factory() -> type[asyncio.AbstractEventLoop] | None:
+    """uvloop's loop where it is installed (the daemon's, and taogpud.testing's in-process one)."""
     try:
         import uvloop
     except ImportError:

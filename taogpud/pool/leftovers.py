@@ -1,4 +1,4 @@
-"""The pool's stop ends what spawning left behind: multiprocessing's resource tracker.
+"""The daemon's stop ends what spawning left behind: multiprocessing's resource tracker.
 
 The first spawn starts the tracker (`python -c 'from multiprocessing.resource_tracker import
 main; main(FD)'`), a child of the daemon that ignores SIGINT and SIGTERM and leaves only when

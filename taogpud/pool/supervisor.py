@@ -17,7 +17,6 @@ from taogpud.errors import BackendUnavailable
 from taogpud.observability.logging import get_logger
 from taogpud.pool import protocol as msg
 from taogpud.pool.interface import WorkerState
-from taogpud.pool.leftovers import end_resource_tracker
 from taogpud.pool.worker import WorkerHandle
 
 BACKOFF_FIRST_S = 1.0
@@ -74,7 +73,6 @@ class WorkerPool:
         for task in self._respawns:
             task.cancel()
         await asyncio.gather(*(w.stop(timeout_s) for w in self.workers))
-        end_resource_tracker()  # else systemd kills it as a left-over after the unit stops
 
     def kill_all(self) -> None:
         for worker in self.workers:
