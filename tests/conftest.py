@@ -1,8 +1,11 @@
-"""Real daemons for tests: a `taogpud` process per test, reached through its real socket.
+"""Real daemons for tests, reached through their real socket: a `taogpud` process per test
+(`daemon`, `daemon_factory`), or the same daemon in a thread of the test's process for API and
+scheduling behaviour (`inprocess_daemon`, `inprocess_factory`).
 
-Thin fixtures over taogpud.testing, where the daemon, its client and the config writers live
-(bench/ and scripts/ use them too). Socket paths live in a short directory under /tmp because
-sun_path holds 108 bytes and pytest's tmp_path is often longer.
+Thin fixtures over taogpud.testing, where the daemons, their client and the config writers
+live (bench/ and scripts/ use them too); tests import those from there. Socket paths live in
+a short directory under /tmp because sun_path holds 108 bytes and pytest's tmp_path is often
+longer.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from taogpud.testing import (
     KEYS_GIVEN,
     READY_TIMEOUT_S,
     Ctl,
+    InProcessDaemon,
     RunningDaemon,
     deep_merge,
     key_leaks,
@@ -32,6 +36,7 @@ from taogpud.testing import (
     new_home,
     remove_home,
     start_daemon,
+    start_in_process,
     to_toml,
 )
 
@@ -88,6 +93,33 @@ def daemon_factory(daemon_home: Path) -> Iterator[Callable[..., RunningDaemon]]:
 def daemon(daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
     """A ready daemon on the CPU backend: 2 devices, 2 slots each, the seed's caps."""
     return daemon_factory()
+
+
+@pytest.fixture
+def inprocess_factory(daemon_home: Path) -> Iterator[Callable[..., InProcessDaemon]]:
+    """`daemon_factory`'s twin for API and scheduling behaviour: the same daemon on the same
+    files, in a thread of the test's process (taogpud.testing.InProcessDaemon), one at a
+    time; each is stopped afterwards, and a stop that left anything behind fails the test."""
+    started: list[InProcessDaemon] = []
+
+    def factory(
+        settings: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        wait_ready: bool = True,
+    ) -> InProcessDaemon:
+        daemon = start_in_process(daemon_home / f"i{len(started)}", settings, config, wait_ready)
+        started.append(daemon)
+        return daemon
+
+    yield factory
+    for daemon in started:
+        daemon.stop(timeout_s=15)
+
+
+@pytest.fixture
+def inprocess_daemon(inprocess_factory: Callable[..., InProcessDaemon]) -> InProcessDaemon:
+    """`daemon`'s twin in the test's process: the CPU backend, 2 devices, 2 slots each."""
+    return inprocess_factory()
 
 
 HOST_STATE_DIR = Path("/var/lib/taogpud")  # a root daemon's default: the booted containers

@@ -12,29 +12,29 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import RunningDaemon
 from traces import most_running
 
 from taogpud.client import ApiError
+from taogpud.testing import DaemonHandle, InProcessDaemon
 
 
 def submit_all(
-    daemon: RunningDaemon, count: int, task: str, params: dict[str, Any], **kw: Any
+    daemon: DaemonHandle, count: int, task: str, params: dict[str, Any], **kw: Any
 ) -> list[str]:
     with daemon.client() as client:
         return [client.submit(task, params, **kw)["id"] for _ in range(count)]
 
 
-def wait_all(daemon: RunningDaemon, ids: list[str]) -> list[dict[str, Any]]:
+def wait_all(daemon: DaemonHandle, ids: list[str]) -> list[dict[str, Any]]:
     with daemon.client() as client:
         return [client.wait(job_id, timeout_s=60) for job_id in ids]
 
 
 def test_cap_of_three_holds_for_twenty_sleep_jobs(
-    daemon_factory: Callable[..., RunningDaemon],
+    inprocess_factory: Callable[..., InProcessDaemon],
 ) -> None:
     """With max_concurrent_tasks=3 and 4 slots, 20 sleep jobs never run more than 3 at once."""
-    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 3}})
+    daemon = inprocess_factory(config={"scheduling": {"max_concurrent_tasks": 3}})
     ids = submit_all(daemon, 20, "sleep", {"ms": 60})
     jobs = wait_all(daemon, ids)
     assert [j["status"] for j in jobs] == ["succeeded"] * 20
@@ -43,26 +43,26 @@ def test_cap_of_three_holds_for_twenty_sleep_jobs(
         assert client.status()["max_concurrent_tasks"] == 3
 
 
-def test_stream_count_caps_each_device(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_stream_count_caps_each_device(inprocess_factory: Callable[..., InProcessDaemon]) -> None:
     """One device with stream_count=2 never runs more than 2 jobs, even under a cap of 8."""
-    daemon = daemon_factory(config={"runtime": {"cpu_devices": 1}})
+    daemon = inprocess_factory(config={"runtime": {"cpu_devices": 1}})
     ids = submit_all(daemon, 8, "sleep", {"ms": 60})
     assert {j["status"] for j in wait_all(daemon, ids)} == {"succeeded"}
     assert most_running(daemon.events()) == 2
 
 
-def test_round_robin_alternates_devices(daemon: RunningDaemon) -> None:
+def test_round_robin_alternates_devices(inprocess_daemon: InProcessDaemon) -> None:
     """round_robin sends one job after another to cpu:0, cpu:1, cpu:0, ..."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         devices = [client.run("noop")["device"] for _ in range(6)]
     assert devices == ["cpu:0", "cpu:1"] * 3
 
 
 def test_least_loaded_reuses_the_idle_first_device(
-    daemon_factory: Callable[..., RunningDaemon],
+    inprocess_factory: Callable[..., InProcessDaemon],
 ) -> None:
     """least_loaded keeps sequential jobs on the first idle device instead of rotating."""
-    daemon = daemon_factory(config={"scheduling": {"strategy": "least_loaded"}})
+    daemon = inprocess_factory(config={"scheduling": {"strategy": "least_loaded"}})
     with daemon.client() as client:
         devices = {client.run("noop")["device"] for _ in range(4)}
         busy = client.submit("sleep", {"ms": 2000})
@@ -72,9 +72,9 @@ def test_least_loaded_reuses_the_idle_first_device(
     assert other["device"] == "cpu:1"
 
 
-def test_affinity_key_sticks_to_its_first_device(daemon: RunningDaemon) -> None:
+def test_affinity_key_sticks_to_its_first_device(inprocess_daemon: InProcessDaemon) -> None:
     """Jobs with one affinity key stay on the device the key first landed on."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         first_a = client.run("noop", affinity="A")["device"]
         first_b = client.run("noop", affinity="B")["device"]
         later = [(client.run("noop", affinity=key)["device"], key) for key in "ABAB" * 2]
@@ -83,10 +83,10 @@ def test_affinity_key_sticks_to_its_first_device(daemon: RunningDaemon) -> None:
 
 
 def test_affinity_waits_for_its_device_rather_than_moving(
-    daemon_factory: Callable[..., RunningDaemon],
+    inprocess_factory: Callable[..., InProcessDaemon],
 ) -> None:
     """A key whose device is full waits for it even when another device is idle."""
-    daemon = daemon_factory(config={"backend": {"cuda": {"stream_count": 1}}})
+    daemon = inprocess_factory(config={"backend": {"cuda": {"stream_count": 1}}})
     with daemon.client() as client:
         first = client.submit("sleep", {"ms": 300}, affinity="K")
         second = client.run("noop", affinity="K")
@@ -95,9 +95,9 @@ def test_affinity_waits_for_its_device_rather_than_moving(
     assert second["queue_ms"] > 100
 
 
-def test_pinned_device(daemon: RunningDaemon) -> None:
+def test_pinned_device(inprocess_daemon: InProcessDaemon) -> None:
     """--device 1 runs on cpu:1; an unknown device is refused with the list of devices."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         assert client.run("noop", device=1)["device"] == "cpu:1"
         with pytest.raises(ApiError) as refused:
             client.submit("noop", device=7)
@@ -105,9 +105,9 @@ def test_pinned_device(daemon: RunningDaemon) -> None:
     assert "devices: 0, 1" in refused.value.hint
 
 
-def test_a_requested_device_wins_over_the_affinity_key(daemon: RunningDaemon) -> None:
+def test_a_requested_device_wins_over_the_affinity_key(inprocess_daemon: InProcessDaemon) -> None:
     """A job that names a device runs there, even when its affinity key landed elsewhere."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         first = client.run("noop", affinity="K")["device_index"]
         other = 1 - first
         moved = client.run("noop", affinity="K", device=other)
@@ -116,9 +116,9 @@ def test_a_requested_device_wins_over_the_affinity_key(daemon: RunningDaemon) ->
     assert again["device_index"] == first  # the key stays where it first landed
 
 
-def test_priority_runs_first(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_priority_runs_first(inprocess_factory: Callable[..., InProcessDaemon]) -> None:
     """With one slot busy, a high-priority job queued last starts before earlier ones."""
-    daemon = daemon_factory(
+    daemon = inprocess_factory(
         config={"runtime": {"cpu_devices": 1}, "backend": {"cuda": {"stream_count": 1}}}
     )
     with daemon.client() as client:
@@ -130,9 +130,9 @@ def test_priority_runs_first(daemon_factory: Callable[..., RunningDaemon]) -> No
     assert started.index(high) < min(started.index(job_id) for job_id in low)
 
 
-def test_cancel_queued_job_never_runs(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_cancel_queued_job_never_runs(inprocess_factory: Callable[..., InProcessDaemon]) -> None:
     """A queued job that is cancelled ends cancelled and never reaches a worker."""
-    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 1}})
+    daemon = inprocess_factory(config={"scheduling": {"max_concurrent_tasks": 1}})
     with daemon.client() as client:
         blocker = client.submit("sleep", {"ms": 1000})
         queued = client.submit("noop")
@@ -143,11 +143,11 @@ def test_cancel_queued_job_never_runs(daemon_factory: Callable[..., RunningDaemo
     assert queued["id"] not in [e["job_id"] for e in daemon.events("job.running")]
 
 
-def test_cancel_running_job_stops_it(daemon: RunningDaemon) -> None:
+def test_cancel_running_job_stops_it(inprocess_daemon: InProcessDaemon) -> None:
     """A running sleep of 60 s is cancelled at once; its slot is free for the next job."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         job = client.submit("sleep", {"ms": 60_000}, device=0)
-        daemon.wait_running(job["id"])
+        inprocess_daemon.wait_running(job["id"])
         cancelled = client.cancel(job["id"])
         after = client.run("noop", device=0)
     assert cancelled["status"] == "cancelled"
@@ -155,18 +155,18 @@ def test_cancel_running_job_stops_it(daemon: RunningDaemon) -> None:
     assert after["status"] == "succeeded"
 
 
-def test_timeout_ends_a_long_job(daemon: RunningDaemon) -> None:
+def test_timeout_ends_a_long_job(inprocess_daemon: InProcessDaemon) -> None:
     """A job past its timeout_s ends timed_out with a clear error."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         job = client.run("sleep", {"ms": 60_000}, timeout_s=0.3)
     assert job["status"] == "timed_out"
     assert job["error"]["code"] == "timed_out"
     assert "0.3" in job["error"]["message"]
 
 
-def test_full_queue_answers_queue_full(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_full_queue_answers_queue_full(inprocess_factory: Callable[..., InProcessDaemon]) -> None:
     """Past queue_limit a submit is refused with 429 queue_full, and the queued jobs still run."""
-    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 1, "queue_limit": 2}})
+    daemon = inprocess_factory(config={"scheduling": {"max_concurrent_tasks": 1, "queue_limit": 2}})
     with daemon.client() as client:
         blocker = client.submit("sleep", {"ms": 300})
         queued = [client.submit("noop")["id"] for _ in range(2)]
@@ -179,13 +179,13 @@ def test_full_queue_answers_queue_full(daemon_factory: Callable[..., RunningDaem
     assert {j["status"] for j in finished} == {"succeeded"}
 
 
-def test_many_clients_at_once_lose_nothing(daemon: RunningDaemon) -> None:
+def test_many_clients_at_once_lose_nothing(inprocess_daemon: InProcessDaemon) -> None:
     """8 threads submitting 25 jobs each: all 200 succeed and each is traced once as succeeded."""
     results: list[str] = []
     lock = threading.Lock()
 
     def worker() -> None:
-        with daemon.client() as client:
+        with inprocess_daemon.client() as client:
             statuses = [client.run("noop")["status"] for _ in range(25)]
         with lock:
             results.extend(statuses)
@@ -196,7 +196,7 @@ def test_many_clients_at_once_lose_nothing(daemon: RunningDaemon) -> None:
     for thread in threads:
         thread.join(120)
     assert results == ["succeeded"] * 200
-    assert len(daemon.events("job.succeeded")) == 200
+    assert len(inprocess_daemon.events("job.succeeded")) == 200
 
 
 def test_respawn_backoff_doubles_in_a_row_and_restarts_after_a_healthy_spell() -> None:

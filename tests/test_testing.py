@@ -3,12 +3,18 @@ and a daemon started through it leaves nothing behind."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
+import multiprocessing
+import multiprocessing.resource_tracker
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +22,7 @@ import pytest
 import taogpud
 from taogpud import testing
 from taogpud.config import load
+from taogpud.daemon.lifecycle import loop_factory
 
 # Run in a fresh interpreter where importing pytest fails, as in a bench or a script.
 WITHOUT_PYTEST = "import sys; sys.modules['pytest'] = sys.modules['_pytest'] = None\n"
@@ -188,3 +195,64 @@ def test_a_line_still_being_written_is_not_read_yet() -> None:
     assert testing.whole_lines(written) == '{"event":"job.succeeded"}\n'
     assert testing.whole_lines(written + 'uest"}\n') == written + 'uest"}\n'
     assert testing.whole_lines("") == ""
+
+
+def process_wide() -> dict[str, object]:
+    """What belongs to the whole test process, which an in-process daemon must leave as it was."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return {
+        "threads": sorted(t.name for t in threading.enumerate()),
+        "fds": sorted(fd.name for fd in Path("/proc/self/fd").iterdir()),
+        "umask": umask,
+        "signals": [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)],
+        "environ": dict(os.environ),
+        "frozen": gc.get_freeze_count(),
+        "children": [p.name for p in multiprocessing.active_children()],
+    }
+
+
+def test_an_in_process_daemon_serves_and_leaves_the_process_as_it_was() -> None:
+    """`testing.in_process()`: the daemon answers on its real socket, runs a job on a worker
+    process and traces it; stopped, it drained (exit 0), removed its socket, its workers are
+    gone, and the test process has the threads, descriptors, umask, signal handlers,
+    environment, frozen objects and children it had before."""
+    multiprocessing.resource_tracker.ensure_running()  # the first spawn's, kept for the process
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop's pipe, once a process
+        runner.run(asyncio.sleep(0))
+    before = process_wide()
+    with testing.in_process() as daemon:
+        with daemon.client() as client:
+            job = client.run("noop", {})
+            workers = [w["pid"] for w in client.status()["workers"]]
+        assert job["status"] == "succeeded", job
+        assert daemon.wait_for_event(lambda e: e.get("job_id") == job["id"])["event"]
+        running = daemon.events("job.succeeded")
+        assert [e["job_id"] for e in running] == [job["id"]]
+        assert threading.active_count() > len(before["threads"])  # its loop's thread
+    assert daemon.stop() == 0
+    assert not daemon.socket_path.exists()
+    assert len(workers) == 2 and not any(map(alive, workers)), workers
+    assert process_wide() == before
+
+
+def test_an_in_process_start_that_fails_says_why_and_frees_the_next(
+    daemon_factory: Callable[..., testing.RunningDaemon],
+) -> None:
+    """A start refused on a state directory a daemon process holds raises HarnessError with
+    the daemon's reason; the next in-process daemon then starts (the first let go of it all)."""
+    held = daemon_factory()
+    home = held.home.parent / "second"
+    home.mkdir()
+    (home / "state").symlink_to(held.state_dir)  # its own socket, the held state directory
+    with pytest.raises(testing.HarnessError, match="StateDirLocked"):
+        testing.start_in_process(home)
+    with testing.in_process() as daemon:
+        assert daemon.healthy()
+
+
+def test_one_in_process_daemon_at_a_time(inprocess_daemon: testing.InProcessDaemon) -> None:
+    """Logging is the process's: a second in-process daemon while one runs is refused."""
+    with pytest.raises(testing.HarnessError, match="one in-process daemon at a time"):
+        testing.start_in_process(testing.new_home())
+    assert inprocess_daemon.healthy()

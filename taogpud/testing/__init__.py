@@ -10,6 +10,9 @@ here: tests/conftest.py wraps these in fixtures, and bench/ and scripts/ call th
             client.run("noop", {})
         daemon.ctl("status", "--json")        # taogpuctl against its socket
 
+    with in_process() as daemon:              # the same daemon in a thread of this process
+        ...
+
 A daemon always gets `--state-dir` (never the host's /var/lib/taogpud) and a socket under a
 short folder in /tmp: sun_path holds 108 bytes and pytest's tmp_path is often longer.
 Failures raise `HarnessError`, an AssertionError, so a test reads them as a failed assertion.
@@ -17,21 +20,32 @@ Failures raise `HarnessError`, an AssertionError, so a test reads them as a fail
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import json
+import logging
+import multiprocessing
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from taogpud import config as config_files
 from taogpud.arrayfiles import images
 from taogpud.client import ApiError, Client, DaemonUnreachable
+from taogpud.daemon import lifecycle
+from taogpud.host import systemd
+from taogpud.host.environ import keep_from_children
+from taogpud.observability import logging as tlog
+from taogpud.observability import trace
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
@@ -242,22 +256,26 @@ def log_paths(home: Path, run: int) -> tuple[Path, Path]:
     return home / "logs" / f"stdout-{run}.log", home / "logs" / f"stderr-{run}.log"
 
 
-class RunningDaemon:
-    """A taogpud process started by `launch`, its files under `home`."""
+class DaemonHandle:
+    """What a test reaches a daemon by, however it runs: its socket, a client and taogpuctl
+    bound to it, and the JSON trace it writes to `log_path`. RunningDaemon and
+    InProcessDaemon each say whether it still runs and how it is stopped."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], home: Path, run: int = 0) -> None:
-        self.proc = proc
+    def __init__(self, home: Path, log_path: Path, err_path: Path) -> None:
         self.home = home
-        self.run = run  # 0 for the first start in this home, then 1, 2, … after restarts
         self.socket_path = home / "taogpud.sock"
-        self.log_path, self.err_path = log_paths(home, run)
+        self.log_path, self.err_path = log_path, err_path
         self.settings_path = home / "settings.json"
         self.config_path = home / "config.toml"
         self.state_dir = home / "state"
 
-    def restart(self, env: Mapping[str, str] | None = None) -> RunningDaemon:
-        """A new daemon on the same files, socket and state directory (stop this one first)."""
-        return launch(self.home, env, run=self.run + 1)
+    def ended(self) -> str | None:
+        """How it ended ("exited 2"), or None while it runs."""
+        raise NotImplementedError
+
+    def stop(self, signum: int = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """A drain (SIGTERM), then gone; its exit code."""
+        raise NotImplementedError
 
     def client(self, timeout_s: float = 60.0) -> Client:
         """A client bound to this daemon's socket."""
@@ -278,21 +296,21 @@ class RunningDaemon:
         return False
 
     def events(self, event: str | None = None) -> list[dict[str, Any]]:
-        """Every JSON line the daemon (and its workers) wrote to stdout, parsed."""
+        """Every JSON line of its trace so far, parsed."""
         records = parse_trace(self.stdout_text())
         return [r for r in records if event is None or r.get("event") == event]
 
     def stdout_text(self) -> str:
-        """The daemon's stdout as written so far, raw and in whole lines, every line deferred
+        """The daemon's trace as written so far, raw and in whole lines, every line deferred
         before now in it."""
         self._trace_barrier()
-        return whole_lines(self.log_path.read_text())
+        return whole_lines(self.log_path.read_text()) if self.log_path.exists() else ""
 
     def _trace_barrier(self) -> None:
         """Job and request lines are written just after the daemon's current loop callback
         (observability/trace.py), so a line can follow the answer it belongs to by a moment. A
         request answered now is a barrier: every line deferred before it came in is written."""
-        if self.proc.poll() is not None or not self.socket_path.exists():
+        if self.ended() is not None or not self.socket_path.exists():
             return
         with contextlib.suppress(OSError, ApiError, DaemonUnreachable), self.client(5) as client:
             client.health()
@@ -308,7 +326,7 @@ class RunningDaemon:
                     return record
             time.sleep(0.05)
         raise HarnessError(
-            f"no matching event within {timeout_s} s; log:\n{self.log_path.read_text()[-4000:]}"
+            f"no matching event within {timeout_s} s; log:\n{self.stdout_text()[-4000:]}"
         )
 
     def wait_running(self, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -316,6 +334,28 @@ class RunningDaemon:
         return self.wait_for_event(
             lambda e: e.get("event") == "job.running" and e.get("job_id") == job_id, timeout_s
         )
+
+    def stderr(self) -> str:
+        """What it wrote to stderr (the human-readable start and exit lines), if to its log."""
+        return self.err_path.read_text() if self.err_path.exists() else ""
+
+
+class RunningDaemon(DaemonHandle):
+    """A taogpud process started by `launch`, its files under `home`: its stdout (the JSON
+    trace) and stderr in logs/."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], home: Path, run: int = 0) -> None:
+        super().__init__(home, *log_paths(home, run))
+        self.proc = proc
+        self.run = run  # 0 for the first start in this home, then 1, 2, … after restarts
+
+    def restart(self, env: Mapping[str, str] | None = None) -> RunningDaemon:
+        """A new daemon on the same files, socket and state directory (stop this one first)."""
+        return launch(self.home, env, run=self.run + 1)
+
+    def ended(self) -> str | None:
+        code = self.proc.poll()
+        return None if code is None else f"exited {code}"
 
     def stop(self, signum: int = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S) -> int:
         """Send `signum` (a drain by default) and wait; kill -9 after `timeout_s`. Its exit code."""
@@ -331,10 +371,6 @@ class RunningDaemon:
     def kill(self) -> int:
         """kill -9, as a crash would: nothing is drained or cleaned up. Its exit code."""
         return self.stop(signal.SIGKILL)
-
-    def stderr(self) -> str:
-        """What it wrote to stderr (the human-readable start and exit lines), if to its log."""
-        return self.err_path.read_text() if self.err_path.exists() else ""
 
 
 def daemon_command(
@@ -375,13 +411,13 @@ def launch(
 
 
 def wait_for_ready(
-    daemon: RunningDaemon, timeout_s: float = READY_TIMEOUT_S, poll_s: float = 0.05
+    daemon: DaemonHandle, timeout_s: float = READY_TIMEOUT_S, poll_s: float = 0.05
 ) -> None:
-    """Return once the daemon answers its health check; HarnessError if it exits or is late."""
+    """Return once the daemon answers its health check; HarnessError if it ends or is late."""
     deadline = time.monotonic() + timeout_s
     while not daemon.healthy():
-        if daemon.proc.poll() is not None:
-            raise HarnessError(f"taogpud exited {daemon.proc.returncode}: {daemon.stderr()}")
+        if (ended := daemon.ended()) is not None:
+            raise HarnessError(f"taogpud {ended}: {daemon.stderr()}")
         if time.monotonic() >= deadline:
             raise HarnessError(f"taogpud was not ready within {timeout_s} s: {daemon.stderr()}")
         time.sleep(poll_s)
@@ -404,6 +440,197 @@ def start_daemon(
     else:
         write_pair(home, *cpu_pair(settings, config))
     return launch(home, env, wait_ready=wait_ready)
+
+
+# --- a daemon in this process ----------------------------------------------------------------
+
+
+class InProcessDaemon(DaemonHandle):
+    """taogpud's own Daemon (the composition `python -m taogpud` runs: its Unix socket,
+    uvicorn, the relay, the worker processes) on an event loop in a thread of this process.
+
+    For API and scheduling behaviour: no interpreter to start, so a test's daemon is ready
+    in the time its workers warm. What is the whole process's stays the test's: no signal
+    handlers, umask, os.environ or garbage-collector changes (Daemon(owns_process=False)).
+    Signals, kill -9, durability across restarts, systemd, real users and the process's own
+    stdout and stderr are a process's: test those with RunningDaemon.
+
+    Its trace goes to `log_path` (settings.json logging.file where the test sets one), from
+    the daemon's side; its workers' own few lines (worker.warm_failed) go to this process's
+    stdout. `stderr()` holds what the standard library's logging said at WARNING and above
+    while it ran (uvicorn's and asyncio's tracebacks). Logging is configured for the whole
+    process, so one in-process daemon runs at a time in a process."""
+
+    def __init__(self, home: Path, snapshot: config_files.ConfigSnapshot) -> None:
+        trace_file = snapshot.settings.logging.file
+        logs = home / "logs"
+        super().__init__(home, trace_file or logs / "trace.log", logs / "stderr.log")
+        self.exit_code: int | None = None
+        self.failure: BaseException | None = None  # what ended the daemon's run, if it raised
+        flags = [*Pair(self.settings_path, self.config_path).flags()]
+        flags += ["--socket", str(self.socket_path), "--state-dir", str(self.state_dir)]
+        self._daemon: lifecycle.Daemon | None = lifecycle.Daemon(
+            snapshot,
+            lifecycle.parse_args(flags),
+            self.socket_path,
+            systemd.Notifier({}),  # never systemd's, whatever this process was given
+            owns_process=False,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None  # made by start()
+        self._thread = threading.Thread(
+            target=self._serve, name=f"taogpud-{home.name}", daemon=True
+        )  # daemon: a loop that never stopped (HarnessError said so) cannot hold the exit
+        self._stopped = False
+
+    def start(self) -> None:
+        if not _IN_PROCESS.acquire(blocking=False):
+            raise HarnessError("one in-process daemon at a time: stop the other one first")
+        assert self._daemon is not None  # until its stop
+        _process_logging(self._daemon.snapshot, self.log_path, self.err_path)
+        # Made here, run there: a stop asked at once reaches the loop it will run on.
+        self._loop = (lifecycle.loop_factory() or asyncio.SelectorEventLoop)()
+        self._thread.start()
+
+    def ended(self) -> str | None:
+        if self._thread.is_alive() or self._thread.ident is None:
+            return None
+        return f"ended: {self.failure!r}" if self.failure else f"exited {self.exit_code}"
+
+    def stop(self, signum: int = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """What SIGTERM does (a drain, within scheduling.drain_timeout_s), asked of the loop;
+        after `timeout_s` a second ask skips the drain, as a second SIGTERM does. Then its
+        workers are checked gone and the process's logging put back. Its exit code: 0, or
+        HarnessError with what ended it otherwise."""
+        if signum != signal.SIGTERM:
+            raise HarnessError(f"an in-process daemon is stopped as by SIGTERM, not {signum}")
+        if self._thread.ident is None:
+            return 0  # never started: nothing to stop
+        if not self._stopped:
+            self._ask_stop(timeout_s)  # raises while it still runs: nothing is put back then
+            self._stopped = True
+            _process_logging_back()
+            _IN_PROCESS.release()
+            self._let_go()
+        if self.failure is not None or self.exit_code is None:
+            raise HarnessError(f"the in-process daemon {self.ended()}") from self.failure
+        if self.socket_path.exists():
+            raise HarnessError(f"the stopped daemon left its socket {self.socket_path}")
+        return self.exit_code
+
+    def _let_go(self) -> None:
+        """Its workers gone, and what held their pipes: a spawned process's own pipe closes
+        when its Process object is collected (multiprocessing's finalizer), which the Daemon
+        holds through its pool."""
+        _kill_left_workers()  # and multiprocessing's list of children forgets them
+        self._daemon = None
+        gc.collect()
+
+    def _ask_stop(self, timeout_s: float) -> None:
+        for wait_s in (timeout_s, STOP_TIMEOUT_S):  # the drain, then no drain
+            if not self._thread.is_alive():
+                return
+            if (loop := self._loop) is not None and (daemon := self._daemon) is not None:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(daemon.request_stop)
+            self._thread.join(wait_s)
+        if self._thread.is_alive():
+            raise HarnessError(f"the in-process daemon did not stop within {timeout_s} s")
+
+    def _serve(self) -> None:
+        """The thread: the daemon's run on a loop of its own, as lifecycle._run runs it."""
+        loop, daemon = self._loop, self._daemon
+        assert loop is not None and daemon is not None  # start() made the loop
+        try:
+            with asyncio.Runner(loop_factory=lambda: loop) as runner:  # closes it after
+                self.exit_code = runner.run(daemon.run())
+        except BaseException as exc:  # a start that failed: the test's thread raises it
+            self.failure = exc
+
+
+_IN_PROCESS = threading.Lock()  # held while an in-process daemon runs (logging is global)
+_STDLIB_HANDLER: list[logging.Handler] = []
+
+
+def _process_logging(snapshot: config_files.ConfigSnapshot, trace_path: Path, err: Path) -> None:
+    """What lifecycle.main sets before a daemon runs, minus what is the process's alone: the
+    JSON lines (to stdout and `trace`), the secrets they never hold, the key's variables kept
+    from workers, and the standard library's warnings in `err`."""
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    err.parent.mkdir(parents=True, exist_ok=True)
+    tlog.configure(snapshot.settings.logging.level, snapshot.settings.logging.request_trace)
+    if unusable := tlog.set_trace_file(trace_path):
+        raise HarnessError(f"the trace file cannot be written: {unusable}")
+    tlog.set_secrets(*snapshot.secrets())
+    keep_from_children(snapshot.config.api.api_key_env)
+    handler = logging.FileHandler(err, encoding="utf-8")
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    _STDLIB_HANDLER.append(handler)
+
+
+def _process_logging_back() -> None:
+    """The trace file closed, the secrets and level as an unconfigured process has them."""
+    trace.flush()  # what the daemon's last turn deferred (its stop flushed the rest)
+    tlog.set_trace_file(None)
+    tlog.set_secrets()
+    tlog.set_level("info")
+    tlog.set_request_trace(True)
+    while _STDLIB_HANDLER:
+        handler = _STDLIB_HANDLER.pop()
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def _kill_left_workers() -> None:
+    """Workers a stopped daemon left (none, when its stop went as it should) are killed, and
+    that is a failure: nothing of a daemon outlives its stop."""
+    left = [p for p in multiprocessing.active_children() if p.name.startswith("taogpud-worker")]
+    for process in left:
+        process.kill()
+        process.join(5)
+    if left:
+        raise HarnessError(f"workers outlived their daemon's stop: {[p.pid for p in left]}")
+
+
+def start_in_process(
+    home: Path,
+    settings: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+    wait_ready: bool = True,
+) -> InProcessDaemon:
+    """Write the pair in `home` (overrides merged over the CPU pair) and start a daemon on it
+    in this process; ready (its socket answers) unless `wait_ready` is False."""
+    pair = write_pair(home, *cpu_pair(settings, config))
+    daemon = InProcessDaemon(home, config_files.load(*pair))
+    daemon.start()
+    if wait_ready:
+        try:
+            wait_for_ready(daemon)
+        except BaseException:
+            with contextlib.suppress(HarnessError):
+                daemon.stop()  # never leave a daemon behind a failed start
+            raise
+    return daemon
+
+
+@contextlib.contextmanager
+def in_process(
+    settings: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+    prefix: str = "tgd-",
+) -> Iterator[InProcessDaemon]:
+    """`running()`'s in-process twin: a ready daemon in a thread of this process, on the
+    CPU pair with these overrides; afterwards stopped, its home and /dev/shm arrays gone."""
+    home = new_home(prefix)
+    try:
+        daemon = start_in_process(home, settings, config)
+        try:
+            yield daemon
+        finally:
+            daemon.stop()
+    finally:
+        remove_home(home)
 
 
 # --- homes ------------------------------------------------------------------------------------
