@@ -32,7 +32,8 @@ from taogpud.config import (
     resolve_paths,
 )
 from taogpud.config.loading import default_config_dir
-from taogpud.errors import ConfigError, Problem
+from taogpud.config.problem import Problem
+from taogpud.errors import ConfigError
 
 EXAMPLES = Path(__file__).parent.parent / "packaging" / "examples"
 SEED, CPU = EXAMPLES / "gpu", EXAMPLES / "cpu"

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from taogpud.config import ConfigSnapshot, diff, load, needs_restart
-from taogpud.errors import ConfigError, Problem
+from taogpud.config.problem import Problem
+from taogpud.errors import ConfigError
 from taogpud.testing import write_pair
 
 OPENCL_CONFIG = """

@@ -16,11 +16,12 @@ from taogpud.cli.context import connect
 from taogpud.cli.options import ConfigFlag, JsonFlag, SettingsFlag
 from taogpud.cli.output import count_problems, emit_json, emit_line, flatten, problem_line
 from taogpud.client import ApiError, DaemonUnreachable
-from taogpud.errors import ConfigError, Problem
+from taogpud.errors import ConfigError
 from taogpud.i18n import Text, _, user_language
 
 if TYPE_CHECKING:
     from taogpud.config import ConfigSnapshot
+    from taogpud.config.problem import Problem
 
 config_app = typer.Typer(help="The daemon's config: show, validate, status.", no_args_is_help=True)
 
@@ -54,6 +55,7 @@ def host_problems(snapshot: ConfigSnapshot) -> list[Problem]:
     """What keeps this host from running a valid pair: CUDA without an NVIDIA driver (the
     daemon would refuse to start, or fall back to the CPU where allowFallbackToCpu says so)."""
     from taogpud.backends.cuda.backend import driver_installed
+    from taogpud.config.problem import Problem  # the config is loaded: no cost here
 
     gpu = snapshot.settings.gpu
     if gpu.backend != "cuda" or driver_installed():

@@ -33,6 +33,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from taogpud.config.loading import FileKind, default_config_dir, expand, pick_path, read_layer
+from taogpud.config.problem import Problem
 from taogpud.config.rules import (
     REDACTED,
     blame_the_change,
@@ -42,7 +43,7 @@ from taogpud.config.rules import (
     scrub,
 )
 from taogpud.config.shown import hide_tree, shaped_in
-from taogpud.errors import ConfigError, Problem
+from taogpud.errors import ConfigError
 from taogpud.host.paths import user_mode
 
 KeySource = Literal["credential", "env", "file", "none"]

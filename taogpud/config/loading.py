@@ -32,7 +32,7 @@ from taogpud.config.messages import (
     translate,
     unknown_key,
 )
-from taogpud.errors import Problem
+from taogpud.config.problem import Problem
 from taogpud.i18n import Text
 
 M = TypeVar("M", bound=BaseSettings)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, PydanticUndefined
 
-from taogpud.errors import Problem
+from taogpud.config.problem import Problem
 from taogpud.i18n import Text
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from taogpud.errors import Problem
+from taogpud.config.problem import Problem
 
 if TYPE_CHECKING:
     from taogpud.config import ConfigFile, SettingsFile

@@ -25,8 +25,8 @@ from pydantic import SecretStr
 
 from taogpud.config.loading import has_reference
 from taogpud.config.messages import dig
+from taogpud.config.problem import Problem
 from taogpud.config.shown import hide
-from taogpud.errors import Problem
 from taogpud.i18n import Text
 
 if TYPE_CHECKING:

@@ -36,9 +36,10 @@ from watchfiles import Change, awatch
 
 from taogpud import config
 from taogpud.arrayfiles.store import ArrayStore, array_budget_bytes, upload_quota_bytes
+from taogpud.config.problem import Problem
 from taogpud.config.ray import restart_only
 from taogpud.daemon.state import DaemonStatus, Phase, status_line
-from taogpud.errors import BackendUnavailable, ConfigError, Problem
+from taogpud.errors import BackendUnavailable, ConfigError
 from taogpud.host.environ import keep_from_children
 from taogpud.host.systemd import Notifier
 from taogpud.jobs.policy import Policy

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast, get_args
 
 from taogpud import __version__
+from taogpud.config.problem import Problem
 from taogpud.doctor import (
     Check,
     CheckStatus,
@@ -44,7 +45,7 @@ from taogpud.doctor.gpu import (
     host_checks,
     read_proc_version,
 )
-from taogpud.errors import ConfigError, Problem, TaogpudError
+from taogpud.errors import ConfigError, TaogpudError
 from taogpud.i18n import Text
 from taogpud.jobs.records import JobRecord, Peer
 from taogpud.observability import nvml
