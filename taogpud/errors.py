@@ -1,4 +1,5 @@
-"""The exception tree, drawn once, and the one place that maps it to API error codes.
+"""Every exception of taogpud, drawn once, and the one place that maps them to API error codes
+(the daemon's answers) and back (what the client makes of an answer).
 
 What the daemon answers with (its `code` and HTTP status are the API's, docs/api.md):
 
@@ -43,6 +44,15 @@ Inside the daemon, never answered as they are (each caught where its meaning is 
     StateDirLocked                 another live process holds the state directory
     StateDirNotOurs                the state directory belongs to another user
 
+What the client raises (taogpud.client re-exports them; the functions at the end of this
+module turn a failed exchange into one of them, so the client maps no code itself):
+
+    DaemonUnreachable              the socket is missing, refused, not ours, hung up or silent
+    └── NotInGroup                 the socket belongs to a group this user is not in (taogpu)
+    ApiError                       the daemon answered an error: any code drawn above, a job's
+                                   failure, `bad_response`, or `http_<status>` outside the shape
+    MalformedResponse              a transport's: an answer that is not HTTP (→ ApiError)
+
 Job failures are not exceptions of the daemon: they are `JobErrorView` values
 recorded on the job (`out_of_device_memory`, `task_failed`, `worker_crashed`,
 `timed_out`, `cancelled`, `interrupted`; a program's `program_failed`, `program_not_started`,
@@ -51,9 +61,15 @@ recorded on the job (`out_of_device_memory`, `task_failed`, `worker_crashed`,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import grp
+import json
+import os
+import pwd
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from taogpud.i18n import Text, render
+from taogpud.i18n import Text, _, render
 
 # The one error shape is the wire's (clients read it too); the `as` re-exports it from here.
 from taogpud.wire import ErrorBody as ErrorBody  # noqa: PLC0414
@@ -270,3 +286,188 @@ class StateDirLocked(Exception):
 
 class StateDirNotOurs(Exception):
     """The state directory, or a file in it, belongs to another user (say, one root left)."""
+
+
+# --- the client's (taogpud.client re-exports them): what a failed exchange becomes ------------
+
+
+class DaemonUnreachable(Exception):
+    """The daemon's socket cannot be used; says which socket and what to do about it."""
+
+    def __init__(self, socket_path: str, message: str, hint: str) -> None:
+        super().__init__(f"{message} (hint: {hint})")
+        self.socket_path = socket_path
+        self.message = message
+        self.hint = hint
+
+
+class NotInGroup(DaemonUnreachable):
+    """The socket is open to its group only, and this user is not (yet) in that group."""
+
+
+class ApiError(Exception):
+    """The daemon answered with an error: its {code, message, hint} and the HTTP status."""
+
+    def __init__(self, code: str, message: str, hint: str = "", http_status: int = 0) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.hint = hint
+        self.http_status = http_status
+
+
+class MalformedResponse(Exception):
+    """The socket answered something that is not an HTTP/1.1 response (a transport's)."""
+
+
+def api_error(http_status: int, body: bytes) -> ApiError:
+    """An ApiError from an error response, whatever its body holds."""
+    fields = _error_fields(body)
+    if fields is not None:
+        code, message, hint = fields
+        return ApiError(code, message, hint, http_status)
+    return ApiError(
+        f"http_{http_status}",
+        f"HTTP {http_status}: {_snippet(body) or 'empty body'}",
+        "the daemon answered outside its {code, message, hint} shape; see `journalctl -u taogpud`",
+        http_status,
+    )
+
+
+def _error_fields(body: bytes) -> tuple[str, str, str] | None:
+    """{code, message, hint} (wire.ErrorBody), or a framework's validation list as one."""
+    try:
+        parsed = json.loads(body)  # an error: the standard library's json is quick enough
+    except ValueError:
+        return None
+    error = ErrorBody.from_json(parsed)
+    if error is not None:
+        return error.code, error.message, error.hint
+    if isinstance(parsed, dict) and isinstance(parsed.get("detail"), list):
+        return "invalid_request", _describe_validation(parsed["detail"]), ""
+    return None
+
+
+def _describe_validation(details: list[Any]) -> str:
+    """A framework's validation list [{loc, msg}, ...] as one line."""
+    parts = []
+    for detail in details:
+        if isinstance(detail, dict):
+            where = ".".join(str(part) for part in detail.get("loc", ()))
+            parts.append(f"{where}: {detail.get('msg', '')}")
+    return "; ".join(parts) or "the request is invalid"
+
+
+def _snippet(data: bytes, limit: int = 200) -> str:
+    text = data.decode("utf-8", "replace").strip().replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def malformed_response(socket_path: str, exc: MalformedResponse) -> ApiError:
+    return ApiError(
+        "bad_response",
+        f"{socket_path} answered something that is not HTTP/1.1 ({exc})",
+        "is that socket really taogpud's? check --socket / TAOGPUD_SOCKET",
+    )
+
+
+def unreachable(
+    socket_path: str, exc: OSError, timeout_s: float, tried: list[str] | None = None
+) -> DaemonUnreachable:
+    """Which socket (and which others were looked at), what went wrong, what to do."""
+    start = _("is taogpud running? `sudo systemctl start taogpud` (or run `taogpud` yourself)")
+    if isinstance(exc, PermissionError):
+        denied = _not_in_group(socket_path)
+        if denied is not None:
+            return denied
+    if isinstance(exc, FileNotFoundError):
+        message, hint = _("no daemon socket at {socket}"), start
+    elif isinstance(exc, ConnectionRefusedError):
+        message = _("nothing is listening on {socket}")
+        hint = _("{start}; `journalctl -u taogpud` says why it stopped").format(start=start)
+    elif isinstance(exc, PermissionError):
+        message = _("permission denied on {socket}")
+        hint = _("are you in group taogpu? `sudo usermod -aG taogpu $USER`, then log in again")
+    elif isinstance(exc, TimeoutError):
+        message = _("the daemon at {socket} did not answer within {seconds} s")
+        hint = _("is it stuck or overloaded? `systemctl status taogpud`, `journalctl -u taogpud`")
+    elif isinstance(exc, ConnectionError):
+        message = _("the daemon at {socket} closed the connection")
+        hint = _("it may have stopped or restarted: `systemctl status taogpud`")
+    else:
+        message = _("cannot use {socket}: {reason}")
+        hint = _("check the socket path (--socket or TAOGPUD_SOCKET)")
+    said = message.format(socket=socket_path, seconds=f"{timeout_s:g}", reason=exc.strerror or exc)
+    if tried and len(tried) > 1:
+        said += _(" (looked at {sockets})").format(sockets=_(", then ").join(tried))
+    return DaemonUnreachable(socket_path, said, hint)
+
+
+def _not_in_group(socket_path: str) -> NotInGroup | None:
+    """A socket open to its group (0660), refused to a user outside that group: what to do.
+    None when the refusal has another cause (its mode, a directory on the way)."""
+    try:
+        info = Path(socket_path).stat()
+    except OSError:
+        return None
+    if os.geteuid() == info.st_uid or info.st_gid in (os.getegid(), *os.getgroups()):
+        return None
+    try:
+        group = grp.getgrgid(info.st_gid)
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return None
+    name = group.gr_name
+    where = _("only members of group {group} may use {socket}").format(
+        group=name, socket=socket_path
+    )
+    if user in group.gr_mem:  # added already; this session's groups predate it
+        message = _("you were added to group {group} after this session began").format(group=name)
+        return NotInGroup(
+            socket_path, message, _("log in again (or `newgrp {group}`)").format(group=name)
+        )
+    message = _("you are not in group {group}: `sudo usermod -aG {group} $USER`, then log in again")
+    return NotInGroup(socket_path, message.format(group=name), where)
+
+
+def not_json(http_status: int, body: bytes) -> ApiError:
+    """A success answer whose body the client cannot decode."""
+    return ApiError(
+        "bad_response",
+        f"the daemon answered HTTP {http_status} with a body that is not JSON: {_snippet(body)}",
+        "is that socket really taogpud's? check --socket / TAOGPUD_SOCKET",
+        http_status,
+    )
+
+
+def wrong_json(path: str, value: object, expected: type) -> ApiError:
+    """An answer of another JSON type than the route's (a daemon of another version)."""
+    return ApiError(
+        "bad_response",
+        f"{path} answered a JSON {type(value).__name__}, expected a {expected.__name__}",
+        "is the daemon the same version as this client? `taogpuctl status`",
+    )
+
+
+def stream_error(http_status: int, parsed: object, body: bytes) -> ApiError:
+    """A followed stream's refusal (client/stream.py): its error body, parsed, or its bytes."""
+    error = ErrorBody.from_json(parsed)
+    if error is None:
+        return ApiError("http_error", f"HTTP {http_status}: {body[:200]!r}", "", http_status)
+    return ApiError(error.code, error.message, error.hint, http_status)
+
+
+def job_failed(job: Mapping[str, Any]) -> ApiError:
+    """A job that did not succeed, as its record tells (memfd/client.py waits on one)."""
+    error = job.get("error") or {}
+    code = str(error.get("code") or job.get("status") or "failed")
+    return ApiError(
+        code,
+        error.get("message", f"job {job.get('id')} {job.get('status')}"),
+        error.get("hint", ""),
+    )
+
+
+def refusal(error: Mapping[str, Any]) -> ApiError:
+    """The `.shm` socket's error message, {code, message, hint?} (memfd/protocol.py)."""
+    return ApiError(error["code"], error["message"], error.get("hint", ""))

@@ -213,5 +213,5 @@ class ReloadView(NamedTuple):
     generation: int | None = None  # the generation in force after it
     changes: tuple[ChangeView, ...] = ()
     restarted_workers: bool = False
-    errors: tuple[dict[str, str], ...] = ()  # errors.Problem.as_dict()
+    errors: tuple[dict[str, str], ...] = ()  # config.problem.Problem.as_dict()
     warnings: tuple[dict[str, str], ...] = ()

@@ -1,6 +1,7 @@
 """The Python client of the control API: HTTP/1.1 over the daemon's Unix socket.
 
-Used by `taogpuctl`, the tests and the benchmarks. Two exceptions, one line each:
+Used by `taogpuctl`, the tests and the benchmarks. Two exceptions, one line each (drawn with
+the daemon's in taogpud/errors.py, and importable from here):
 
     DaemonUnreachable   the socket is missing, refuses, is not ours to open, hangs up or is silent
       NotInGroup        the socket belongs to a group this user is not in (group taogpu)
@@ -17,10 +18,7 @@ answers them in this process, for tests of code that uses the client.
 from __future__ import annotations
 
 import base64
-import grp
 import json
-import os
-import pwd
 import threading
 import time
 from collections.abc import Callable
@@ -30,9 +28,21 @@ from typing import Any, TypeVar
 
 from taogpud import wire
 from taogpud.client.http import UnixHTTPConnection
-from taogpud.client.transport import MalformedResponse, Transport
+from taogpud.client.transport import Transport
+
+# The client's exceptions are drawn with the rest (taogpud/errors.py); `as` re-exports them here.
+from taogpud.errors import ApiError as ApiError
+from taogpud.errors import DaemonUnreachable as DaemonUnreachable
+from taogpud.errors import (
+    MalformedResponse,
+    api_error,
+    malformed_response,
+    not_json,
+    unreachable,
+    wrong_json,
+)
+from taogpud.errors import NotInGroup as NotInGroup
 from taogpud.host import paths
-from taogpud.i18n import _
 from taogpud.wire import FINISHED_STATES, JobRequest, ProgramRequest, Route
 
 # Why not httpx: measured on this kind of host, httpx spends ~416 µs of CPU per request against
@@ -52,31 +62,6 @@ Job = dict[str, Any]  # a JobRecord as JSON (see taogpud.jobs.records.JobRecord)
 OnUpdate = Callable[[Job], None]
 T = TypeVar("T")
 Body = bytes | list[bytes | memoryview] | None  # a list is sent part by part, uncopied
-
-
-class DaemonUnreachable(Exception):
-    """The daemon's socket cannot be used; says which socket and what to do about it."""
-
-    def __init__(self, socket_path: str, message: str, hint: str) -> None:
-        super().__init__(f"{message} (hint: {hint})")
-        self.socket_path = socket_path
-        self.message = message
-        self.hint = hint
-
-
-class NotInGroup(DaemonUnreachable):
-    """The socket is open to its group only, and this user is not (yet) in that group."""
-
-
-class ApiError(Exception):
-    """The daemon answered with an error: its {code, message, hint} and the HTTP status."""
-
-    def __init__(self, code: str, message: str, hint: str = "", http_status: int = 0) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.hint = hint
-        self.http_status = http_status
 
 
 def is_finished(job: Job) -> bool:
@@ -372,7 +357,7 @@ class Client:
         route = wire.PROGRAM_LOG_APPEND
         status, body = self._request(route.method, route.url(job_id=job_id), data, NPY_TYPE)
         if status >= 400:
-            raise _api_error(status, body)
+            raise api_error(status, body)
 
     def program_log(self, job_id: str, offset: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
         """A piece of a program's log: {data (bytes), next, ended}."""
@@ -400,7 +385,7 @@ class Client:
         route = wire.JOB_OUTPUT
         status, data = self._request(route.method, route.url(job_id=job_id, name=name))
         if status >= 400:
-            raise _api_error(status, data)
+            raise api_error(status, data)
         return data
 
     # --- numpy in, numpy out (client/shm.py) ------------------------------------------------
@@ -476,10 +461,10 @@ class Client:
         try:
             return self.transport.request(method, path, body, content_type, read_timeout_s)
         except MalformedResponse as exc:
-            raise _malformed_response(self.socket_path, exc) from exc
+            raise malformed_response(self.socket_path, exc) from exc
         except OSError as exc:  # ConnectionError included
             self.transport.close()
-            raise _unreachable(self.socket_path, exc, read_timeout_s, self.tried) from exc
+            raise unreachable(self.socket_path, exc, read_timeout_s, self.tried) from exc
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -515,11 +500,7 @@ def _npy_parts(array_or_npy_bytes: Any) -> list[bytes | memoryview]:
 
 def _expect(value: object, kind: type[T], path: str) -> T:
     if not isinstance(value, kind):
-        raise ApiError(
-            "bad_response",
-            f"{path} answered a JSON {type(value).__name__}, expected a {kind.__name__}",
-            "is the daemon the same version as this client? `taogpuctl status`",
-        )
+        raise wrong_json(path, value, kind)
     return value
 
 
@@ -533,123 +514,8 @@ def _orjson() -> Any:
 
 def _decode_json(status: int, data: bytes, loads: Callable[[bytes], Any]) -> Any:
     if status >= 400:
-        raise _api_error(status, data)
+        raise api_error(status, data)
     try:
         return loads(data)
     except ValueError:  # orjson's and json's JSONDecodeError both are
-        raise ApiError(
-            "bad_response",
-            f"the daemon answered HTTP {status} with a body that is not JSON: {_snippet(data)}",
-            "is that socket really taogpud's? check --socket / TAOGPUD_SOCKET",
-            status,
-        ) from None
-
-
-def _api_error(http_status: int, body: bytes) -> ApiError:
-    """An ApiError from an error response, whatever its body holds."""
-    fields = _error_fields(body)
-    if fields is not None:
-        code, message, hint = fields
-        return ApiError(code, message, hint, http_status)
-    return ApiError(
-        f"http_{http_status}",
-        f"HTTP {http_status}: {_snippet(body) or 'empty body'}",
-        "the daemon answered outside its {code, message, hint} shape; see `journalctl -u taogpud`",
-        http_status,
-    )
-
-
-def _error_fields(body: bytes) -> tuple[str, str, str] | None:
-    """{code, message, hint} (wire.ErrorBody), or a framework's validation list as one."""
-    try:
-        parsed = json.loads(body)  # an error: the standard library's json is quick enough
-    except ValueError:
-        return None
-    error = wire.ErrorBody.from_json(parsed)
-    if error is not None:
-        return error.code, error.message, error.hint
-    if isinstance(parsed, dict) and isinstance(parsed.get("detail"), list):
-        return "invalid_request", _describe_validation(parsed["detail"]), ""
-    return None
-
-
-def _describe_validation(details: list[Any]) -> str:
-    """A framework's validation list [{loc, msg}, ...] as one line."""
-    parts = []
-    for detail in details:
-        if isinstance(detail, dict):
-            where = ".".join(str(part) for part in detail.get("loc", ()))
-            parts.append(f"{where}: {detail.get('msg', '')}")
-    return "; ".join(parts) or "the request is invalid"
-
-
-def _snippet(data: bytes, limit: int = 200) -> str:
-    text = data.decode("utf-8", "replace").strip().replace("\n", " ")
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _malformed_response(socket_path: str, exc: MalformedResponse) -> ApiError:
-    return ApiError(
-        "bad_response",
-        f"{socket_path} answered something that is not HTTP/1.1 ({exc})",
-        "is that socket really taogpud's? check --socket / TAOGPUD_SOCKET",
-    )
-
-
-def _unreachable(
-    socket_path: str, exc: OSError, timeout_s: float, tried: list[str] | None = None
-) -> DaemonUnreachable:
-    """Which socket (and which others were looked at), what went wrong, what to do."""
-    start = _("is taogpud running? `sudo systemctl start taogpud` (or run `taogpud` yourself)")
-    if isinstance(exc, PermissionError):
-        denied = _not_in_group(socket_path)
-        if denied is not None:
-            return denied
-    if isinstance(exc, FileNotFoundError):
-        message, hint = _("no daemon socket at {socket}"), start
-    elif isinstance(exc, ConnectionRefusedError):
-        message = _("nothing is listening on {socket}")
-        hint = _("{start}; `journalctl -u taogpud` says why it stopped").format(start=start)
-    elif isinstance(exc, PermissionError):
-        message = _("permission denied on {socket}")
-        hint = _("are you in group taogpu? `sudo usermod -aG taogpu $USER`, then log in again")
-    elif isinstance(exc, TimeoutError):
-        message = _("the daemon at {socket} did not answer within {seconds} s")
-        hint = _("is it stuck or overloaded? `systemctl status taogpud`, `journalctl -u taogpud`")
-    elif isinstance(exc, ConnectionError):
-        message = _("the daemon at {socket} closed the connection")
-        hint = _("it may have stopped or restarted: `systemctl status taogpud`")
-    else:
-        message = _("cannot use {socket}: {reason}")
-        hint = _("check the socket path (--socket or TAOGPUD_SOCKET)")
-    said = message.format(socket=socket_path, seconds=f"{timeout_s:g}", reason=exc.strerror or exc)
-    if tried and len(tried) > 1:
-        said += _(" (looked at {sockets})").format(sockets=_(", then ").join(tried))
-    return DaemonUnreachable(socket_path, said, hint)
-
-
-def _not_in_group(socket_path: str) -> NotInGroup | None:
-    """A socket open to its group (0660), refused to a user outside that group: what to do.
-    None when the refusal has another cause (its mode, a directory on the way)."""
-    try:
-        info = Path(socket_path).stat()
-    except OSError:
-        return None
-    if os.geteuid() == info.st_uid or info.st_gid in (os.getegid(), *os.getgroups()):
-        return None
-    try:
-        group = grp.getgrgid(info.st_gid)
-        user = pwd.getpwuid(os.geteuid()).pw_name
-    except KeyError:
-        return None
-    name = group.gr_name
-    where = _("only members of group {group} may use {socket}").format(
-        group=name, socket=socket_path
-    )
-    if user in group.gr_mem:  # added already; this session's groups predate it
-        message = _("you were added to group {group} after this session began").format(group=name)
-        return NotInGroup(
-            socket_path, message, _("log in again (or `newgrp {group}`)").format(group=name)
-        )
-    message = _("you are not in group {group}: `sudo usermod -aG {group} $USER`, then log in again")
-    return NotInGroup(socket_path, message.format(group=name), where)
+        raise not_json(status, data) from None

@@ -17,7 +17,8 @@ from typing import NoReturn
 
 import httptools
 
-from taogpud.client.transport import MalformedResponse, Part, RequestBody
+from taogpud.client.transport import Part, RequestBody
+from taogpud.errors import MalformedResponse
 from taogpud.i18n import http_tag, user_language
 
 RECV_BYTES = 256 * 1024

@@ -27,7 +27,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, NamedTuple, TypeVar
 
-from taogpud.client import ApiError, Client, DaemonUnreachable, Job
+from taogpud.client import Client, Job
+from taogpud.errors import ApiError, DaemonUnreachable
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 LEASE_POLL_S = 30.0  # one long-poll of the lease

@@ -14,8 +14,7 @@ from typing import Any
 
 import orjson
 
-from taogpud.client import ApiError
-from taogpud.wire import ErrorBody
+from taogpud.errors import ApiError, stream_error
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -52,7 +51,4 @@ def _error(status: int, body: bytes) -> ApiError:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError:
         parsed = None
-    error = ErrorBody.from_json(parsed)
-    if error is None:
-        return ApiError("http_error", f"HTTP {status}: {body[:200]!r}", "", status)
-    return ApiError(error.code, error.message, error.hint, status)
+    return stream_error(status, parsed, body)

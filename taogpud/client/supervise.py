@@ -16,8 +16,9 @@ import sys
 import threading
 from typing import Any
 
-from taogpud.client import ApiError, Client, DaemonUnreachable
+from taogpud.client import Client
 from taogpud.client.program import ProgramRun, forwarding
+from taogpud.errors import ApiError, DaemonUnreachable
 
 EXIT_REFUSED = 2
 

@@ -26,12 +26,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
+# A transport raises it (drawn in taogpud/errors.py); `as` re-exports it for transports.
+from taogpud.errors import MalformedResponse as MalformedResponse  # noqa: PLC0414
+
 Part = bytes | bytearray | memoryview
 RequestBody = Part | Sequence[Part] | None  # a sequence is sent part by part, uncopied
-
-
-class MalformedResponse(Exception):
-    """The socket answered something that is not an HTTP/1.1 response."""
 
 
 class Transport(Protocol):

@@ -38,6 +38,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from taogpud.client.http import UnixHTTPConnection
+from taogpud.errors import job_failed, refusal
 from taogpud.memfd import protocol
 
 if TYPE_CHECKING:
@@ -361,7 +362,7 @@ class SharedArrays:
         used = []
         if job.get("status") != "succeeded":
             self.arena.release(out_offset, out_length)
-            raise _job_error(job)
+            raise job_failed(job)
         for output in job.get("outputs", []):
             offset, nbytes = output["offset"], output["nbytes"]
             length = -(-nbytes // OUTPUT_ALIGN) * OUTPUT_ALIGN
@@ -388,7 +389,7 @@ class SharedArrays:
         ids = {name: self.client.upload_array(a)["id"] for name, a in inputs.items()}
         job = self.client.run(task, params, inputs=ids, keep_outputs=True, timeout_s=timeout_s)
         if job.get("status") != "succeeded":
-            raise _job_error(job)
+            raise job_failed(job)
         outputs = Outputs()
         outputs.job = job
         for output in job.get("outputs", []):
@@ -434,22 +435,8 @@ def _sealed_inputs(inputs: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], i
     return {name: _region(offsets[name], a) for name, a in inputs.items()}, fd
 
 
-def _job_error(job: Job) -> Exception:
-    from taogpud.client import ApiError
-
-    error = job.get("error") or {}
-    code = str(error.get("code") or job.get("status") or "failed")
-    return ApiError(
-        code,
-        error.get("message", f"job {job.get('id')} {job.get('status')}"),
-        error.get("hint", ""),
-    )
-
-
 def _answer(message: dict[str, Any]) -> dict[str, Any]:
     error = message.get("error")
     if error is not None:
-        from taogpud.client import ApiError
-
-        raise ApiError(error["code"], error["message"], error.get("hint", ""))
+        raise refusal(error)
     return message
