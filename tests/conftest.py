@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from taogpud.testing import (
@@ -39,6 +41,7 @@ from taogpud.testing import (
     start_in_process,
     to_toml,
 )
+from taogpud.testing.fake_provider import FakeProvider, fake_provider
 
 # The helpers live in taogpud.testing (bench and scripts use them too); the names tests have
 # always imported from here stay importable from here.
@@ -53,6 +56,7 @@ __all__ = [
     "log_paths",
     "mounted_tmpfs",
     "start_daemon",
+    "start_relay",
     "to_toml",
 ]
 
@@ -160,3 +164,66 @@ def mounted_tmpfs(folder: Path, size_mb: int) -> Iterator[Path]:
 def ctl(daemon: RunningDaemon) -> Ctl:
     """taogpuctl aimed at the test's daemon."""
     return daemon.ctl
+
+
+# --- the relay: a daemon whose relay forwards to a fake provider on 127.0.0.1 -----------------
+
+# Random per run, never a real key. Import these as `from conftest import …` (the module pytest
+# loaded): `tests.conftest` would be a second module drawing a second key.
+RELAY_KEY = "sk-relay-" + secrets.token_hex(16)
+MODELS = {"default": "claude-sonnet-4", "coding": "claude-coder-9", "reasoning": "claude-opus-4"}
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    """The fake provider, answering only RELAY_KEY (a 401 otherwise, as the real ones)."""
+    with fake_provider(RELAY_KEY) as server:
+        server.require_auth = True
+        yield server
+
+
+@pytest.fixture
+def relay_provider_settings() -> dict[str, Any]:
+    """The relay daemon's provider settings over start_relay's: a module overrides this
+    fixture to change them for all its tests."""
+    return {}
+
+
+@pytest.fixture
+def relayd(
+    daemon_factory: Callable[..., RunningDaemon],
+    provider: FakeProvider,
+    relay_provider_settings: dict[str, Any],
+) -> RunningDaemon:
+    """A daemon holding RELAY_KEY whose relay listens on 127.0.0.1 and forwards to `provider`."""
+    return start_relay(daemon_factory, provider.base_url, provider=relay_provider_settings)
+
+
+def start_relay(
+    factory: Callable[..., RunningDaemon],
+    base_url: str,
+    relay: dict[str, Any] | None = None,
+    provider: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+) -> RunningDaemon:
+    settings = {
+        "provider": {"baseUrl": base_url, "maxRetries": 2, **(provider or {})},
+        "models": MODELS,
+    }
+    config = {
+        "api": {"base_url": base_url},
+        "relay": {"enabled": True, "listen": "127.0.0.1:0", **(relay or {})},
+    }
+    return factory(settings, config, env={"TAOTOKEN_API_KEY": RELAY_KEY, **(env or {})})
+
+
+def unix_get(daemon: RunningDaemon, method: str, path: str) -> httpx.Response:
+    transport = httpx.HTTPTransport(uds=str(daemon.socket_path))
+    with httpx.Client(transport=transport, base_url="http://taogpud") as client:
+        return client.request(method, path)
+
+
+def token_of(daemon: RunningDaemon) -> tuple[str, str]:
+    """(token, http://127.0.0.1:PORT) as `taogpuctl relay token` gets them."""
+    answer = unix_get(daemon, "POST", "/v1/relay/token").json()
+    return answer["token"], f"http://{answer['listen']}"

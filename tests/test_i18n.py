@@ -10,19 +10,19 @@ import pickle
 import pty
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from babel.messages.catalog import Message
+from conftest import token_of
 
 from scripts import i18n as catalogs
 from taogpud import testing
 from taogpud.daemon.lifecycle import EXIT_HOST_CANNOT_RUN
 from taogpud.i18n import Text, accepted_language, catalog_for, user_language
-from taogpud.testing.fake_provider import fake_provider
-from tests.test_relay import KEY, start_relay, token_of
+from taogpud.testing.fake_provider import FakeProvider
 
 ZH = {"LANG": "zh_CN.UTF-8"}
 EN = {"LANG": "C.UTF-8"}
@@ -224,21 +224,19 @@ def test_a_daemon_that_cannot_be_reached_is_explained_in_chinese(tmp_path: Path)
 
 
 def test_the_relays_own_errors_follow_accept_language(
-    daemon_factory: Callable[..., testing.RunningDaemon],
+    provider: FakeProvider, relayd: testing.RunningDaemon
 ) -> None:
     """A 401 from the relay in zh-CN for a client asking for it (as new-api does), English for
     one that does not; the code and the header that names it stay the same."""
-    with fake_provider(KEY) as provider:
-        relayd = start_relay(daemon_factory, provider.base_url)
-        _, base = token_of(relayd)
-        chinese = httpx.get(base + "/v1/models", headers={"accept-language": "zh-CN,zh;q=0.9"})
-        english = httpx.get(base + "/v1/models")
-        assert chinese.status_code == english.status_code == 401
-        assert chinese.json()["code"] == english.json()["code"] == "relay_token_required"
-        assert chinese.json()["message"] == "请求没有携带中继令牌；没有令牌，中继不转发任何请求"
-        assert english.json()["message"].startswith("the request carries no relay token")
-        assert chinese.headers["x-taogpud-error"] == "relay_token_required"
-        assert provider.seen == []
+    _, base = token_of(relayd)
+    chinese = httpx.get(base + "/v1/models", headers={"accept-language": "zh-CN,zh;q=0.9"})
+    english = httpx.get(base + "/v1/models")
+    assert chinese.status_code == english.status_code == 401
+    assert chinese.json()["code"] == english.json()["code"] == "relay_token_required"
+    assert chinese.json()["message"] == "请求没有携带中继令牌；没有令牌，中继不转发任何请求"
+    assert english.json()["message"].startswith("the request carries no relay token")
+    assert chinese.headers["x-taogpud-error"] == "relay_token_required"
+    assert provider.seen == []
 
 
 @pytest.mark.skipif(Path("/proc/driver/nvidia").exists(), reason="CUDA can start on this host")

@@ -12,33 +12,25 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RunningDaemon
+from conftest import RunningDaemon, start_relay
 from test_mcp_registration import taogpuctl_on_path
 from test_real_tools import CLAUDE_CODE_VERSION, TURN_TIMEOUT_S, clean_env, tool_binary
-from test_relay import KEY, start_relay
 
 from taogpud.testing.fake_provider import (
     FakeProvider,
     Reply,
     Seen,
     anthropic_message,
-    fake_provider,
 )
 
 pytestmark = pytest.mark.slow
 
 GPU_STATUS, RUN_TASK = "mcp__taogpud__gpu_status", "mcp__taogpud__run_task"
-
-
-@pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    with fake_provider(KEY) as server:
-        yield server
 
 
 def sse(name: str, data: dict[str, Any]) -> bytes:

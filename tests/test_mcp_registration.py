@@ -18,29 +18,15 @@ import shlex
 import subprocess
 import sys
 import tomllib
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import RunningDaemon
 from test_real_tools import CLAUDE_CODE_VERSION, CODEX_VERSION, tool_binary
-from test_relay import KEY, start_relay
 
 from taogpud import testing
 from taogpud.agents.registration import SERVER_NAME, claude_code_lines, server_entry
-from taogpud.testing.fake_provider import FakeProvider, fake_provider
-
-
-@pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    with fake_provider(KEY) as server:
-        yield server
-
-
-@pytest.fixture
-def relayd(daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider) -> RunningDaemon:
-    return start_relay(daemon_factory, provider.base_url)
 
 
 def env_for(home: Path) -> dict[str, str]:

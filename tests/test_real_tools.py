@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RunningDaemon
-from test_relay import KEY, MODELS, relay_lines, start_relay
+from conftest import MODELS, RunningDaemon, start_relay
+from conftest import RELAY_KEY as KEY
+from test_relay import relay_lines
 
 from taogpud.testing.fake_provider import (
     FakeProvider,
@@ -27,7 +28,6 @@ from taogpud.testing.fake_provider import (
     Seen,
     anthropic_message,
     anthropic_stream,
-    fake_provider,
     openai_stream,
     responses_stream,
 )
@@ -77,13 +77,6 @@ def tool_binary(
         pytest.skip(f"{name} --version failed on this host: {shown.stderr.strip()[:300]}")
     assert version in shown.stdout, f"{name} is {shown.stdout.strip()}, not the pinned {version}"
     return where
-
-
-@pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    with fake_provider(KEY) as server:
-        server.require_auth = True
-        yield server
 
 
 def clean_env(home: Path, extra: dict[str, str]) -> dict[str, str]:

@@ -9,7 +9,6 @@ reached neither the client nor (daemon_home's check) any log.
 from __future__ import annotations
 
 import json
-import secrets
 import socket
 import subprocess
 import time
@@ -20,7 +19,8 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import RunningDaemon
+from conftest import RELAY_KEY as KEY
+from conftest import RunningDaemon, start_relay, token_of, unix_get
 
 from taogpud.testing import wait_until
 from taogpud.testing.fake_provider import (
@@ -29,13 +29,8 @@ from taogpud.testing.fake_provider import (
     anthropic_message,
     anthropic_stream,
     closed_port,
-    fake_provider,
     openai_stream,
 )
-
-KEY = "sk-relay-" + secrets.token_hex(16)
-MODELS = {"default": "claude-sonnet-4", "coding": "claude-coder-9", "reasoning": "claude-opus-4"}
-
 
 _CLIENTS: list[openai.OpenAI | anthropic.Anthropic] = []
 
@@ -51,48 +46,6 @@ def _close_clients() -> Iterator[None]:
 def kept(client: Any) -> Any:
     _CLIENTS.append(client)
     return client
-
-
-@pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    with fake_provider(KEY) as server:
-        server.require_auth = True
-        yield server
-
-
-def start_relay(
-    factory: Callable[..., RunningDaemon],
-    base_url: str,
-    relay: dict[str, Any] | None = None,
-    provider: dict[str, Any] | None = None,
-    env: dict[str, str] | None = None,
-) -> RunningDaemon:
-    settings = {
-        "provider": {"baseUrl": base_url, "maxRetries": 2, **(provider or {})},
-        "models": MODELS,
-    }
-    config = {
-        "api": {"base_url": base_url},
-        "relay": {"enabled": True, "listen": "127.0.0.1:0", **(relay or {})},
-    }
-    return factory(settings, config, env={"TAOTOKEN_API_KEY": KEY, **(env or {})})
-
-
-@pytest.fixture
-def relayd(daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider) -> RunningDaemon:
-    return start_relay(daemon_factory, provider.base_url)
-
-
-def unix_get(daemon: RunningDaemon, method: str, path: str) -> httpx.Response:
-    transport = httpx.HTTPTransport(uds=str(daemon.socket_path))
-    with httpx.Client(transport=transport, base_url="http://taogpud") as client:
-        return client.request(method, path)
-
-
-def token_of(daemon: RunningDaemon) -> tuple[str, str]:
-    """(token, http://127.0.0.1:PORT) as `taogpuctl relay token` gets them."""
-    answer = unix_get(daemon, "POST", "/v1/relay/token").json()
-    return answer["token"], f"http://{answer['listen']}"
 
 
 def openai_tcp(daemon: RunningDaemon, **kwargs: Any) -> openai.OpenAI:

@@ -16,25 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import RunningDaemon
-from test_relay import KEY, start_relay, token_of
+from conftest import RunningDaemon, start_relay, token_of
 
 from taogpud.testing import wait_until
-from taogpud.testing.fake_provider import FakeProvider, fake_provider
+from taogpud.testing.fake_provider import FakeProvider
 
 FLOOD = 300
 MARK = "doors-flood-marker"
-
-
-@pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    with fake_provider(KEY) as server:
-        yield server
-
-
-@pytest.fixture
-def relayd(daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider) -> RunningDaemon:
-    return start_relay(daemon_factory, provider.base_url)
 
 
 def test_a_flood_of_unauthenticated_requests_is_summarised_not_traced(

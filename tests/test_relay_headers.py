@@ -8,35 +8,20 @@ from __future__ import annotations
 
 import http.client
 import json
-import secrets
-from collections.abc import Callable, Iterator
 
 import pytest
 from conftest import RunningDaemon
 
-from taogpud.testing.fake_provider import FakeProvider, Reply, fake_provider
+from taogpud.testing.fake_provider import FakeProvider, Reply
 
-KEY = "sk-relay-" + secrets.token_hex(16)
 UTF8 = "naïve ✓ 東京".encode()
 LATIN1 = "café".encode("latin-1")  # 0xE9 alone: not UTF-8
 
 
 @pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    with fake_provider(KEY) as server:
-        yield server
-
-
-@pytest.fixture
-def listen(daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider) -> dict[str, str]:
+def listen(relayd: RunningDaemon) -> dict[str, str]:
     """The relay's answer to `relay token`: its TCP address and the caller's token."""
-    settings = {"provider": {"baseUrl": provider.base_url, "maxRetries": 0}}
-    config = {
-        "api": {"base_url": provider.base_url},
-        "relay": {"enabled": True, "listen": "127.0.0.1:0"},
-    }
-    daemon = daemon_factory(settings, config, env={"TAOTOKEN_API_KEY": KEY})
-    with daemon.client() as client:
+    with relayd.client() as client:
         answer: dict[str, str] = client.relay_token()
     return answer
 

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import base64
 import json
-import secrets
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
 import httpx
 import openai
 import pytest
-from conftest import RunningDaemon
+from conftest import RELAY_KEY as KEY
+from conftest import RunningDaemon, token_of
 from pydantic import SecretStr
 
 from taogpud.provider.channel import Scrubber
@@ -29,37 +28,21 @@ from taogpud.testing.fake_provider import (
     Reply,
     anthropic_message,
     completion,
-    fake_provider,
 )
 
-KEY = "sk-relay-" + secrets.token_hex(16)
 BLANK = MARK.decode() + "*" * (len(KEY) - len(MARK))  # the key's place, as many bytes as it had
 
 
 @pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    with fake_provider(KEY) as server:
-        server.require_auth = True
-        yield server
-
-
-@pytest.fixture
-def relayd(daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider) -> RunningDaemon:
-    settings = {"provider": {"baseUrl": provider.base_url, "maxRetries": 0}}
-    config = {
-        "api": {"base_url": provider.base_url},
-        "relay": {"enabled": True, "listen": "127.0.0.1:0"},
-    }
-    return daemon_factory(settings, config, env={"TAOTOKEN_API_KEY": KEY})
+def relay_provider_settings() -> dict[str, Any]:
+    """No retries: each error status reaches the client from the provider's first answer."""
+    return {"maxRetries": 0}
 
 
 @pytest.fixture
 def tcp(relayd: RunningDaemon) -> tuple[str, str]:
     """(relay token, http://127.0.0.1:PORT)."""
-    transport = httpx.HTTPTransport(uds=str(relayd.socket_path))
-    with httpx.Client(transport=transport, base_url="http://taogpud") as client:
-        answer = client.post("/v1/relay/token").json()
-    return answer["token"], f"http://{answer['listen']}"
+    return token_of(relayd)
 
 
 def openai_event(content: str) -> bytes:

@@ -9,16 +9,14 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import secrets
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from conftest import RunningDaemon
 
-from taogpud.testing.fake_provider import FakeProvider, fake_provider
+from taogpud.testing.fake_provider import FakeProvider
 
-KEY = "sk-relay-" + secrets.token_hex(16)
 OUTSIDE = [
     "/v1/../admin",
     "/v1/..",
@@ -46,22 +44,6 @@ class UnixConnection(http.client.HTTPConnection):
     def connect(self) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(self._socket_path)
-
-
-@pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    with fake_provider(KEY) as server:
-        yield server
-
-
-@pytest.fixture
-def relayd(daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider) -> RunningDaemon:
-    settings = {"provider": {"baseUrl": provider.base_url, "maxRetries": 0}}
-    config = {
-        "api": {"base_url": provider.base_url},
-        "relay": {"enabled": True, "listen": "127.0.0.1:0"},
-    }
-    return daemon_factory(settings, config, env={"TAOTOKEN_API_KEY": KEY})
 
 
 def raw_post(

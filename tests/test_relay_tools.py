@@ -17,25 +17,13 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import RunningDaemon
-from test_relay import (
-    _CLIENTS,
-    KEY,
-    MODELS,
-    anthropic_tcp,
-    assert_no_key,
-    kept,
-    relay_lines,
-    start_relay,
-    token_of,
-    unix_get,
-)
+from conftest import MODELS, RunningDaemon, start_relay, token_of, unix_get
+from test_relay import _CLIENTS, anthropic_tcp, assert_no_key, kept, relay_lines
 
 from taogpud.testing.fake_provider import (
     FakeProvider,
     Reply,
     anthropic_message,
-    fake_provider,
     openai_stream,
     responses_stream,
 )
@@ -46,18 +34,6 @@ def _close_clients() -> Iterator[None]:
     yield
     while _CLIENTS:
         _CLIENTS.pop().close()
-
-
-@pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    with fake_provider(KEY) as server:
-        server.require_auth = True
-        yield server
-
-
-@pytest.fixture
-def relayd(daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider) -> RunningDaemon:
-    return start_relay(daemon_factory, provider.base_url)
 
 
 def ctl(daemon: RunningDaemon, home: Path, *args: str) -> Any:
