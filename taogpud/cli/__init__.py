@@ -19,9 +19,10 @@ Errors are one line on stderr, `taogpuctl: <message> (hint: ...)`, never a trace
 `logs --json`: one JSON document per line, NDJSON) and the views for people (`top`,
 `completion`). Progress and warnings go to stderr, so stdout holds only the answer.
 
-This module is the entry point and stays light: a plain `taogpuctl status [--json]` is
-answered by cli/hot.py without typer (a script's most frequent call, bench/cli_start.py);
-everything else goes to the typer app in cli/app.py.
+This module is the entry point and stays light: a plain `taogpuctl status [--json]` or
+`taogpuctl exec -- PROGRAM` is answered by cli/hot.py without typer (a script's most frequent
+call, and a cost added to every program; its docstring has the bench's numbers); everything
+else goes to the typer app in cli/app.py, which assembles the command modules.
 """
 
 from __future__ import annotations
@@ -30,12 +31,16 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-EXIT_OK = 0
-EXIT_FAILED = 1  # the job or check failed
-EXIT_USAGE = 2  # usage or config error
-EXIT_UNREACHABLE = 3  # the daemon cannot be reached
-EXIT_NOT_IN_GROUP = 4  # the socket is its group's (taogpu), and this user is not in it
-EXIT_INTERRUPTED = 130  # Ctrl-C, as typer answers it
+from taogpud.cli import hot
+
+# the contract's names, here as the docstring's table gives them
+from taogpud.cli.exits import EXIT_FAILED as EXIT_FAILED
+from taogpud.cli.exits import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from taogpud.cli.exits import EXIT_NOT_IN_GROUP as EXIT_NOT_IN_GROUP
+from taogpud.cli.exits import EXIT_OK as EXIT_OK
+from taogpud.cli.exits import EXIT_UNREACHABLE as EXIT_UNREACHABLE
+from taogpud.cli.exits import EXIT_USAGE as EXIT_USAGE
+from taogpud.i18n import english_only
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
@@ -46,14 +51,12 @@ def run(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure becomes one stderr line and an exit code."""
     args = sys.argv[1:] if argv is None else list(argv)
     if "--json" in args:  # a document for a program: English end to end, the daemon's too
-        from taogpud.i18n import english_only
-
         english_only()
-    from taogpud.cli import hot
-
     code = hot.run(args)
     if code is not None:
         return code
+    # here, not at the top: typer and every command module are what the hot path saves
+    # (its docstring has the numbers)
     from taogpud.cli.app import run_app
 
     return run_app(args)

@@ -3,6 +3,11 @@ group's module in the order `taogpuctl --help` lists them; and the entry point t
 argv through typer (the contract is in taogpud.cli).
 
 `taogpud.cli.run` sends here every argv the hot path (cli/hot.py) does not answer itself.
+
+Every module here is imported at each start, so a command body imports what only it uses
+(pydantic for config, the doctor, the MCP SDK, NVML, rich, http.client): each such import says
+what it costs, as extra import time over this module's, min of 10 fresh interpreters on a busy
+2-core host (issue 36). None breaks a cycle: the command modules import downwards only.
 """
 
 from __future__ import annotations
@@ -13,7 +18,6 @@ from collections.abc import Sequence
 
 import typer
 
-from taogpud.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from taogpud.cli import config as cli_config
 from taogpud.cli import context as cli_context
 from taogpud.cli import conventions as cli_conventions
@@ -25,6 +29,7 @@ from taogpud.cli import programs as cli_programs
 from taogpud.cli import relay as cli_relay
 from taogpud.cli import system as cli_system
 from taogpud.cli import top as cli_top
+from taogpud.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from taogpud.cli.failures import explain
 from taogpud.cli.output import one_line, report_error
 

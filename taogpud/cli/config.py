@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import orjson
 import typer
 
-from taogpud.cli import EXIT_OK, EXIT_USAGE
 from taogpud.cli import files as cli_files
 from taogpud.cli.context import connect
+from taogpud.cli.exits import EXIT_OK, EXIT_USAGE
 from taogpud.cli.options import ConfigFlag, JsonFlag, SettingsFlag
 from taogpud.cli.output import count_problems, emit_json, emit_line, flatten, problem_line
 from taogpud.client import ApiError, DaemonUnreachable
@@ -30,7 +30,7 @@ def load_config_problems(
     settings: Path | None, config: Path | None
 ) -> tuple[ConfigSnapshot | None, list[Problem]]:
     """Load the pair offline: (the snapshot or None, every problem found, errors first)."""
-    from taogpud import config as config_loader
+    from taogpud import config as config_loader  # pydantic: ~370 ms no other command pays
 
     try:
         snapshot = config_loader.load(settings, config)
@@ -54,6 +54,7 @@ def the_daemons_files(ctx: typer.Context) -> tuple[Path | None, Path | None]:
 def host_problems(snapshot: ConfigSnapshot) -> list[Problem]:
     """What keeps this host from running a valid pair: CUDA without an NVIDIA driver (the
     daemon would refuse to start, or fall back to the CPU where allowFallbackToCpu says so)."""
+    # the CUDA backend's module: ~50 ms, for `config validate` alone
     from taogpud.backends.cuda.backend import driver_installed
     from taogpud.config.problem import Problem  # the config is loaded: no cost here
 

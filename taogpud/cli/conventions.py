@@ -19,6 +19,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
+import typer.completion
 from typer.core import TyperOption
 
 from taogpud import __version__
@@ -26,11 +27,14 @@ from taogpud.cli.failures import CliError
 from taogpud.cli.hot import COMPLETE_VAR as COMPLETE_VAR  # noqa: PLC0414 (named here too)
 from taogpud.client import ApiError, Client
 
-EXIT_STILL_RUNNING = 124  # the wait's --timeout passed before the job finished
 FULL_ID_LENGTH = 17  # jobs.new_job_id(): 6 random hex + 11 hex of milliseconds
 SHORT_ID_LENGTH = 6  # what tables show (docker's 12, git's 7: 24 random bits here)
 AMBIGUOUS_SHOWN = 10
 _HEX = re.compile(r"^[0-9a-f]+$")
+
+# typer's own completion scripts and the classes that answer them: its public module imports
+# them without re-exporting them by name (so, for mypy, Any); `import typer` imports it anyway
+TYPER_COMPLETION: Any = typer.completion
 
 SUBMIT_EXAMPLES = """\
 Examples:
@@ -57,7 +61,7 @@ def install(command: Any, argv: Sequence[str]) -> None:
         )
     )
     if COMPLETE_VAR in os.environ:  # the shell asks for completions: typer's classes answer
-        _typer_completion().completion_init()
+        TYPER_COMPLETION.completion_init()
     # "submit" in the group: a call builds only the command it names (taogpud.cli.asked_app)
     if "submit" in argv and ({"-h", "--help"} & set(argv)) and "submit" in command.commands:
         command.commands["submit"].epilog = submit_epilog()
@@ -71,7 +75,7 @@ def _print_version(ctx: Any, _param: Any, value: bool) -> None:
 
 def submit_epilog() -> str:
     """The tasks this host's taogpud knows (its registry, built-ins and plug-ins) and examples."""
-    from taogpud import tasks
+    from taogpud import tasks  # the registry and its plug-ins: ~380 ms, `submit --help` only
 
     lines = [f"  {task.name:<11} {task.description}" for task in tasks.all_tasks()]
     return "Tasks (params: taogpuctl tasks):\n\n" + "\n\n".join(lines) + "\n\n" + SUBMIT_EXAMPLES
@@ -95,19 +99,10 @@ def completion_command(
     `taogpuctl completion zsh > "${fpath[1]}/_taogpuctl"`,
     `taogpuctl completion fish > ~/.config/fish/completions/taogpuctl.fish`.
     """
-    script = _typer_completion().get_completion_script(
+    script = TYPER_COMPLETION.get_completion_script(
         prog_name="taogpuctl", complete_var=COMPLETE_VAR, shell=shell.value
     )
     typer.echo(str(script))
-
-
-def _typer_completion() -> Any:
-    """typer's own completion (the scripts and the classes that answer them), from its public
-    typer.completion module, which imports them without re-exporting them by name; imported
-    only when completing, as it costs every other command ~15 ms."""
-    import typer.completion
-
-    return typer.completion
 
 
 # --- job ids -----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from taogpud.cli import EXIT_FAILED, EXIT_NOT_IN_GROUP, EXIT_UNREACHABLE, EXIT_USAGE
+from taogpud.cli.exits import EXIT_FAILED, EXIT_NOT_IN_GROUP, EXIT_UNREACHABLE, EXIT_USAGE
 from taogpud.client import ApiError, DaemonUnreachable, NotInGroup
 from taogpud.i18n import _
 

@@ -7,11 +7,11 @@ from typing import Annotated, Any
 
 import typer
 
-from taogpud.cli import EXIT_FAILED, EXIT_OK
 from taogpud.cli import guide as cli_guide
 from taogpud.cli import words as cli_words
 from taogpud.cli.context import connect
 from taogpud.cli.conventions import resolve_id, short_ids
+from taogpud.cli.exits import EXIT_FAILED, EXIT_OK
 from taogpud.cli.failures import CliError
 from taogpud.cli.inputs import build_params, upload_inputs
 from taogpud.cli.options import JsonFlag, ParamOption, SeedOption, SizeOption

@@ -15,7 +15,6 @@ from taogpud.cli.context import connect
 from taogpud.cli.conventions import resolve_id
 from taogpud.cli.output import emit_line
 from taogpud.cli.program_run import follow_log
-from taogpud.client.stream import stream_lines
 
 # a job line's fields shown in `logs`, in this order, after its time and event
 LOG_FIELDS: tuple[str, ...] = ("status", "task", "backend", "device", "fallback", "queue_ms")
@@ -32,6 +31,8 @@ def trace_command(
     ),
 ) -> None:
     """The daemon's trace, one JSON line per event, as journald has it (`trace --grep backend`)."""
+    from taogpud.client.stream import stream_lines  # see logs_command
+
     query = {"limit": limit, "follow": str(follow).lower(), **({"grep": grep} if grep else {})}
     with connect(ctx) as client:
         client.health()  # an absent daemon is exit 3, said as every command says it
@@ -51,6 +52,9 @@ def logs_command(
 ) -> None:
     """One job's trace lines: queued, running, where it ran, how it ended; a program's own
     output (taogpuctl exec --detach)."""
+    # http.client, with email and ssl: ~40 ms that every other command would pay
+    from taogpud.client.stream import stream_lines
+
     with connect(ctx) as client:
         job_id = resolve_id(client, job_id)
         socket_path = client.socket_path
@@ -76,7 +80,7 @@ def log_line(event: dict[str, Any]) -> str:
 
 def watch(show: Any, interval_s: float) -> None:
     """Call `show()` every interval_s on a cleared screen until Ctrl-C (as watch(1) does)."""
-    from taogpud.cli.output import stdout
+    from taogpud.cli.output import stdout  # a rich console, made on first use (output.py)
 
     try:
         while True:

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
 from taogpud.client import Job, is_finished
-from taogpud.i18n import N_, _
+from taogpud.i18n import N_, _, ngettext
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -366,8 +366,6 @@ def problem_line(problem: dict[str, str]) -> str:
 
 def count_problems(errors: Sequence[object], warnings: Sequence[object]) -> str:
     """`2 errors, 1 warning`."""
-    from taogpud.i18n import ngettext
-
     return _("{errors}, {warnings}").format(
         errors=ngettext("{n} error", "{n} errors", len(errors)).format(n=len(errors)),
         warnings=ngettext("{n} warning", "{n} warnings", len(warnings)).format(n=len(warnings)),

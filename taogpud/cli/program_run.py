@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
-from taogpud.cli import EXIT_INTERRUPTED, EXIT_OK
+from taogpud.cli.exits import EXIT_INTERRUPTED, EXIT_OK
 from taogpud.cli.failures import CliError
 from taogpud.cli.output import emit_json, emit_line, report_error, state_word, warn
 from taogpud.client import Client

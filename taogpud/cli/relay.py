@@ -37,7 +37,7 @@ relay_app = typer.Typer(help="The relay: AI tools reach the provider through tao
 
 def token_path(socket_path: str) -> Path:
     """Where this user keeps the token of the daemon at `socket_path` (one file per daemon)."""
-    from taogpud.config.loading import default_config_dir
+    from taogpud.config.loading import default_config_dir  # pydantic: ~370 ms, relay's only
 
     absolute = str(Path(socket_path).absolute())  # not resolve(): a symlink names its daemon
     name = f"{TOKEN_FILE}@{absolute.strip('/').replace('/', '-')}"
@@ -145,7 +145,7 @@ def _older_copy(legacy: Path, wanted: object) -> str:
 
 def _written(made: Recipe) -> list[str]:
     """--write: the file's part merged into the tool's file; the shell's part printed."""
-    from taogpud.relay import toolfiles
+    from taogpud.relay import toolfiles  # its TOML writer, ~10 ms: --write alone needs it
 
     if made.file_kind == "codex-toml":
         path = toolfiles.codex_path(os.environ)
@@ -202,7 +202,7 @@ def _report(answer: dict[str, Any], json_out: bool, text: str) -> None:
 
 def relay_check(client: Client) -> Check:
     """The doctor's end-to-end check: GET /v1/models through the relay on the Unix socket."""
-    from taogpud.doctor import Check
+    from taogpud.doctor import Check  # pydantic-settings, ~700 ms: the doctor's alone
 
     name = "relay"
     status = client.relay_status()

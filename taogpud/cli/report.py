@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from taogpud.cli import EXIT_FAILED, EXIT_OK
-from taogpud.cli import conventions as cli_conventions
+from taogpud.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING
 from taogpud.cli.failures import CliError
 from taogpud.cli.output import (
     emit_json,
@@ -36,7 +35,7 @@ def report_job(job: Job, json_out: bool, extra: dict[str, Any] | None = None) ->
         return EXIT_OK
     report_error(*job_problem(job))
     if not is_finished(job):
-        return cli_conventions.EXIT_STILL_RUNNING
+        return EXIT_STILL_RUNNING
     return _exit_status(job)
 
 

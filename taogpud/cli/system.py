@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from taogpud.cli import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from taogpud.cli import logs as cli_logs
 from taogpud.cli.context import connect, socket_of
+from taogpud.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from taogpud.cli.options import ConfigFlag, JsonFlag, SettingsFlag
 from taogpud.cli.output import (
     check_lines,
@@ -57,6 +57,7 @@ def tasks_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
 def devices_command(ctx: typer.Context, json_out: JsonFlag = False) -> int:
     """The GPUs the NVIDIA driver shows (NVML, read here), the OpenCL platforms and devices
     (asked of a child process here), and the devices the workers hold."""
+    # NVML, the OpenCL report and their tables: ~40 ms that only `devices` uses
     from taogpud.backends.opencl import probe as opencl_probe
     from taogpud.backends.opencl import report as opencl_report
     from taogpud.cli import devices as view
@@ -141,6 +142,7 @@ def doctor_command(
     A daemon that cannot be reached is a failed check: the report still comes, with the
     checks that work without it (exit 1, not 3).
     """
+    # pydantic-settings and every check: ~700 ms, the doctor's alone
     from taogpud.doctor import Check, in_order, report_ok
     from taogpud.doctor import run as doctor_run
 
@@ -169,7 +171,7 @@ def mcp_command(ctx: typer.Context) -> None:
 
     Register it with the agent: `claude mcp add taogpud -- taogpuctl mcp`.
     """
-    from taogpud.agents.server import serve
+    from taogpud.agents.server import serve  # the MCP SDK: ~300 ms, `mcp` alone
 
     socket_path = socket_of(ctx)
     serve(None if socket_path is None else str(socket_path))

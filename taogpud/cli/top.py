@@ -58,9 +58,9 @@ def top_command(
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
 ) -> None:
     """A live view: devices (NVML), workers and slots, the job in each slot, the queue."""
-    from rich.live import Live
+    from rich.live import Live  # rich: ~45 ms, a terminal's only
 
-    from taogpud.cli.output import stdout
+    from taogpud.cli.output import stdout  # a rich console, made on first use (output.py)
 
     with connect(ctx) as client:
         if once:  # into a pipe: wide enough that no column wraps
@@ -76,7 +76,7 @@ def top_command(
 
 
 def fetch(client: Any) -> Snapshot:
-    from taogpud.observability import nvml
+    from taogpud.observability import nvml  # ~10 ms, top's alone
 
     inventory = nvml.inventory(read_process_names=False)
     return Snapshot(
