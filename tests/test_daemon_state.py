@@ -31,7 +31,7 @@ from taogpud.wire import ReloadView
 
 @pytest.fixture
 def state(tmp_path: Path) -> Iterator[DaemonState]:
-    """A DaemonState built as daemon/lifecycle.py builds it: pool before scheduler."""
+    """A DaemonState built as daemon/compose.py builds it: pool before scheduler."""
     settings, config_file = tmp_path / "settings.json", tmp_path / "config.toml"
     settings.write_text(json.dumps(CPU_SETTINGS))
     config_file.write_text(to_toml(CPU_CONFIG))

@@ -45,15 +45,16 @@ RULES = [
     ("taogpud.doors", ("taogpud.api", "taogpud.daemon", "taogpud.relay", "starlette", "fastapi")),
 ]
 
-# The one module above the API: it builds the app and serves it, and hands the `.shm` socket
-# the API's request validation rather than have daemon/shm_server.py import it. These names
-# and no others (a new one is a choice to make here, not a slip).
+# The two modules above the API: the composition step builds the app and hands the `.shm`
+# socket the API's request validation (rather than have memfd/server.py import it); the
+# lifecycle serves the app and ends its waiting requests at a stop. These names and no
+# others (a new one is a choice to make here, not a slip).
 SERVES_THE_API = {
-    "taogpud.daemon.lifecycle": {
+    "taogpud.daemon.compose": {
         "taogpud.api.app.create_app",
-        "taogpud.api.jobs.end_waits",
         "taogpud.api.models.job_request_from",
     },
+    "taogpud.daemon.lifecycle": {"taogpud.api.jobs.end_waits"},
 }
 
 

@@ -3,16 +3,17 @@ body limits and the request trace."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from taogpud import __version__, relay, wire
+from taogpud import __version__, wire
 from taogpud.api import agents, arrays, channel, config, doctor, jobs, programs, system
 from taogpud.api import trace as trace_api
 from taogpud.api.edge import CLIENT_GONE, ApiEdge
@@ -21,13 +22,20 @@ from taogpud.errors import ErrorBody, TaogpudError
 from taogpud.host.unix_socket import peer_in
 from taogpud.i18n import accepted_language
 from taogpud.observability.logging import get_logger
+from taogpud.relay import mount as relay_mount
+
+if TYPE_CHECKING:
+    from taogpud.relay.forward import Relay
 
 log = get_logger("taogpud.api")
 
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
 
-def create_app(state: DaemonState) -> FastAPI:
+def create_app(state: DaemonState, relay: Relay, metrics: CollectorRegistry) -> FastAPI:
+    """The API over services built and handed in by the composition step (daemon/compose.py).
+    They are put in app.state here and nowhere else, for the request dependencies to read
+    (api/deps.py, the relay's routes); nothing reads them back from outside a request."""
     app = FastAPI(
         title="taogpud",
         version=__version__,
@@ -38,7 +46,7 @@ def create_app(state: DaemonState) -> FastAPI:
         # asks no provider at each request whether it is configured.
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
-    app.state.daemon = state
+    app.state.daemon, app.state.metrics = state, metrics
     jobs.add_submit_route(app)  # every job comes this way: the first route matched
     for module in (jobs, system, arrays, config, channel, doctor, trace_api, agents, programs):
         app.include_router(module.router)
@@ -48,7 +56,7 @@ def create_app(state: DaemonState) -> FastAPI:
     app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected_error)
     app.add_middleware(ApiEdge, state=state.limits)  # body limits and the request trace, one layer
-    relay.mount(app, state)  # /relay/... (the AI channel, taogpud.relay) and /v1/relay/...
+    relay_mount(app, relay)  # /relay/... (the AI channel, taogpud.relay) and /v1/relay/...
     return app
 
 

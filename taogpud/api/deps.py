@@ -1,10 +1,13 @@
-"""How a handler reaches the daemon: one dependency, one object."""
+"""How a handler reaches the daemon: one dependency, one object (and the metrics registry).
+Both are read from app.state, where create_app put what the composition step built
+(daemon/compose.py)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import Depends, Request
+from prometheus_client import CollectorRegistry
 
 from taogpud.daemon.state import DaemonState
 
@@ -15,4 +18,10 @@ async def daemon_state(request: Request) -> DaemonState:
     return state
 
 
+async def metrics_registry(request: Request) -> CollectorRegistry:
+    registry: CollectorRegistry = request.app.state.metrics
+    return registry
+
+
 Daemon = Annotated[DaemonState, Depends(daemon_state)]
+Metrics = Annotated[CollectorRegistry, Depends(metrics_registry)]

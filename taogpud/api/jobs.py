@@ -122,7 +122,7 @@ class DirectRoute(APIRoute):
 async def submit(request: Request) -> Response:
     # Every job comes this way: the query and body are validated in one pydantic call each
     # instead of through FastAPI's parameter and body machinery.
-    daemon: DaemonState = request.app.state.daemon
+    daemon: DaemonState = request.app.state.daemon  # put there by create_app (api/deps.py)
     wait_s = _wait_s(request)
     job = daemon.scheduler.submit(await _job_request(request), peer_of(request))
     if wait_s:

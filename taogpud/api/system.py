@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from taogpud import __version__, tasks, wire
-from taogpud.api.deps import Daemon
+from taogpud.api.deps import Daemon, Metrics
 from taogpud.api.models import (
     ArraysView,
     DoorView,
@@ -65,8 +65,8 @@ async def task_catalog() -> list[dict[str, Any]]:
 
 
 @router.get(wire.METRICS.path, response_class=Response)
-async def metrics(daemon: Daemon) -> Response:
-    body, content_type = render_metrics(daemon)
+async def metrics(registry: Metrics) -> Response:
+    body, content_type = render_metrics(registry)
     return Response(body, media_type=content_type)
 
 

@@ -26,21 +26,18 @@ import sqlite3
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
 
 from taogpud import __version__, config
-from taogpud.api.app import create_app
 from taogpud.api.jobs import end_waits
-from taogpud.api.models import job_request_from
-from taogpud.arrayfiles import images
-from taogpud.arrayfiles.store import ArrayStore, array_budget_bytes, upload_quota_bytes
-from taogpud.config.ray import serves_client_memory
+from taogpud.daemon.compose import STORE_NAME, Options, Services, compose
 from taogpud.daemon.reload import Reloader, watch_files
-from taogpud.daemon.state import DaemonState, DaemonStatus, Limits, Phase
+from taogpud.daemon.state import DaemonState, Phase
 from taogpud.daemon.state_lock import lock_state_dir, not_ours
-from taogpud.doors import Doors, http_protocol
+from taogpud.doors import http_protocol
 from taogpud.errors import (
     BackendUnavailable,
     ConfigError,
@@ -52,28 +49,21 @@ from taogpud.errors import (
 )
 from taogpud.host import heap, systemd
 from taogpud.host.environ import keep_from_children
-from taogpud.host.paths import default_socket, default_state_dir, kernel_cache_env
+from taogpud.host.paths import default_socket, default_state_dir
 from taogpud.host.unix_socket import bind_unix_socket
 from taogpud.i18n import _, user_language
-from taogpud.jobs.policy import Policy
-from taogpud.jobs.scheduler import Scheduler
 from taogpud.jobs.store import JobStore
 from taogpud.memfd.protocol import socket_path_for
 from taogpud.memfd.server import ShmServer
 from taogpud.observability import logging as tlog
 from taogpud.observability import nvml, trace
-from taogpud.pool.executor import create_pool
 from taogpud.pool.leftovers import end_resource_tracker
-from taogpud.pool.plan import plan_workers
 from taogpud.relay import listen as relay_listen
-from taogpud.relay.forward import Relay
 from taogpud.relay.listen import RelayListener
 
 WARM_TIMEOUT_S = 300.0  # CUDA kernel compilation on a cold cache can take minutes
 WORKER_STOP_TIMEOUT_S = 10.0
 PRIVATE_UMASK = 0o077  # everything the daemon and its workers create: 0700 folders, 0600 files
-STORE_NAME = "jobs.sqlite3"
-OUTPUTS_DIR_NAME = "outputs"
 RECENT_JOBS_SHOWN = 1000  # finished jobs brought back into memory at start, for `list`
 HOUSEKEEPING_EVERY_S = 600.0
 PROGRAM_SAMPLE_S = 1.0  # NVML read for the programs under CUDA leases (proof.py)
@@ -98,35 +88,39 @@ class _Server(uvicorn.Server):
         yield
 
 
+@dataclass
+class _Listeners:
+    """What serves, stopped in this order: the control socket, the relay's TCP port, `.shm`."""
+
+    control: tuple[_Server, asyncio.Task[None]]
+    relay: RelayListener | None
+    shm: ShmServer | None
+
+
 class Daemon:
     def __init__(
         self,
         snapshot: config.ConfigSnapshot,
-        args: argparse.Namespace,
-        socket_path: Path,
+        options: Options,
         notifier: systemd.Notifier | None = None,
-        owns_process: bool = True,
     ) -> None:
         self.snapshot = snapshot
-        # False: a daemon inside another program (taogpud.testing's in-process harness). It
-        # leaves what belongs to the whole process as it found it: signal handlers (only the
-        # main thread may set them), the umask, os.environ, sockets systemd passed, the
-        # garbage collector's frozen objects; and it lets go of its state directory's lock at
-        # the end, as a process's exit would.
-        self.owns_process = owns_process
-        self.args = args
-        self.socket_path = socket_path
-        self.state_dir: Path = args.state_dir or default_state_dir()
+        self.options = options  # options.owns_process False: the in-process harness's
         self.notifier = notifier or systemd.Notifier()
         self._lock_fd: int | None = None
         self._stop_requested = asyncio.Event()
         self._stop_watching = asyncio.Event()
-        self._reloader: Reloader | None = None
         self._signals_seen = 0
         self._owns_socket_file = True
-        self._relay: tuple[socket.socket | None, RelayListener | None, Relay | None] = (None,) * 3
         self.exit_hooks_safe = True  # the pool's word, read once the store is closed
-        self.shm: ShmServer | None = None  # the shared-memory socket beside the HTTP one
+
+    @property
+    def socket_path(self) -> Path:
+        return self.options.socket_path
+
+    @property
+    def state_dir(self) -> Path:
+        return self.options.state_dir
 
     async def run(self) -> int:
         try:
@@ -140,11 +134,15 @@ class Daemon:
         self._signals_seen += 1
         self._stop_requested.set()
 
+    @property
+    def owns_process(self) -> bool:
+        return self.options.owns_process
+
     async def _run(self) -> int:
-        state, server, serving = await self._startup()
-        assert self._reloader is not None  # built with the state
+        services, listeners = await self._startup()
+        state = services.state
         loop = asyncio.get_running_loop()
-        watching = loop.create_task(self._watch(self._reloader))
+        watching = loop.create_task(self._watch(services.reloader))
         background = [
             loop.create_task(coroutine)
             for coroutine in (
@@ -162,21 +160,21 @@ class Daemon:
         await self._stop_requested.wait()
         self._stop_watching.set()
         await watching
-        await self._shutdown(state, server, serving)
+        await self._shutdown(services, listeners)
         for task in background:
             task.cancel()
         state.store.close()
         self.exit_hooks_safe = state.pool.exit_hooks_safe
         return 0
 
-    async def _startup(self) -> tuple[DaemonState, _Server, asyncio.Task[None]]:
+    async def _startup(self) -> tuple[Services, _Listeners]:
         """Bind, warm every worker, take back what the store holds, then serve.
 
         The state directory's lock comes first, then the socket: a second daemon on the same
         state directory or a live socket fails before it touches either or spawns anything,
         and clients that connect while the workers warm wait in the backlog."""
         self._lock_fd = lock_state_dir(self.state_dir, self.socket_path)
-        inherited = self._inherited_sockets()
+        relay_sock, inherited = self._inherited_sockets()
         self._owns_socket_file = inherited is None  # systemd's socket unit owns its file
         sock = inherited or bind_unix_socket(self.socket_path)
         # After the bind (the socket's folder may be new, and its users must reach it): the
@@ -185,46 +183,35 @@ class Daemon:
         if self.owns_process:
             os.umask(PRIVATE_UMASK)
         try:
-            state = self._build_state()
+            services = compose(self.snapshot, self.options, self.notifier)
         except BaseException:
             self._remove_socket_file()
             raise
+        state = services.state
         if self.owns_process:
-            self._install_signal_handlers()
+            self._install_signal_handlers(services.reloader)
         try:
             await state.pool.start(state.scheduler, WARM_TIMEOUT_S)
             state.scheduler.recover(state.store.unfinished())
             state.store.load_recent(RECENT_JOBS_SHOWN)
-            server, serving = await self._serve(state, sock)
-            self._start_shm(state)
+            listeners = await self._serve(services, sock, relay_sock)
         except BaseException:
             state.pool.kill_all()
             self._remove_socket_file()
             raise
-        return state, server, serving
+        return services, listeners
 
-    def _inherited_sockets(self) -> socket.socket | None:
-        """The control socket systemd passed, if any; the relay's is kept in self._relay."""
+    def _inherited_sockets(self) -> tuple[socket.socket | None, socket.socket | None]:
+        """The relay's and the control socket systemd passed, if any (the relay's taken
+        first: listen_socket() closes the rest)."""
         if not self.owns_process:
-            return None
-        self._relay = (relay_listen.inherited_socket(), None, None)  # before listen_socket()
-        return systemd.listen_socket()
+            return None, None
+        return relay_listen.inherited_socket(), systemd.listen_socket()
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing the descriptor drops its flock
             self._lock_fd = None
-
-    def _start_shm(self, state: DaemonState) -> None:
-        """`<socket>.shm`: local clients' own memory, handed over once (daemon/shm_server.py).
-        Each uid may hold as much there as the array store's budget. With executor "ray"
-        only on a local instance (config.ray.serves_client_memory, docs/ray.md)."""
-        if not serves_client_memory(state.status.snapshot.config):
-            return
-        self.shm = ShmServer(
-            state.scheduler, state.store, state.arrays.budget_bytes, job_request_from
-        )
-        self.shm.start(socket_path_for(self.socket_path), state.doors)
 
     async def _watch(self, reloader: Reloader) -> None:
         paths = reloader.watched_paths()
@@ -233,44 +220,12 @@ class Daemon:
         except Exception as exc:  # e.g. inotify limits: reload still works by SIGHUP and the API
             log.error("config.watch_failed", error=f"{type(exc).__name__}: {exc}")
 
-    def _build_state(self) -> DaemonState:
-        """The services, each built once from those below it: the store, the array store,
-        the pool (not started), the scheduler over it, the reloader over them all."""
-        plan = plan_workers(self.snapshot)
-        state_dir = self.state_dir
-        private_dir(state_dir)
-        if self.owns_process:
-            os.environ.update(kernel_cache_env(state_dir))  # inherited by the spawned workers
-        store = JobStore(state_dir / STORE_NAME)
-        arrays = ArrayStore(
-            array_budget_bytes(self.snapshot), store, images.namespace_of(state_dir)
-        )
-        arrays.user_quota_bytes = upload_quota_bytes(self.snapshot, arrays)
-        arrays.restore()
-        pool = create_pool(self.snapshot, plan.specs)
-        policy = Policy.from_snapshot(self.snapshot)
-        scheduler = Scheduler(policy, store, arrays, pool, state_dir / OUTPUTS_DIR_NAME)
-        status = DaemonStatus(self.snapshot, plan.backend, plan.fallback_reason)
-        services = (pool, scheduler, arrays)
-        args = (self.args.settings, self.args.config)
-        self._reloader = Reloader(status, services, self.notifier, *args)
-        return DaemonState(
-            status,
-            store,
-            arrays,
-            pool,
-            scheduler,
-            self._reloader.reload,
-            Doors(lambda: status.snapshot.config.server, _open_file_limit()),
-            Limits(max_upload_bytes=arrays.budget_bytes),
-        )
-
     async def _serve(
-        self, state: DaemonState, sock: socket.socket
-    ) -> tuple[_Server, asyncio.Task[None]]:
-        app = create_app(state)
+        self, services: Services, sock: socket.socket, relay_sock: socket.socket | None
+    ) -> _Listeners:
+        state = services.state
         server_config = uvicorn.Config(
-            app,
+            services.app,
             http=http_protocol(
                 state.doors,
                 "control",
@@ -291,14 +246,13 @@ class Daemon:
             await asyncio.sleep(0.005)
         if serving.done():
             serving.result()  # raises what stopped the server
-        relay_sock = self._relay[0]
-        relay_listener = await relay_listen.start(app.state.relay, relay_sock, state.doors)
-        self._relay = (None, relay_listener, app.state.relay)
-        return server, serving
+        relay_listener = await relay_listen.start(services.relay, relay_sock, state.doors)
+        if services.shm is not None:  # local clients' own memory (memfd/server.py)
+            services.shm.start(socket_path_for(self.socket_path), state.doors)
+        return _Listeners((server, serving), relay_listener, services.shm)
 
-    async def _shutdown(
-        self, state: DaemonState, server: _Server, serving: asyncio.Task[None]
-    ) -> None:
+    async def _shutdown(self, services: Services, listeners: _Listeners) -> None:
+        state = services.state
         state.status.phase = Phase.draining
         drain_s = (
             0.0
@@ -312,11 +266,12 @@ class Daemon:
             state.scheduler.interrupt_running()
         state.status.phase = Phase.stopping
         end_waits(state)
+        server, serving = listeners.control
         server.should_exit = True
         await serving
-        await relay_listen.stop(*self._relay[1:])
-        if self.shm is not None:
-            self.shm.close()
+        await relay_listen.stop(listeners.relay, services.relay)
+        if listeners.shm is not None:
+            listeners.shm.close()
         await state.pool.stop(WORKER_STOP_TIMEOUT_S)
         if self.owns_process:  # the tracker is the process's, a harness's too
             end_resource_tracker()  # else systemd kills it as a left-over after the unit stops
@@ -329,20 +284,16 @@ class Daemon:
         if self._owns_socket_file:
             self.socket_path.unlink(missing_ok=True)
 
-    def _install_signal_handlers(self) -> None:
+    def _install_signal_handlers(self, reloader: Reloader) -> None:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_stop_signal, signum)
-        loop.add_signal_handler(signal.SIGHUP, self._on_hup)
+        loop.add_signal_handler(signal.SIGHUP, reloader.request, "SIGHUP")
 
     def _on_stop_signal(self, signum: int) -> None:
         """Recorded before anything is logged: a log line can never keep a stop from happening."""
         self.request_stop()
         log.info("daemon.signal", signal=signal.Signals(signum).name, count=self._signals_seen)
-
-    def _on_hup(self) -> None:
-        if self._reloader is not None:
-            self._reloader.request("SIGHUP")
 
 
 async def _heartbeat(notifier: systemd.Notifier, state: DaemonState) -> None:
@@ -442,15 +393,7 @@ def _summary(state: DaemonState) -> dict[str, object]:
     }
 
 
-def private_dir(path: Path) -> None:
-    """The state directory, 0700: made so, or narrowed if an older daemon or a person made it
-    wider (its files are then out of other users' reach, whatever their own modes)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if path.stat().st_mode & 0o077:
-        path.chmod(0o700)
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> Options:
     parser = argparse.ArgumentParser(
         prog="taogpud", description="Run GPU compute jobs for everyone on this host."
     )
@@ -461,7 +404,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--socket", type=_absolute, help="the Unix socket to serve on")
     parser.add_argument("--state-dir", type=_absolute, help="where jobs and outputs are kept")
     parser.add_argument("--version", action="version", version=f"taogpud {__version__}")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    return Options(
+        settings=args.settings,
+        config=args.config,
+        socket_path=args.socket or default_socket(),
+        state_dir=args.state_dir or default_state_dir(),
+    )
 
 
 def _absolute(value: str) -> Path:
@@ -483,16 +432,12 @@ def _control_body_limit(state: DaemonState) -> int:
     return max(state.limits.max_upload_bytes, state.limits.max_json_bytes, relay_bytes)
 
 
-def _open_file_limit() -> int:
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    options = parse_args(argv)
     raise_open_file_limit()
     notifier = systemd.Notifier()
     try:
-        snapshot = config.load(args.settings, args.config)
+        snapshot = config.load(options.settings, options.config)
     except ConfigError as exc:
         # A person at a terminal reads it in their language; STATUS= and the log, English.
         return _refuse(notifier, "config error: " + exc.render(None), EXIT_CONFIG, exc)
@@ -502,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_from_children(snapshot.config.api.api_key_env)
     for problem in snapshot.warnings:
         log.warning("config.warning", **problem.as_dict())
-    return _run(Daemon(snapshot, args, args.socket or default_socket(), notifier), notifier)
+    return _run(Daemon(snapshot, options, notifier), notifier)
 
 
 def _run(daemon: Daemon, notifier: systemd.Notifier) -> int:

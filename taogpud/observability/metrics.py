@@ -133,13 +133,14 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
 
 
-# Collectors of the daemon's other rooms (the relay's), by name: a new one replaces the old.
-EXTRA_COLLECTORS: dict[str, Collector] = {}
-
-
-def render_metrics(daemon: DaemonState) -> tuple[bytes, str]:
+def metrics_registry(daemon: DaemonState, *others: Collector) -> CollectorRegistry:
+    """The daemon's collector and those of its other rooms (the relay's), built once at
+    start (daemon/compose.py); each scrape reads them afresh."""
     registry = CollectorRegistry()
-    registry.register(DaemonCollector(daemon))
-    for collector in EXTRA_COLLECTORS.values():
+    for collector in (DaemonCollector(daemon), *others):
         registry.register(collector)
+    return registry
+
+
+def render_metrics(registry: CollectorRegistry) -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE_LATEST

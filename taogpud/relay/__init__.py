@@ -22,22 +22,16 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from taogpud.daemon.state import DaemonState
+    from taogpud.relay.forward import Relay
 
 
-def mount(app: FastAPI, state: DaemonState) -> None:
-    """Put the relay in front of the API app (/relay/...) and its routes in it (/v1/relay/...);
-    the Relay itself is app.state.relay, for the TCP listener to share."""
-    from taogpud.observability import metrics
-    from taogpud.relay.forward import Relay, UnixRelay
-    from taogpud.relay.metrics import RelayCollector
+def mount(app: FastAPI, relay: Relay) -> None:
+    """Put the relay in front of the API app (/relay/...) and its routes in it (/v1/relay/...).
+    The relay is built by the daemon's composition step (daemon/compose.py), which hands the
+    same one to the TCP listener; the routes read it from app.state.relay, put there here."""
+    from taogpud.relay.forward import UnixRelay
     from taogpud.relay.routes import router
-    from taogpud.relay.tokens import FILE_NAME, TokenStore
 
-    store_path = state.store.path
-    tokens = TokenStore(None if store_path is None else store_path.parent / FILE_NAME)
-    relay = Relay(lambda: state.status.snapshot, tokens)
     app.state.relay = relay
     app.include_router(router)
     app.add_middleware(UnixRelay, relay=relay)
-    metrics.EXTRA_COLLECTORS["relay"] = RelayCollector(relay.use)

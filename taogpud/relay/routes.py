@@ -20,6 +20,7 @@ router = APIRouter(tags=["relay"])
 
 
 def _relay(request: Request) -> Relay:
+    # where relay.mount put the one the composition step built (daemon/compose.py)
     relay: Relay = request.app.state.relay
     return relay
 

@@ -35,6 +35,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -469,12 +470,11 @@ class InProcessDaemon(DaemonHandle):
         self.failure: BaseException | None = None  # what ended the daemon's run, if it raised
         flags = [*Pair(self.settings_path, self.config_path).flags()]
         flags += ["--socket", str(self.socket_path), "--state-dir", str(self.state_dir)]
+        options = replace(lifecycle.parse_args(flags), owns_process=False)
         self._daemon: lifecycle.Daemon | None = lifecycle.Daemon(
             snapshot,
-            lifecycle.parse_args(flags),
-            self.socket_path,
+            options,
             systemd.Notifier({}),  # never systemd's, whatever this process was given
-            owns_process=False,
         )
         self._loop: asyncio.AbstractEventLoop | None = None  # made by start()
         self._thread = threading.Thread(
