@@ -369,24 +369,41 @@ def test_a_detached_programs_log_is_bounded_and_cancel_stops_it(
     assert job["status"] == "cancelled" and job["result"]["signal"] == "SIGTERM"
 
 
-def test_a_program_over_at_once_is_not_followed_on_a_second_connection(
+def test_a_program_over_at_once_costs_two_requests_and_its_pid_is_checked(
     daemon_factory: Callable[..., RunningDaemon],
 ) -> None:
-    """A program that ends before `follow_after_s` costs its starter three requests (submit,
-    started, exited) and no lease long-poll on a connection of its own: with 8 submitters of
-    short programs, that long-poll was a quarter of the daemon's requests."""
+    """A program that ends before `report_within_s` costs its starter two requests: the
+    submit, and its exit, which carries its pid (a zombie until the daemon has checked it
+    as /started would and noted its start time); no /started, and no lease long-poll on a
+    connection of its own (it ends before `follow_after_s`). With 8 submitters of short
+    programs, those were a third and a quarter of the daemon's requests."""
     daemon = daemon_factory(settings={"logging": {"level": "debug"}})  # api.request lines
     with daemon.client() as client:
-        outcome = ProgramRun(client, ["true"], follow_after_s=600.0).run()
+        run = ProgramRun(client, ["true"], follow_after_s=600.0, report_within_s=600.0)
+        outcome = run.run()
     assert outcome.job["status"] == "succeeded" and outcome.exit_status == 0
+    assert run.process is not None and outcome.job["program"]["pid"] == run.process.pid
+    assert outcome.job["program"]["pid_start"] is not None
 
     def program_requests() -> list[str]:
         lines = daemon.events("api.request")
         return [line["path"] for line in lines if line["path"].startswith("/v1/programs")]
 
-    wait_until(lambda: len(program_requests()) >= 3, "the exit's request line", 30)
+    wait_until(lambda: len(program_requests()) >= 2, "the exit's request line", 30)
     requests = program_requests()
-    assert len(requests) == 3 and not any(path.endswith("/lease") for path in requests), requests
+    assert len(requests) == 2 and requests[1].endswith("/exited"), requests
+
+
+def test_an_exit_reported_with_its_pid_keeps_the_exit_status(daemon: RunningDaemon) -> None:
+    """A program killed by a signal, or failing, within the window: the one report carries
+    its status as the zombie left it (waitid WNOWAIT), as a reaped one's would."""
+    with daemon.client() as client:
+        killed = ProgramRun(client, ["sh", "-c", "kill -9 $$"], report_within_s=600.0).run()
+        failed = ProgramRun(client, ["sh", "-c", "exit 3"], report_within_s=600.0).run()
+    by_signal = {"exit_code": None, "signal": "SIGKILL"}
+    assert (killed.exit_status, killed.job["result"]) == (137, by_signal)
+    assert (failed.exit_status, failed.job["result"]) == (3, {"exit_code": 3, "signal": None})
+    assert killed.job["program"]["pid"] and failed.job["program"]["pid"]
 
 
 # A starter that follows its lease only after 600 s, of a program that leaves a child behind

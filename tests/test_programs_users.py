@@ -54,7 +54,8 @@ def test_others_see_a_program_but_not_what_it_runs_and_may_not_touch_it(
 ) -> None:
     """carol sees alice's program's id, state, device and owner, never its argv, cwd, lease
     or log; she may not cancel it nor claim a process for it; alice may not start it twice,
-    nor report a process that is not hers or not her own descendant; her cancel stops it."""
+    nor report a process that is not hers or not her own descendant (at its start, or with
+    its exit: a program over at once is reported once); her cancel stops it."""
     daemon = shared_daemon()
     sock = daemon.socket_path
     started = value(as_user(users["alice"], _start_sleeper(sock)))
@@ -76,21 +77,24 @@ def test_others_see_a_program_but_not_what_it_runs_and_may_not_touch_it(
         and "was started already" in twice["api_error"][2]
     )
 
-    def claim_for_a_new_job(claimed_pid: int) -> Callable[[Client], Any]:
+    def claim_for_a_new_job(claimed_pid: int, with_exit: bool) -> Callable[[Client], Any]:
         def call(client: Client) -> Any:
             other = client.submit_program(["true"], cwd="/", device=1)
             wait_until(lambda: client.lease(other["id"])["phase"] != "queued", "granted", 60)
+            if with_exit:
+                return client.program_exited(other["id"], exit_code=0, pid=claimed_pid)
             return client.program_started(other["id"], claimed_pid)
 
         return call
 
-    roots = as_user(users["alice"], _call(sock, claim_for_a_new_job(daemon.proc.pid)))
-    assert (
-        roots["api_error"][:2] == [403, "forbidden"] and "belongs to uid 0" in roots["api_error"][2]
-    )
-    not_mine = as_user(users["alice"], _call(sock, claim_for_a_new_job(pid)))
-    assert not_mine["api_error"][:2] == [403, "forbidden"]
-    assert "not a descendant of the caller" in not_mine["api_error"][2]
+    for with_exit in (False, True):
+        root = daemon.proc.pid
+        roots = as_user(users["alice"], _call(sock, claim_for_a_new_job(root, with_exit)))
+        assert roots["api_error"][:2] == [403, "forbidden"], (with_exit, roots)
+        assert "belongs to uid 0" in roots["api_error"][2]
+        not_mine = as_user(users["alice"], _call(sock, claim_for_a_new_job(pid, with_exit)))
+        assert not_mine["api_error"][:2] == [403, "forbidden"], (with_exit, not_mine)
+        assert "not a descendant of the caller" in not_mine["api_error"][2]
     own = value(as_user(users["alice"], _call(sock, lambda c: c.get(job_id))))
     assert own["params"]["argv"] == ["sleep", "600"]
     value(as_user(users["alice"], _call(sock, lambda c: c.cancel(job_id))))

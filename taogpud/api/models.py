@@ -160,6 +160,12 @@ class ProgramExitModel(BaseModel):
     signal: str | None = Field(default=None, max_length=20, pattern=r"^SIG[A-Z0-9+]+$")
     cancelled: bool = Field(default=False, description="its starter stopped it (Ctrl-C)")
     not_started: str | None = Field(default=None, max_length=2000, description="why exec failed")
+    pid: int | None = Field(
+        default=None,
+        gt=1,
+        description="the program's pid, when its start was not reported: checked as /started "
+        "checks it (the process, a zombie now, is the caller's own descendant)",
+    )
 
 
 class LeaseView(BaseModel):

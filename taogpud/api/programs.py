@@ -80,8 +80,7 @@ async def program_started(
     job_id: str, body: ProgramStartedModel, request: Request, daemon: Daemon
 ) -> Response:
     job = daemon.scheduler.program_started(job_id, body.pid, peer_of(request))
-    daemon.store.commit_now()
-    return Response(job.model_dump_json(), media_type=JSON)
+    return Response(_committed(daemon, job), media_type=JSON)
 
 
 @router.post(wire.PROGRAM_LOG_APPEND.path, status_code=204)
@@ -122,7 +121,11 @@ async def read_log(
 async def program_exited(
     job_id: str, body: ProgramExitModel, request: Request, daemon: Daemon
 ) -> Response:
-    exit = ProgramExit(body.exit_code, body.signal, body.cancelled, body.not_started)
+    exit = ProgramExit(body.exit_code, body.signal, body.cancelled, body.not_started, body.pid)
     job = daemon.scheduler.program_exited(job_id, peer_of(request), exit)
-    daemon.store.commit_now()
-    return Response(job.model_dump_json(), media_type=JSON)
+    return Response(_committed(daemon, job), media_type=JSON)
+
+
+def _committed(daemon: DaemonState, job: JobRecord) -> str:
+    """The job's record, once committed: the text the commit wrote, not a second dump."""
+    return daemon.store.commit_now().get(job.id) or job.model_dump_json()

@@ -35,6 +35,11 @@ LEASE_POLL_S = 30.0  # one long-poll of the lease
 RECONNECT_S = 300.0  # how long a starter tries to reach a restarting daemon before it gives up
 RETRY_PAUSE_S = 0.2
 FOLLOW_AFTER_S = 0.1  # a program running this long has its lease followed (ProgramRun._wait)
+# A program ended this soon after its start is reported once, its start with its end
+# (_report_at_once): `true` under 8 submitters on a host at load 16 ended within 0.02 ms at
+# the median, 6.5 ms at p99. Its start is told that much later at most, about what one
+# request takes on such a host.
+REPORT_WITHIN_S = 0.01
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 OnQueued = Callable[[dict[str, Any]], None]
 T = TypeVar("T")
@@ -59,6 +64,7 @@ class ProgramRun:
         output: BinaryIO | None = None,
         on_output: Callable[[bytes], None] | None = None,
         follow_after_s: float = FOLLOW_AFTER_S,
+        report_within_s: float = REPORT_WITHIN_S,
         **request: Any,
     ) -> None:
         """output: where the program's stdout and stderr go, its stdin then /dev/null (a
@@ -70,6 +76,7 @@ class ProgramRun:
         self.request = request  # submit_program's keywords: gpus, device, mem_bytes, share, …
         self.reap_descendants = reap_descendants
         self.follow_after_s = follow_after_s  # when its lease starts being followed (_wait)
+        self.report_within_s = report_within_s  # ended this soon: one report (_report_at_once)
         self.on_queued = on_queued
         self.output = output
         self.on_output = on_output
@@ -121,8 +128,10 @@ class ProgramRun:
             why = f"cannot run {self.argv[0]!r}: {exc.strerror or exc}"
             return Outcome(self.client.program_exited(job_id, not_started=why), 127)
         pid = self.process.pid
-        _retrying(lambda: self.client.program_started(job_id, pid))
         reader = self._read_output()
+        if not self.reap_descendants and _ended_within(pid, self.report_within_s):
+            return self._report_at_once(job_id, self.process, reader)
+        _retrying(lambda: self.client.program_started(job_id, pid))
         returncode, stopper = self._wait(job_id, self.process)
         if self.reap_descendants:
             if stopper is None and _children_left():  # a stop must reach what runs on
@@ -131,6 +140,20 @@ class ProgramRun:
         if reader is not None:
             reader.join()  # every descendant gone: the pipe has ended
         return self._report(job_id, returncode, stopper)
+
+    def _report_at_once(
+        self, job_id: str, process: subprocess.Popen[bytes], reader: threading.Thread | None
+    ) -> Outcome:
+        """A program that ended within `report_within_s`: one report, its pid with its exit
+        status (one request instead of two). It is left a zombie until the daemon has
+        checked that pid as POST …/started would (the caller's own descendant, its start
+        time), then reaped."""
+        returncode = _returncode_unreaped(process.pid)
+        if reader is not None:
+            reader.join()  # its output is shipped before its end is told
+        outcome = self._report(job_id, returncode, None, pid=process.pid)
+        process.wait()
+        return outcome
 
     def _wait(self, job_id: str, process: subprocess.Popen[bytes]) -> tuple[int, Stopper | None]:
         """The program's return code. Its lease is followed (Stopper) once it has run
@@ -161,8 +184,12 @@ class ProgramRun:
         reader.start()
         return reader
 
-    def _report(self, job_id: str, returncode: int, stopper: Stopper | None) -> Outcome:
+    def _report(
+        self, job_id: str, returncode: int, stopper: Stopper | None, pid: int | None = None
+    ) -> Outcome:
         how: dict[str, Any] = {"cancelled": self.cancelled}
+        if pid is not None:
+            how["pid"] = pid
         if returncode < 0:
             how["signal"] = signal.Signals(-returncode).name
         else:
@@ -225,6 +252,14 @@ def _ended_within(pid: int, seconds: float) -> bool:
     finally:
         os.close(fd)
     return bool(readable)
+
+
+def _returncode_unreaped(pid: int) -> int:
+    """An ended child's return code as Popen gives it (-N: killed by signal N), leaving it
+    a zombie (WNOWAIT): its pid stays its own until it is reaped."""
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    assert info is not None  # WEXITED without WNOHANG waits until it has ended
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
 
 def _children_left() -> bool:

@@ -522,12 +522,12 @@ class Scheduler:
         client is followed from now: gone before its program starts, the job ends."""
         admission.check_open(self.accepting, self.store)
         admission.check_executor(self.pool)
-        client = _caller(peer)
+        client_pid, client_start = _caller(peer)
         devices = self._devices()
         admission.check_program_room(request, devices, len(self.queue), self.policy)
         mem = request.mem_bytes
         program = ProgramView(gpus=request.gpus, share=request.share, mem_bytes=mem)
-        program.client_pid, program.client_start = client.pid, client.start
+        program.client_pid, program.client_start = client_pid, client_start
         job = JobRecord(
             id=new_job_id(),
             task=PROGRAM_TASK,
@@ -542,7 +542,7 @@ class Scheduler:
         )
         self.store.add(job)
         self.jobs_total += 1
-        self._programs[job.id] = Lease(self._watch(job.id, client.pid, client.start, client=True))
+        self._programs[job.id] = Lease(self._watch(job.id, client_pid, client_start, client=True))
         self._trace(job)
         placed = self._place_at_once(_wanted(job), devices)
         if placed is not None:
@@ -657,11 +657,15 @@ class Scheduler:
 
     def program_exited(self, job_id: str, peer: Peer, exit: ProgramExit) -> JobRecord:
         """The starter's word that the program (and every descendant) is gone: the job ends
-        with its exit status and the lease is released. A second word is ignored."""
+        with its exit status and the lease is released. A second word is ignored. With a
+        pid, the word of its start comes with it (a program that ended before its starter
+        said it started: one request instead of two), checked as program_started checks it."""
         job = self.get(job_id)
         check_access(job, peer, "report the exit of")
         if job.status.finished:
             return job
+        if exit.pid is not None and (job.program is None or job.program.pid != exit.pid):
+            self.program_started(job_id, exit.pid, peer)
         if job.program is None or job.status is not JobState.running:
             self._granted_program(job_id, peer, "report the exit of")  # raises Conflict
         job.result = {"exit_code": exit.exit_code, "signal": exit.signal}
@@ -983,6 +987,7 @@ class ProgramExit(NamedTuple):
     signal: str | None = None  # "SIGKILL"
     cancelled: bool = False  # its starter stopped it (Ctrl-C in `taogpuctl exec`)
     not_started: str | None = None  # why it could not be started (exec failed)
+    pid: int | None = None  # its start, reported with its end (program_exited)
 
     def state(self) -> JobState:
         if self.cancelled:
@@ -1018,15 +1023,15 @@ def _labels(infos: list[Any]) -> str:
     return ",".join(info.device for info in infos)
 
 
-def _caller(peer: Peer) -> leases.Process:
-    """The calling process (SO_PEERCRED), as /proc shows it: a lease follows its client."""
-    process = None if peer.pid is None else leases.read_process(peer.pid)
-    if process is None:
+def _caller(peer: Peer) -> tuple[int, int]:
+    """The calling process (SO_PEERCRED): its pid and start time. A lease follows it."""
+    start = None if peer.pid is None else leases.start_time(peer.pid)
+    if peer.pid is None or start is None:
         raise RequestError(
             f"taogpud cannot see the calling process (pid {peer.pid}) in /proc",
             "submit programs from this host's own process namespace",
         )
-    return process
+    return peer.pid, start
 
 
 def _callers_process(pid: int, peer: Peer) -> leases.Process:
@@ -1039,7 +1044,7 @@ def _callers_process(pid: int, peer: Peer) -> leases.Process:
             f"process {pid} belongs to uid {process.uid}, not to the caller (uid {peer.uid})",
             "report the program your own process started",
         )
-    if peer.pid is None or not leases.descends_from(pid, peer.pid):
+    if peer.pid is None or not leases.descends_from(process, peer.pid):
         raise NotPermitted(
             f"process {pid} is not a descendant of the caller (pid {peer.pid})",
             "report the program from the process that started it (or one of its parents)",

@@ -136,13 +136,15 @@ class JobStore:
     def save(self, job: JobRecord) -> None:
         self._write(job)
 
-    def commit_now(self) -> None:
+    def commit_now(self) -> dict[str, str]:
         """Commit what is pending before it is shown or acted on (an answer, a worker's
         order): nothing a client saw or a worker ran is undone by a kill -9 just after. A
         disk that refuses lets the caller go on, the records kept pending and retried (reads
-        are served and accepted jobs run on a full disk)."""
+        are served and accepted jobs run on a full disk). Returns the records written, as
+        flush() does ({} when it failed)."""
         with contextlib.suppress(StateDiskFull):
-            self.flush()
+            return self.flush()
+        return {}
 
     def after_commit(self, job_id: str, callback: Callable[[], None]) -> None:
         """Have `callback` called once a commit holds every change written so far: at once
