@@ -43,6 +43,14 @@ Inside the daemon, never answered as they are (each caught where its meaning is 
       (MemoryError)                the job fails `out_of_device_memory`)
     StateDirLocked                 another live process holds the state directory
     StateDirNotOurs                the state directory belongs to another user
+    Refused                        a parser callback's: the connection's request is refused (400)
+
+The relay's, each answered in the one error shape (relay/forward.py):
+
+    RelayError                     an answer the relay gives itself: status, error body, Retry-After
+    UpstreamFailed                 no response head from the provider: the status and code to answer
+    NoWebSocket                    the provider gave no WebSocket: the status and code to answer
+    ClientGone                     the client hung up before its request's body was whole
 
 What the client raises (taogpud.client re-exports them; the functions at the end of this
 module turn a failed exchange into one of them, so the client maps no code itself):
@@ -286,6 +294,50 @@ class StateDirLocked(Exception):
 
 class StateDirNotOurs(Exception):
     """The state directory, or a file in it, belongs to another user (say, one root left)."""
+
+
+class Refused(Exception):
+    """Raised from a parser callback: the parser stops, and uvicorn asks for its 400."""
+
+
+# --- the relay's: each answered in the one error shape by relay/forward.py ---------------------
+
+
+class RelayError(Exception):
+    """An answer the relay gives itself: its HTTP status, the error body, any Retry-After."""
+
+    def __init__(self, status: int, body: ErrorBody, retry_after_s: int | None = None) -> None:
+        super().__init__(body.message)
+        self.status = status
+        self.body = body
+        self.retry_after_s = retry_after_s
+
+
+class UpstreamFailed(Exception):
+    """No response head from the provider: status and code for the client's error answer."""
+
+    def __init__(self, status: int, code: str, message: str, hint: str, attempts: int) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.hint = hint
+        self.attempts = attempts
+
+
+class NoWebSocket(Exception):
+    """The provider gave no WebSocket: status, code and words for the client's HTTP answer."""
+
+    def __init__(self, status: int, code: str, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.hint = hint
+
+
+class ClientGone(Exception):
+    """The client hung up before its request's body was whole."""
 
 
 # --- the client's (taogpud.client re-exports them): what a failed exchange becomes ------------

@@ -27,11 +27,6 @@ NOT_YET_MOVED: dict[str, str] = {
     "AmbiguousId": "taogpuctl's one-line failures: cli/ is being split (issue 36)",
     "NotHot": "cli/hot.py goes with the CLI's one argv parser (issue 36)",
     "HarnessError": "the test harness's assertion: taogpud.testing is being reworked (issue 36)",
-    "UpstreamFailed": "the relay's: relay/upstream.py moves to one HTTP client (issue 36)",
-    "RelayError": "the relay's: relay/upstream.py moves to one HTTP client (issue 36)",
-    "ClientGone": "the relay's: relay/upstream.py moves to one HTTP client (issue 36)",
-    "NoWebSocket": "the relay's: relay/upstream.py moves to one HTTP client (issue 36)",
-    "Refused": "the doors' parser callback signal: next",
 }
 
 # A drawn row: the tree's lines, the class name, and (for the API's rows) its code and status.

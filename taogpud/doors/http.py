@@ -40,7 +40,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from taogpud.doors.policy import Door, Doors, Ticket
-from taogpud.errors import ErrorBody
+from taogpud.errors import ErrorBody, Refused
 from taogpud.host.unix_socket import PEER_KEY, read_peer
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -53,10 +53,6 @@ REASONS = {
     431: b"Request Header Fields Too Large",
     503: b"Service Unavailable",
 }
-
-
-class Refused(Exception):
-    """Raised from a parser callback: the parser stops, and uvicorn asks for its 400."""
 
 
 class DoorHttpProtocol(HttpToolsProtocol):

@@ -29,7 +29,7 @@ from taogpud import wire
 from taogpud.config import ConfigSnapshot, RelayLimits, RelaySection
 from taogpud.doors.http import abandon_response, claim_connection, too_many
 from taogpud.doors.noise import Noise
-from taogpud.errors import ErrorBody
+from taogpud.errors import ClientGone, ErrorBody, NoWebSocket, RelayError, UpstreamFailed
 from taogpud.host.unix_socket import peer_in
 from taogpud.i18n import Text, accepted_language, render
 from taogpud.observability import trace
@@ -97,14 +97,6 @@ class Channel:
     key_bytes: KeyBytes  # bytes: the provider's headers and bodies
     proxy: str | None
     host: str  # the trace's `channel`: the base URL's host, without any credentials
-
-
-class RelayError(Exception):
-    def __init__(self, status: int, body: ErrorBody, retry_after_s: int | None = None) -> None:
-        super().__init__(body.message)
-        self.status = status
-        self.body = body
-        self.retry_after_s = retry_after_s
 
 
 class Relay:
@@ -226,7 +218,7 @@ class Relay:
         )
         try:
             opened = await upstream.open_upstream(self._session(), out, self._rng)
-        except upstream.UpstreamFailed as exc:
+        except UpstreamFailed as exc:
             exchange.attempts = exc.attempts
             body_ = ErrorBody(exc.code, scrub(exc.message), exc.hint)
             raise RelayError(exc.status, body_) from None
@@ -292,7 +284,7 @@ class Relay:
             provider = await websocket.open_upstream(
                 self._session(), url, headers, protocols, settings.timeout_s, channel.proxy
             )
-        except websocket.NoWebSocket as exc:
+        except NoWebSocket as exc:
             said = ErrorBody(exc.code, channel.scrub(exc.message), exc.hint)
             raise RelayError(exc.status, said) from None
         exchange.status = 101
@@ -431,10 +423,6 @@ def _channel_host(base_url: str) -> str:
 
 
 # ---- the request and the answer -----------------------------------------------------------
-
-
-class ClientGone(Exception):
-    """The client hung up before its request's body was whole."""
 
 
 def _check_declared_length(scope: Scope, limit: int) -> None:

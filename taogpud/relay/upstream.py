@@ -31,6 +31,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from taogpud.errors import UpstreamFailed
 from taogpud.provider import http
 from taogpud.provider.http import Backoff, Family, retry_after_s
 
@@ -155,18 +156,6 @@ def resolve_alias(body: bytes, models: Mapping[str, str]) -> Aliased:
         return Aliased(body, None, asked)
     parsed["model"] = models[asked]
     return Aliased(orjson.dumps(parsed), asked, models[asked])
-
-
-class UpstreamFailed(Exception):
-    """No response head from the provider: status and code for the client's error answer."""
-
-    def __init__(self, status: int, code: str, message: str, hint: str, attempts: int) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.hint = hint
-        self.attempts = attempts
 
 
 @dataclass

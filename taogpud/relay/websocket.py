@@ -22,6 +22,7 @@ import aiohttp
 import orjson
 from starlette.types import Receive, Send
 
+from taogpud.errors import NoWebSocket
 from taogpud.relay import upstream
 from taogpud.relay.usage import Tokens, usage_of_event
 
@@ -38,17 +39,6 @@ MAX_MESSAGE_BYTES = 64 << 20  # a Responses event repeats the whole answer: allo
 NORMAL_CLOSE = 1000
 POLICY_CLOSE = 1008  # a limit reached mid-session
 ABNORMAL_CLOSE = 1011
-
-
-class NoWebSocket(Exception):
-    """The provider gave no WebSocket: status, code and words for the client's HTTP answer."""
-
-    def __init__(self, status: int, code: str, message: str, hint: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.hint = hint
 
 
 @dataclass
