@@ -39,7 +39,8 @@ RULES = [
     ("taogpud.jobs.placement", ("taogpud", "asyncio")),
     ("taogpud.jobs.scheduler", ("taogpud.api",)),
     ("taogpud.pool", ("taogpud.api",)),
-    ("taogpud.relay", ("taogpud.api",)),
+    # the relay serves; `taogpuctl relay` (cli/relay.py, cli/toolfiles.py) is the CLI's
+    ("taogpud.relay", ("taogpud.api", "taogpud.cli")),
     ("taogpud.daemon", ("taogpud.api",)),
     ("taogpud.host.unix_socket", ("taogpud.api", "starlette", "fastapi", "uvicorn")),
     ("taogpud.doors", ("taogpud.api", "taogpud.daemon", "taogpud.relay", "starlette", "fastapi")),

@@ -145,7 +145,7 @@ def _older_copy(legacy: Path, wanted: object) -> str:
 
 def _written(made: Recipe) -> list[str]:
     """--write: the file's part merged into the tool's file; the shell's part printed."""
-    from taogpud.relay import toolfiles  # its TOML writer, ~10 ms: --write alone needs it
+    from taogpud.cli import toolfiles  # its TOML writer, ~10 ms: --write alone needs it
 
     if made.file_kind == "codex-toml":
         path = toolfiles.codex_path(os.environ)
