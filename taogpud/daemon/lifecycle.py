@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import resource
 import shutil
@@ -25,11 +24,8 @@ import socket
 import sqlite3
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import uvicorn
 
 from taogpud import __version__, config
 from taogpud.api.jobs import end_waits
@@ -37,7 +33,7 @@ from taogpud.daemon.compose import STORE_NAME, Options, Services, compose
 from taogpud.daemon.reload import Reloader, watch_files
 from taogpud.daemon.state import DaemonState, Phase
 from taogpud.daemon.state_lock import lock_state_dir, not_ours
-from taogpud.doors import http_protocol
+from taogpud.doors import HttpListener, serve_http
 from taogpud.errors import (
     BackendUnavailable,
     ConfigError,
@@ -59,7 +55,6 @@ from taogpud.observability import logging as tlog
 from taogpud.observability import nvml, trace
 from taogpud.pool.leftovers import end_resource_tracker
 from taogpud.relay import listen as relay_listen
-from taogpud.relay.listen import RelayListener
 
 WARM_TIMEOUT_S = 300.0  # CUDA kernel compilation on a cold cache can take minutes
 WORKER_STOP_TIMEOUT_S = 10.0
@@ -80,20 +75,12 @@ EXIT_MAY_PASS_LATER = 75  # a driver still loading, the state directory or socke
 log = tlog.get_logger("taogpud.daemon")
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the daemon owns SIGTERM and SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 @dataclass
 class _Listeners:
     """What serves, stopped in this order: the control socket, the relay's TCP port, `.shm`."""
 
-    control: tuple[_Server, asyncio.Task[None]]
-    relay: RelayListener | None
+    control: HttpListener
+    relay: HttpListener | None
     shm: ShmServer | None
 
 
@@ -224,32 +211,19 @@ class Daemon:
         self, services: Services, sock: socket.socket, relay_sock: socket.socket | None
     ) -> _Listeners:
         state = services.state
-        server_config = uvicorn.Config(
+        control = await serve_http(
             services.app,
-            http=http_protocol(
-                state.doors,
-                "control",
-                sock,
-                lambda: _control_body_limit(state),
-                str(self.socket_path),
-            ),
+            state.doors,
+            "control",
+            sock,
+            lambda: _control_body_limit(state),
+            str(self.socket_path),
             timeout_keep_alive=KEEP_ALIVE_S,
-            lifespan="off",
-            log_config=None,
-            access_log=False,
-            proxy_headers=False,  # nothing proxies a local Unix socket
-            timeout_graceful_shutdown=5,
         )
-        server = _Server(server_config)
-        serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-        while not server.started and not serving.done():
-            await asyncio.sleep(0.005)
-        if serving.done():
-            serving.result()  # raises what stopped the server
         relay_listener = await relay_listen.start(services.relay, relay_sock, state.doors)
         if services.shm is not None:  # local clients' own memory (memfd/server.py)
             services.shm.start(socket_path_for(self.socket_path), state.doors)
-        return _Listeners((server, serving), relay_listener, services.shm)
+        return _Listeners(control, relay_listener, services.shm)
 
     async def _shutdown(self, services: Services, listeners: _Listeners) -> None:
         state = services.state
@@ -266,9 +240,7 @@ class Daemon:
             state.scheduler.interrupt_running()
         state.status.phase = Phase.stopping
         end_waits(state)
-        server, serving = listeners.control
-        server.should_exit = True
-        await serving
+        await listeners.control.stop()
         await relay_listen.stop(listeners.relay, services.relay)
         if listeners.shm is not None:
             listeners.shm.close()
