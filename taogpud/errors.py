@@ -61,6 +61,10 @@ module turn a failed exchange into one of them, so the client maps no code itsel
                                    failure, `bad_response`, or `http_<status>` outside the shape
     MalformedResponse              a transport's: an answer that is not HTTP (→ ApiError)
 
+The harness's (taogpud.testing re-exports it), an AssertionError so a test reads it as one:
+
+    HarnessError (AssertionError)  a daemon did not start, stop or say what was waited for in time
+
 Job failures are not exceptions of the daemon: they are `JobErrorView` values
 recorded on the job (`out_of_device_memory`, `task_failed`, `worker_crashed`,
 `timed_out`, `cancelled`, `interrupted`; a program's `program_failed`, `program_not_started`,
@@ -523,3 +527,10 @@ def job_failed(job: Mapping[str, Any]) -> ApiError:
 def refusal(error: Mapping[str, Any]) -> ApiError:
     """The `.shm` socket's error message, {code, message, hint?} (memfd/protocol.py)."""
     return ApiError(error["code"], error["message"], error.get("hint", ""))
+
+
+# --- the test harness's (taogpud.testing re-exports it) ----------------------------------------
+
+
+class HarnessError(AssertionError):
+    """A daemon did not start, stop or say what was waited for in time."""

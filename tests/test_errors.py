@@ -26,7 +26,6 @@ NOT_YET_MOVED: dict[str, str] = {
     "CliError": "taogpuctl's one-line failures: cli/ is being split (issue 36)",
     "AmbiguousId": "taogpuctl's one-line failures: cli/ is being split (issue 36)",
     "NotHot": "cli/hot.py goes with the CLI's one argv parser (issue 36)",
-    "HarnessError": "the test harness's assertion: taogpud.testing is being reworked (issue 36)",
 }
 
 # A drawn row: the tree's lines, the class name, and (for the API's rows) its code and status.

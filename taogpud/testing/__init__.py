@@ -43,6 +43,7 @@ from taogpud import config as config_files
 from taogpud.arrayfiles import images
 from taogpud.client import ApiError, Client, DaemonUnreachable
 from taogpud.daemon import lifecycle
+from taogpud.errors import HarnessError as HarnessError  # drawn in errors.py; raised from here
 from taogpud.host import systemd
 from taogpud.host.environ import keep_from_children
 from taogpud.observability import logging as tlog
@@ -72,10 +73,6 @@ FINISHED_EVENTS = {
     "job.timed_out",
     "job.interrupted",
 }
-
-
-class HarnessError(AssertionError):
-    """A daemon did not start, stop or say what was waited for in time."""
 
 
 # --- config writers ---------------------------------------------------------------------------
