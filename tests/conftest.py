@@ -166,6 +166,12 @@ def ctl(daemon: RunningDaemon) -> Ctl:
     return daemon.ctl
 
 
+@pytest.fixture
+def inprocess_ctl(inprocess_daemon: InProcessDaemon) -> Ctl:
+    """taogpuctl aimed at the test's in-process daemon (taogpuctl itself is a process)."""
+    return inprocess_daemon.ctl
+
+
 # --- the relay: a daemon whose relay forwards to a fake provider on 127.0.0.1 -----------------
 
 # Random per run, never a real key. Import these as `from conftest import …` (the module pytest

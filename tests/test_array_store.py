@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import numpy as np
 import pytest
-from conftest import CPU_CONFIG, RunningDaemon, deep_merge, to_toml
 
 from taogpud import wire
 from taogpud.arrayfiles import images
 from taogpud.arrayfiles.store import ArrayStore
 from taogpud.errors import ArrayStoreFull, BodyTooLarge
 from taogpud.jobs.records import Peer
+from taogpud.testing import CPU_CONFIG, InProcessDaemon, deep_merge, to_toml
 
 ALICE, CAROL = Peer(uid=1001, gid=1001), Peer(uid=1002, gid=1002)
 ARRAY_BYTES = 128 + 4000  # header and data of 1,000 float32
@@ -98,10 +98,10 @@ def test_a_body_past_the_upload_limit_is_a_413(store: ArrayStore) -> None:
 
 
 def test_the_quota_is_in_status_and_a_reload_changes_it(
-    daemon_factory: Callable[..., RunningDaemon],
+    inprocess_factory: Callable[..., InProcessDaemon],
 ) -> None:
     """memory.upload_quota_mb shows in status as user_quota_bytes and applies live."""
-    daemon = daemon_factory(config={"memory": {"upload_quota_mb": 1}})
+    daemon = inprocess_factory(config={"memory": {"upload_quota_mb": 1}})
     with daemon.client() as client:
         assert client.status()["arrays"]["user_quota_bytes"] == 1 << 20
         daemon.config_path.write_text(
@@ -196,11 +196,11 @@ def test_uploads_in_progress_count_against_the_budget_and_their_owners_quota() -
 
 
 def test_an_upload_the_body_timeout_cuts_gives_its_reservation_back(
-    daemon_factory: Callable[..., RunningDaemon],
+    inprocess_factory: Callable[..., InProcessDaemon],
 ) -> None:
     """An upload held mid-body past server.body_timeout_s: the daemon answers 408 and
     closes, and its reservation and partial file go with it, the client still connected."""
-    daemon = daemon_factory(config={"server": {"body_timeout_s": 1}})
+    daemon = inprocess_factory(config={"server": {"body_timeout_s": 1}})
     npy_head = wire.npy_header((1 << 18,), "<f4")
     head = (
         f"POST /v1/arrays HTTP/1.1\r\nHost: localhost\r\n"

@@ -14,7 +14,7 @@ from taogpud import __version__
 from taogpud.cli.conventions import FULL_ID_LENGTH, short_ids
 from taogpud.cli.words import humanize, remember
 from taogpud.jobs.records import new_job_id
-from taogpud.testing import RunningDaemon
+from taogpud.testing import InProcessDaemon
 from tests.test_cli import Ctl, assert_one_error_line, json_out, taogpuctl
 
 
@@ -99,34 +99,34 @@ def test_params_errors_speak_json_not_python() -> None:
 # --- against a real daemon -----------------------------------------------------------------
 
 
-def test_bad_priority_and_status_in_flags_words(ctl: Ctl) -> None:
+def test_bad_priority_and_status_in_flags_words(inprocess_ctl: Ctl) -> None:
     """Through the daemon: --priority 5000 and --status bogus come back in the flags' words,
     with no API location (`body.`, `query.`), pydantic phrase or API code in the line."""
-    priority = assert_one_error_line(ctl("submit", "noop", "--priority", "5000"), 2)
+    priority = assert_one_error_line(inprocess_ctl("submit", "noop", "--priority", "5000"), 2)
     assert priority == "taogpuctl: --priority must be at most 1000 (given 5000)"
-    status = assert_one_error_line(ctl("list", "--status", "bogus"), 2)
+    status = assert_one_error_line(inprocess_ctl("list", "--status", "bogus"), 2)
     assert status.startswith("taogpuctl: --status must be one of queued, running, ")
     assert status.endswith("(given bogus)")
-    param = assert_one_error_line(ctl("submit", "vector_add", "--param", "size=true"), 2)
+    param = assert_one_error_line(inprocess_ctl("submit", "vector_add", "--param", "size=true"), 2)
     assert "--size must be an integer, not a boolean (given true)" in param
     for line in (priority, status, param):
         assert not {"body.", "query.", "Input should", "True", "[invalid"} & set(line.split())
         assert "body." not in line and "Input should" not in line and "(given True)" not in line
 
 
-def test_tasks_show_no_python_none(ctl: Ctl) -> None:
+def test_tasks_show_no_python_none(inprocess_ctl: Ctl) -> None:
     """`tasks` prints params without a default as `(optional)`, never `=None`."""
-    result = ctl("tasks")
+    result = inprocess_ctl("tasks")
     assert result.returncode == 0, result.stderr
     assert "=None" not in result.stdout
     assert "size:integer=1000000" in result.stdout
 
 
-def test_job_id_prefixes(daemon: RunningDaemon) -> None:
+def test_job_id_prefixes(inprocess_daemon: InProcessDaemon) -> None:
     """A unique prefix finds the job (show, wait, result, cancel); one shared by two jobs is
     an error listing both; an unknown one stays the daemon's 'no job' (exit 2)."""
-    ctl = daemon.ctl
-    with daemon.client() as client:  # 17 ids: two of them share a first character
+    ctl = inprocess_daemon.ctl
+    with inprocess_daemon.client() as client:  # 17 ids: two of them share a first character
         ids = [client.submit("noop", {}, wait_s=5)["id"] for _ in range(17)]
     pairs = [(a, b) for a in ids for b in ids if a < b]
     first, second = max(pairs, key=lambda pair: shared_length(*pair))  # the closest two
@@ -165,35 +165,35 @@ def test_short_ids_are_six_or_as_long_as_unique() -> None:
     }
 
 
-def test_list_shows_the_short_ids_that_find_the_jobs(daemon: RunningDaemon) -> None:
+def test_list_shows_the_short_ids_that_find_the_jobs(inprocess_daemon: InProcessDaemon) -> None:
     """`taogpuctl list` shows each id in its short form (6 characters, more only where two
     shown ids share them), and that form is what `show` finds the job by."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         ids = {client.submit("noop", {}, wait_s=5)["id"] for _ in range(5)}
-    listed = daemon.ctl("list")
+    listed = inprocess_daemon.ctl("list")
     assert listed.returncode == 0, listed.stderr
     shown = [line.split()[0] for line in listed.stdout.splitlines()[1:]]
     assert sorted(shown) == sorted(short_ids(sorted(ids)).values())
     assert all(len(short) >= 6 for short in shown)
-    found = json_out(daemon.ctl("show", shown[0], "--json"))["id"]
+    found = json_out(inprocess_daemon.ctl("show", shown[0], "--json"))["id"]
     assert found in ids and found.startswith(shown[0])
 
 
-def test_wait_still_running_is_124_and_failed_is_1(ctl: Ctl) -> None:
+def test_wait_still_running_is_124_and_failed_is_1(inprocess_ctl: Ctl) -> None:
     """`wait --timeout` with the job still running: 124 (as timeout(1)); a job that failed: 1."""
-    running = ctl("submit", "sleep", "--param", "ms=30000").stdout.strip()
-    still = ctl("wait", running, "--timeout", "0.2")
+    running = inprocess_ctl("submit", "sleep", "--param", "ms=30000").stdout.strip()
+    still = inprocess_ctl("wait", running, "--timeout", "0.2")
     assert still.returncode == 124, still.stderr
     assert f"job {running} is still running" in still.stderr
-    assert ctl("cancel", running).returncode == 0
-    cancelled = ctl("wait", running, "--timeout", "30")
+    assert inprocess_ctl("cancel", running).returncode == 0
+    cancelled = inprocess_ctl("wait", running, "--timeout", "30")
     assert cancelled.returncode == 1
 
 
-def test_show_times_carry_a_zone_and_rounded_ms(ctl: Ctl) -> None:
+def test_show_times_carry_a_zone_and_rounded_ms(inprocess_ctl: Ctl) -> None:
     """`show`: `created_at: YYYY-MM-DD HH:MM:SS.mmm ZONE`; timings to 0.01 ms."""
-    job_id = ctl("submit", "noop", "--wait", "--json")
-    shown = ctl("show", json_out(job_id)["id"], env={"TZ": "UTC"})
+    job_id = inprocess_ctl("submit", "noop", "--wait", "--json")
+    shown = inprocess_ctl("show", json_out(job_id)["id"], env={"TZ": "UTC"})
     lines = dict(line.split(": ", 1) for line in shown.stdout.splitlines())
     date, clock, zone = lines["created_at"].split()
     assert (len(date), len(clock), zone) == (10, 12, "UTC")

@@ -19,10 +19,12 @@ from tests.test_cli import Ctl, assert_one_error_line, json_out
 NOBODY = 65534  # the uid the other-user check acts as
 
 
-def test_trace_grep_backend_lists_the_jobs_lines(ctl: Ctl) -> None:
+def test_trace_grep_backend_lists_the_jobs_lines(inprocess_ctl: Ctl) -> None:
     """`trace --grep backend`: JSON lines, each holding "backend", the finished job among them."""
-    job_id = json_out(ctl("submit", "vector_add", "--size", "1000", "--wait", "--json"))["id"]
-    result = ctl("trace", "--grep", "backend")
+    job_id = json_out(inprocess_ctl("submit", "vector_add", "--size", "1000", "--wait", "--json"))[
+        "id"
+    ]
+    result = inprocess_ctl("trace", "--grep", "backend")
     assert result.returncode == 0, result.stderr
     events = [json.loads(line) for line in result.stdout.splitlines()]
     assert events and all("backend" in line for line in result.stdout.splitlines())
@@ -30,12 +32,14 @@ def test_trace_grep_backend_lists_the_jobs_lines(ctl: Ctl) -> None:
     assert finished and finished[0]["backend"] == "cpu"
 
 
-def test_logs_follow_prints_lines_as_they_happen_and_ends_with_the_job(daemon: Any) -> None:
+def test_logs_follow_prints_lines_as_they_happen_and_ends_with_the_job(
+    inprocess_daemon: Any,
+) -> None:
     """`logs ID -f` of a 1.5 s sleep: the running line arrives while it runs; the command ends
     (exit 0) after the job's last line."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         job_id = client.submit("sleep", {"ms": 1500})["id"]
-    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path)]
+    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(inprocess_daemon.socket_path)]
     started = time.monotonic()
     with subprocess.Popen(
         [*command, "logs", job_id, "-f"], stdout=subprocess.PIPE, text=True
@@ -51,30 +55,30 @@ def test_logs_follow_prints_lines_as_they_happen_and_ends_with_the_job(daemon: A
     assert proc.returncode == 0
 
 
-def test_logs_of_a_finished_job_and_unknown_ids(ctl: Ctl) -> None:
+def test_logs_of_a_finished_job_and_unknown_ids(inprocess_ctl: Ctl) -> None:
     """`logs ID` of a finished job prints its lines and ends; an unknown id is exit 2."""
-    job_id = json_out(ctl("submit", "noop", "--wait", "--json"))["id"]
-    result = ctl("logs", job_id, "--json")
+    job_id = json_out(inprocess_ctl("submit", "noop", "--wait", "--json"))["id"]
+    result = inprocess_ctl("logs", job_id, "--json")
     assert result.returncode == 0, result.stderr
     events = [json.loads(line)["event"] for line in result.stdout.splitlines()]
     assert events[-1] == "job.succeeded"
-    assert assert_one_error_line(ctl("logs", "ffffffffffffffffff"), 2)
+    assert assert_one_error_line(inprocess_ctl("logs", "ffffffffffffffffff"), 2)
 
 
-def test_events_endpoint_answers_ndjson_and_the_error_shape(daemon: Any) -> None:
+def test_events_endpoint_answers_ndjson_and_the_error_shape(inprocess_daemon: Any) -> None:
     """GET /v1/jobs/{id}/events: one JSON object per line; unknown job → job_not_found."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         job_id = client.run("noop")["id"]
-    events = list(stream_lines(str(daemon.socket_path), f"/v1/jobs/{job_id}/events"))
+    events = list(stream_lines(str(inprocess_daemon.socket_path), f"/v1/jobs/{job_id}/events"))
     assert {event["job_id"] for event in events} == {job_id}
     with pytest.raises(Exception, match="no job") as caught:
-        list(stream_lines(str(daemon.socket_path), "/v1/jobs/nope/events"))
+        list(stream_lines(str(inprocess_daemon.socket_path), "/v1/jobs/nope/events"))
     assert getattr(caught.value, "code", None) == "job_not_found"
 
 
-def test_trace_follow_stops_on_ctrl_c(daemon: Any) -> None:
+def test_trace_follow_stops_on_ctrl_c(inprocess_daemon: Any) -> None:
     """`trace -f` prints new lines as they come; Ctrl-C ends it with 130 and no traceback."""
-    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path)]
+    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(inprocess_daemon.socket_path)]
     with subprocess.Popen(
         [*command, "trace", "-f", "--grep", "job.succeeded", "--limit", "1"],
         stdout=subprocess.PIPE,
@@ -83,7 +87,7 @@ def test_trace_follow_stops_on_ctrl_c(daemon: Any) -> None:
     ) as proc:
         assert proc.stdout is not None
         time.sleep(1.0)
-        with daemon.client() as client:
+        with inprocess_daemon.client() as client:
             job_id = client.run("noop")["id"]
         line = ""
         while job_id not in line:
@@ -94,9 +98,9 @@ def test_trace_follow_stops_on_ctrl_c(daemon: Any) -> None:
     assert "Traceback" not in err
 
 
-def test_status_watch_redraws_until_ctrl_c(daemon: Any) -> None:
+def test_status_watch_redraws_until_ctrl_c(inprocess_daemon: Any) -> None:
     """`status --watch --interval 0.2` redraws the status; Ctrl-C ends it cleanly."""
-    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path)]
+    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(inprocess_daemon.socket_path)]
     with subprocess.Popen(
         [*command, "status", "--watch", "--interval", "0.2"],
         stdout=subprocess.PIPE,

@@ -65,13 +65,13 @@ def test_elapsed_reads_like_a_clock() -> None:
     assert [elapsed(s) for s in (0.4, 12, 185, 3720)] == ["0.4s", "12s", "3m05s", "1h02m"]
 
 
-def test_top_once_on_the_cpu_daemon(daemon: Any) -> None:
+def test_top_once_on_the_cpu_daemon(inprocess_daemon: Any) -> None:
     """`top --once` against the CPU daemon: its workers, a running sleep in a slot (its id in
     the short form), no NVML columns, and the header saying why there are no NVML fields when
     there is no driver."""
-    ctl: Ctl = daemon.ctl
+    ctl: Ctl = inprocess_daemon.ctl
     job_id = ctl("submit", "sleep", "--param", "ms=20000").stdout.strip()
-    daemon.wait_running(job_id)
+    inprocess_daemon.wait_running(job_id)
     result = ctl("top", "--once")
     assert result.returncode == 0, result.stderr
     assert "cpu:0" in result.stdout and "cpu:1" in result.stdout

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RunningDaemon
+
+from taogpud.testing import DaemonHandle, InProcessDaemon, RunningDaemon
 
 PER_UID, IN_ALL = 6, 10
 LIMITS = {"server": {"max_connections_per_uid": PER_UID, "max_connections": IN_ALL}}
@@ -22,14 +23,23 @@ HEAD_TIMEOUT_S = 0.5
 HEALTH = b"GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n"
 
 
+LIMITED = {"server": {**LIMITS["server"], "head_timeout_s": HEAD_TIMEOUT_S}}
+
+
 @pytest.fixture
-def limited(daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
+def limited(inprocess_factory: Callable[..., InProcessDaemon]) -> InProcessDaemon:
     """A daemon with small caps and a short head timeout."""
-    config = {"server": {**LIMITS["server"], "head_timeout_s": HEAD_TIMEOUT_S}}
-    return daemon_factory(config=config)
+    return inprocess_factory(config=LIMITED)
 
 
-def connect(daemon: RunningDaemon) -> socket.socket:
+@pytest.fixture
+def limited_process(daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
+    """`limited` as a process of its own: its memory and descriptors counted, a second user
+    connecting."""
+    return daemon_factory(config=LIMITED)
+
+
+def connect(daemon: DaemonHandle) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(10)
     sock.connect(str(daemon.socket_path))
@@ -91,7 +101,7 @@ def wait_for_fds(daemon: RunningDaemon, count: int, timeout_s: float = 10.0) -> 
     ids=["head-over-64-KiB", "line-over-8-KiB"],
 )
 def test_an_oversized_head_is_431_and_closed(
-    limited: RunningDaemon, headers: list[str], words: str
+    limited: InProcessDaemon, headers: list[str], words: str
 ) -> None:
     """A head over 64 KiB, or one line over 8 KiB: 431 in the error shape, then closed."""
     head = "GET /v1/health HTTP/1.1\r\nhost: x\r\n" + "".join(h + "\r\n" for h in headers)
@@ -103,24 +113,24 @@ def test_an_oversized_head_is_431_and_closed(
     assert words in body["message"]
 
 
-def test_an_endless_header_is_cut_at_the_limit(limited: RunningDaemon) -> None:
+def test_an_endless_header_is_cut_at_the_limit(limited_process: RunningDaemon) -> None:
     """A header that streams on (1 MiB of it) is answered 431 once 64 KiB have come, and the
     daemon stays lean and serves on."""
-    rss_before = _rss_kib(limited)
-    with connect(limited) as sock:
+    rss_before = _rss_kib(limited_process)
+    with connect(limited_process) as sock:
         sock.sendall(b"GET /v1/health HTTP/1.1\r\nx-endless: ")
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             for _ in range(64):
                 sock.sendall(b"a" * 16384)
         status, body = answer_of(read_all(sock))
     assert (status, body["code"]) == (431, "head_too_large")
-    assert _rss_kib(limited) - rss_before < 8 * 1024  # nothing near the streamed MiB kept
-    with connect(limited) as sock:
+    assert _rss_kib(limited_process) - rss_before < 8 * 1024  # nothing near the streamed MiB kept
+    with connect(limited_process) as sock:
         assert ask_health(sock) == 200
 
 
 @pytest.mark.parametrize("sent", [b"", b"GET /v1/health HTTP/1.1\r\nhost: x\r\n"])
-def test_a_head_that_never_ends_is_closed(limited: RunningDaemon, sent: bytes) -> None:
+def test_a_head_that_never_ends_is_closed(limited: InProcessDaemon, sent: bytes) -> None:
     """Nothing, or a head without its end: the connection closes after server.head_timeout_s."""
     with connect(limited) as sock:
         sock.sendall(sent)
@@ -131,7 +141,7 @@ def test_a_head_that_never_ends_is_closed(limited: RunningDaemon, sent: bytes) -
     limited.wait_for_event(lambda e: e.get("event") == "door.head_timeout")
 
 
-def test_a_head_within_its_time_keeps_the_connection(limited: RunningDaemon) -> None:
+def test_a_head_within_its_time_keeps_the_connection(limited: InProcessDaemon) -> None:
     """Requests on one connection, each head complete in time: the connection serves on
     past head_timeout_s (the timer counts one head, not the connection's life)."""
     with connect(limited) as sock:
@@ -144,30 +154,30 @@ def test_a_head_within_its_time_keeps_the_connection(limited: RunningDaemon) -> 
 
 
 def test_connections_per_uid_are_capped_while_another_uid_is_served(
-    limited: RunningDaemon,
+    limited_process: RunningDaemon,
 ) -> None:
     """root holds its PER_UID connections; more are answered 503 and closed at once, logged
     once (rate-limited) with the uid; another uid is still served; the fds come back."""
     other = _other_uid()
-    baseline = open_fds(limited)
-    with _connections(limited, PER_UID) as held:
+    baseline = open_fds(limited_process)
+    with _connections(limited_process, PER_UID) as held:
         assert all(ask_health(sock) == 200 for sock in held)
         for _ in range(5):
-            with connect(limited) as extra:
+            with connect(limited_process) as extra:
                 status, body = answer_of(read_all(extra))
                 assert (status, body["code"]) == (503, "too_many_connections")
-        assert _health_as(limited, other) == 200
+        assert _health_as(limited_process, other) == 200
         assert all(ask_health(sock) == 200 for sock in held)  # the held ones still work
-    assert wait_for_fds(limited, baseline) <= baseline
-    refusals = limited.events("door.connection_refused")
+    assert wait_for_fds(limited_process, baseline) <= baseline
+    refusals = limited_process.events("door.connection_refused")
     assert [(e["uid"], e["count"], e["level"]) for e in refusals] == [(0, 1, "warning")]
-    with _connections(limited, PER_UID) as again:  # freed: the uid has its room back
+    with _connections(limited_process, PER_UID) as again:  # freed: the uid has its room back
         assert all(ask_health(sock) == 200 for sock in again)
 
 
-def test_connections_in_all_are_capped(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_connections_in_all_are_capped(inprocess_factory: Callable[..., InProcessDaemon]) -> None:
     """With the cap in all below the per-uid one, the connection past it is refused."""
-    daemon = daemon_factory(config={"server": {"max_connections": 3}})
+    daemon = inprocess_factory(config={"server": {"max_connections": 3}})
     with _connections(daemon, 3) as held:
         assert all(ask_health(sock) == 200 for sock in held)
         with connect(daemon) as extra:
@@ -185,7 +195,7 @@ def test_the_open_file_limit_is_raised_to_the_hard_limit(daemon: RunningDaemon) 
 
 
 @contextlib.contextmanager
-def _connections(daemon: RunningDaemon, count: int) -> Iterator[list[socket.socket]]:
+def _connections(daemon: DaemonHandle, count: int) -> Iterator[list[socket.socket]]:
     held = [connect(daemon) for _ in range(count)]
     try:
         yield held

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from conftest import RunningDaemon
 from prometheus_client.parser import text_string_to_metric_families
+
+from taogpud.testing import DaemonHandle, InProcessDaemon
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "packaging" / "grafana" / "taogpud.json"
 SLEEP_MS = 300
@@ -21,7 +22,7 @@ SCRAPE_LABELS = {"instance", "job", "le"}
 PROMQL_WORDS = {"sum", "max", "rate", "increase", "histogram_quantile", "by", "le"}
 
 
-def scrape(daemon: RunningDaemon) -> dict[str, list[tuple[dict[str, str], float]]]:
+def scrape(daemon: DaemonHandle) -> dict[str, list[tuple[dict[str, str], float]]]:
     """GET /metrics on the daemon's socket: {sample name: [(labels, value)]}."""
     transport = httpx.HTTPTransport(uds=str(daemon.socket_path))
     with httpx.Client(transport=transport, base_url="http://taogpud") as client:
@@ -51,12 +52,14 @@ def buckets(
     return sorted(found)
 
 
-def test_queue_and_run_time_histograms_by_task_and_backend(daemon: RunningDaemon) -> None:
-    with daemon.client() as client:
+def test_queue_and_run_time_histograms_by_task_and_backend(
+    inprocess_daemon: InProcessDaemon,
+) -> None:
+    with inprocess_daemon.client() as client:
         for _ in range(3):
             client.run("noop")
         client.run("sleep", {"ms": SLEEP_MS})
-    samples = scrape(daemon)
+    samples = scrape(inprocess_daemon)
     cpu = {"backend": "cpu", "fallback": "false"}
     assert series(samples, "taogpud_job_run_seconds_count", task="noop", **cpu)[0][1] == 3
     assert series(samples, "taogpud_job_queue_seconds_count", task="noop", **cpu)[0][1] == 3
@@ -72,23 +75,23 @@ def test_queue_and_run_time_histograms_by_task_and_backend(daemon: RunningDaemon
     assert noop == sorted(noop) and noop[-1] == 3  # cumulative, ending with all three
 
 
-def test_a_job_cancelled_in_the_queue_is_no_queue_time(daemon: RunningDaemon) -> None:
+def test_a_job_cancelled_in_the_queue_is_no_queue_time(inprocess_daemon: InProcessDaemon) -> None:
     """It never got a slot: the run-time histogram would hold a job that never ran."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         holders = [client.submit("sleep", {"ms": 20_000}) for _ in range(4)]  # 2 workers × 2 slots
         waiting = client.submit("noop")
         client.cancel(waiting["id"])
         for job in holders:
             client.cancel(job["id"])
-    samples = scrape(daemon)
+    samples = scrape(inprocess_daemon)
     assert series(samples, "taogpud_job_run_seconds_count", task="noop") == []
     assert series(samples, "taogpud_jobs_finished_total", task="noop", status="cancelled")
 
 
 def test_fallback_jobs_carry_the_fallback_label(
-    daemon_factory: Callable[..., RunningDaemon],
+    inprocess_factory: Callable[..., InProcessDaemon],
 ) -> None:
-    daemon = daemon_factory(
+    daemon = inprocess_factory(
         settings={"gpu": {"backend": "cuda", "allowFallbackToCpu": True}},
         config={"runtime": {"device_type": "gpu"}, "backend": {"cuda": {"enabled": True}}},
     )
@@ -124,10 +127,12 @@ def names_in(query: str) -> tuple[set[str], set[str]]:
     return words, labels
 
 
-def test_every_dashboard_query_names_what_the_daemon_exports(daemon: RunningDaemon) -> None:
-    with daemon.client() as client:
+def test_every_dashboard_query_names_what_the_daemon_exports(
+    inprocess_daemon: InProcessDaemon,
+) -> None:
+    with inprocess_daemon.client() as client:
         client.run("noop")  # the histograms have a series once a job has run
-    samples = scrape(daemon)
+    samples = scrape(inprocess_daemon)
     labels_seen = {label for rows in samples.values() for got, _ in rows for label in got}
     queries = dashboard_queries()
     assert len(queries) >= 10

@@ -17,11 +17,11 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import RunningDaemon
 
 from taogpud import wire
 from taogpud.client import ApiError, Client
 from taogpud.client.transport import MockTransport, Request, Response
+from taogpud.testing import DaemonHandle, InProcessDaemon
 
 SERVER_FRAMEWORKS = ("pydantic", "pydantic_core", "fastapi", "starlette")
 CLIENT_MODULES = (
@@ -126,7 +126,7 @@ def test_every_request_the_client_sends_is_a_wire_route() -> None:
     assert used >= set(wire.ROUTES) - {wire.METRICS, wire.OPENAPI, wire.TRACE, wire.JOB_EVENTS}
 
 
-def openapi_routes(daemon: RunningDaemon) -> set[wire.Route]:
+def openapi_routes(daemon: DaemonHandle) -> set[wire.Route]:
     """(method, path) of every operation the daemon's OpenAPI document lists."""
     conn = http.client.HTTPConnection("localhost")
     conn.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -141,11 +141,11 @@ def openapi_routes(daemon: RunningDaemon) -> set[wire.Route]:
     }
 
 
-def test_the_daemon_serves_exactly_the_wire_routes(daemon: RunningDaemon) -> None:
+def test_the_daemon_serves_exactly_the_wire_routes(inprocess_daemon: InProcessDaemon) -> None:
     """The app's routes (its OpenAPI document) are the wire's, no more and no fewer; the
     relay answers under its prefix, in front of the app."""
-    assert openapi_routes(daemon) == set(wire.ROUTES) - {wire.OPENAPI}
-    with Client(daemon.socket_path) as client:
+    assert openapi_routes(inprocess_daemon) == set(wire.ROUTES) - {wire.OPENAPI}
+    with Client(inprocess_daemon.socket_path) as client:
         assert client.health()["ok"] is True  # the document itself came from wire.OPENAPI
         status, body = client.relay_models()
     assert status != 404 or b'"not_found"' not in body  # the relay's answer, not the app's
@@ -160,10 +160,10 @@ def submit_error(client: Client, **fields: Any) -> ApiError:
     return caught.value
 
 
-def test_the_api_bounds_a_job_by_the_wire_limits(daemon: RunningDaemon) -> None:
+def test_the_api_bounds_a_job_by_the_wire_limits(inprocess_daemon: InProcessDaemon) -> None:
     """A priority, retry count or affinity one past the wire's limit is refused with a 422
     that names the limit; one at the limit is taken."""
-    with Client(daemon.socket_path) as client:
+    with Client(inprocess_daemon.socket_path) as client:
         high = submit_error(client, priority=wire.PRIORITY_MAX + 1)
         low = submit_error(client, priority=wire.PRIORITY_MIN - 1)
         retries = submit_error(client, max_retries=wire.MAX_RETRIES + 1)
