@@ -10,7 +10,8 @@ import os
 
 from taogpud.cli.exits import EXIT_FAILED, EXIT_NOT_IN_GROUP, EXIT_UNREACHABLE, EXIT_USAGE
 from taogpud.client import ApiError, DaemonUnreachable, NotInGroup
-from taogpud.i18n import _
+from taogpud.errors import ConfigError  # the client loads errors.py already: no cost
+from taogpud.i18n import _, user_language
 
 
 class CliError(Exception):
@@ -33,11 +34,7 @@ def explain(exc: Exception) -> tuple[str, str, int]:
         return exc.message, exc.hint, code
     if isinstance(exc, ApiError):
         return explain_api_error(exc)
-    from taogpud.errors import ConfigError  # here: its dataclasses are no status call's cost
-
     if isinstance(exc, ConfigError):
-        from taogpud.i18n import user_language
-
         language = user_language()
         return exc.render(language), exc.body(language).hint, EXIT_USAGE
     if os.environ.get("TAOGPUCTL_DEBUG"):
