@@ -25,7 +25,7 @@ ERRORS_PATH = PACKAGE_ROOT / "errors.py"
 NOT_YET_MOVED: dict[str, str] = {
     "CliError": "taogpuctl's one-line failures: cli/ is being split (issue 36)",
     "AmbiguousId": "taogpuctl's one-line failures: cli/ is being split (issue 36)",
-    "NotHot": "cli/hot.py goes with the CLI's one argv parser (issue 36)",
+    "NotHot": "cli/hot.py's signal that an argv is typer's: the hot path stays (issue 36)",
 }
 
 # A drawn row: the tree's lines, the class name, and (for the API's rows) its code and status.

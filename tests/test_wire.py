@@ -200,3 +200,53 @@ def test_an_error_body_is_read_back_also_when_a_framework_wrapped_it() -> None:
 def test_the_finished_states_are_the_final_ones() -> None:
     assert {"succeeded", "failed", "cancelled", "timed_out", "interrupted"} == wire.FINISHED_STATES
     assert not wire.JobState.queued.finished and not wire.JobState.running.finished
+
+
+# --- typed views: the client's answers as TypedDicts, key for key the API's models -------------
+
+
+def keys_of(view: Any) -> set[str]:
+    return set(view.__required_keys__ | view.__optional_keys__)
+
+
+def test_each_typed_view_has_the_keys_of_the_api_model_it_mirrors() -> None:
+    """A field added to (or dropped from) an answer's model and not to its typed view fails
+    here, so mypy's checks of the CLI's keys stay true to the wire."""
+    from taogpud.api import models
+    from taogpud.jobs import records
+
+    pairs = [
+        (wire.JobJson, records.JobRecord), (wire.JobErrorJson, records.JobErrorView),
+        (wire.OutputJson, records.OutputView), (wire.PeerJson, records.Peer),
+        (wire.StatusJson, models.StatusView), (wire.WorkerJson, models.WorkerView),
+        (wire.ArraysJson, models.ArraysView), (wire.DoorJson, models.DoorView),
+        (wire.ArrayJson, models.ArrayView), (wire.HealthJson, models.HealthView),
+        (wire.LeaseJson, models.LeaseView), (wire.ReloadJson, models.ReloadModel),
+        (wire.ChangeJson, models.ChangeModel), (wire.ConfigStatusJson, models.ConfigStatusView),
+    ]  # fmt: skip
+    for view, model in pairs:
+        assert keys_of(view) == set(model.model_fields), view.__name__
+    log_fields = set(models.LogView.model_fields) - {"data_b64"} | {"data"}
+    assert keys_of(wire.LogPiece) == log_fields
+
+
+def test_a_real_daemons_answers_have_exactly_the_typed_views_keys(daemon: RunningDaemon) -> None:
+    """What the daemon sends, read through the client: the keys each typed view declares."""
+    with Client(daemon.socket_path) as client:
+        job = client.run("noop", wait_s=60.0)
+        status = client.status()
+        devices = client.devices()
+        reload_status = client.config_status()
+        health = client.health()
+    assert job["status"] == "succeeded"
+    assert set(job) == keys_of(wire.JobJson)
+    assert set(job["peer"]) == keys_of(wire.PeerJson)
+    assert set(status) == keys_of(wire.StatusJson)
+    assert status["workers"] and all(set(w) == keys_of(wire.WorkerJson) for w in status["workers"])
+    assert status["arrays"] is not None and set(status["arrays"]) == keys_of(wire.ArraysJson)
+    assert status["doors"] and all(set(d) == keys_of(wire.DoorJson) for d in status["doors"])
+    assert devices and all(wire.DeviceJson.__required_keys__ <= set(d) for d in devices)
+    assert all(set(d) <= keys_of(wire.DeviceJson) for d in devices), devices
+    assert set(reload_status) == keys_of(wire.ConfigStatusJson)
+    assert set(reload_status["last_reload"]) == keys_of(wire.ReloadJson)
+    assert set(health) == keys_of(wire.HealthJson)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,9 @@ from pydantic import BaseModel, Field
 
 from taogpud.cli.guide import NVIDIA_SMI  # the table `taogpuctl show --evidence` prints
 from taogpud.observability import nvml
-from taogpud.wire import FINISHED_STATES
+from taogpud.wire import FINISHED_STATES, DeviceJson, JobJson, StatusJson
 
-Job = dict[str, Any]  # a job record as the daemon answers it (taogpud.jobs.records.JobRecord)
+Job = JobJson  # a job record as the daemon answers it (taogpud.jobs.records.JobRecord)
 
 
 class Caps(BaseModel):
@@ -91,8 +92,8 @@ class JobWithEvidence(JobSummary):
 
 
 def gpu_status(
-    status: dict[str, Any],
-    devices: list[dict[str, Any]],
+    status: StatusJson,
+    devices: list[DeviceJson],
     tasks: list[dict[str, Any]],
     inventory: nvml.Inventory | None,
 ) -> GpuStatus:
@@ -118,9 +119,7 @@ def free_memory(inventory: nvml.Inventory | None) -> dict[str, int | None]:
     return {card.uuid: card.memory_free_bytes for card in cards if card.uuid}
 
 
-def device_of(
-    device: dict[str, Any], worker: dict[str, Any], free: dict[str, int | None]
-) -> Device:
+def device_of(device: DeviceJson, worker: Mapping[str, Any], free: dict[str, int | None]) -> Device:
     uuid = device.get("uuid")
     return Device(
         device=device["device"],

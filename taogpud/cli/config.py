@@ -18,6 +18,7 @@ from taogpud.cli.output import count_problems, emit_json, emit_line, flatten, pr
 from taogpud.client import ApiError, DaemonUnreachable
 from taogpud.errors import ConfigError
 from taogpud.i18n import Text, _, user_language
+from taogpud.wire import ReloadJson
 
 if TYPE_CHECKING:
     from taogpud.config import ConfigSnapshot
@@ -178,7 +179,7 @@ def config_reload_command(ctx: typer.Context, json_out: JsonFlag = False) -> Non
         raise typer.Exit(EXIT_USAGE)
 
 
-def emit_reload(view: dict[str, Any]) -> None:
+def emit_reload(view: ReloadJson) -> None:
     generation = view.get("generation")
     if not view.get("ok"):
         emit_line(

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from taogpud.observability import nvml
+from taogpud.wire import DeviceJson
 
 GIB = 1024**3
 MIB = 1024**2
@@ -28,7 +29,7 @@ GPU_COLUMNS = (
 
 
 def devices_document(
-    inventory: nvml.Inventory, workers: Sequence[dict[str, Any]] | None
+    inventory: nvml.Inventory, workers: Sequence[DeviceJson] | None
 ) -> dict[str, Any]:
     """The `--json` answer: {driver, gpus, workers}; workers is None when the daemon is down."""
     return {
@@ -40,7 +41,7 @@ def devices_document(
     }
 
 
-def _gpu(card: nvml.GpuDevice, workers: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def _gpu(card: nvml.GpuDevice, workers: Sequence[DeviceJson]) -> dict[str, Any]:
     return {
         "index": card.index,
         "uuid": card.uuid,
@@ -58,7 +59,7 @@ def _gpu(card: nvml.GpuDevice, workers: Sequence[dict[str, Any]]) -> dict[str, A
     }
 
 
-def _worker_on(card: nvml.GpuDevice, workers: Sequence[dict[str, Any]]) -> str | None:
+def _worker_on(card: nvml.GpuDevice, workers: Sequence[DeviceJson]) -> str | None:
     """The daemon's device label ("gpu:0") on this card, matched by UUID, never by index."""
     return next(
         (str(w.get("device")) for w in workers if card.uuid and w.get("uuid") == card.uuid), None

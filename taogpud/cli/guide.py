@@ -25,6 +25,7 @@ from taogpud.cli.inputs import build_params
 from taogpud.cli.options import JsonFlag, ParamOption, SeedOption, SizeOption
 from taogpud.cli.output import Progress, emit_json, emit_line, warn
 from taogpud.cli.report import finish_waited
+from taogpud.client import Job
 from taogpud.i18n import _
 
 # evidence key → the nvidia-smi query that reads the same fact on the host
@@ -111,7 +112,7 @@ def same_file(left: Path, right: Path) -> bool:
         return False
 
 
-def emit_evidence(job: dict[str, Any], json_out: bool) -> None:
+def emit_evidence(job: Job, json_out: bool) -> None:
     """The job's NVML evidence, each fact beside the nvidia-smi query that reads it too."""
     evidence = job.get("evidence") or {}
     if json_out:

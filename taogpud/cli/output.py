@@ -14,7 +14,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -86,7 +86,7 @@ def emit_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         print("  ".join(padded).rstrip())
 
 
-def emit_mapping(mapping: dict[str, Any], indent: str = "") -> None:
+def emit_mapping(mapping: Mapping[str, Any], indent: str = "") -> None:
     """`key: value` lines; nested values as compact JSON; empty values left out."""
     for key, value in mapping.items():
         if value in (None, {}, []):
@@ -235,7 +235,7 @@ def job_problem(job: Job) -> tuple[str, str]:
         hint = _("wait longer: taogpuctl wait {job_id} --timeout S").format(job_id=job["id"])
         still = _("job {job_id} is still {status}")
         return still.format(job_id=job["id"], status=state_word(job["status"])), hint
-    error = job.get("error") or {}
+    error: Mapping[str, Any] = job.get("error") or {}
     code, message = error.get("code", job["status"]), error.get("message", "")
     detail = message if code == job["status"] else f"{code}: {message}"
     ended = _("job {job_id} {status}: {detail}")
@@ -244,9 +244,9 @@ def job_problem(job: Job) -> tuple[str, str]:
     )
 
 
-def readable_job(job: Job) -> Job:
+def readable_job(job: Job) -> dict[str, Any]:
     """The record with times as local ISO timestamps and milliseconds rounded, for reading."""
-    shown = dict(job)
+    shown: dict[str, Any] = dict(job)
     for key, value in job.items():
         if key.endswith("_at") and isinstance(value, int | float):
             shown[key] = local_time(value)

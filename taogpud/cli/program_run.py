@@ -13,14 +13,16 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from taogpud.cli.exits import EXIT_INTERRUPTED, EXIT_OK
 from taogpud.cli.failures import CliError
 from taogpud.cli.output import emit_json, emit_line, report_error, state_word, warn
-from taogpud.client import Client
+from taogpud.client import Client, Job
 from taogpud.client.program import Outcome, ProgramRun, forwarding
 from taogpud.i18n import _
+from taogpud.wire import LeaseJson
 
 UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -77,7 +79,7 @@ def detach_program(client: Client, argv: list[str], request: dict[str, Any], jso
     return EXIT_OK
 
 
-def program_status(job: dict[str, Any]) -> int | None:
+def program_status(job: Job) -> int | None:
     """A finished program's exit status as a shell gives it (128+N: killed by signal N)."""
     result = job.get("result") or {}
     if result.get("signal"):
@@ -98,7 +100,7 @@ def follow_log(client: Client, job_id: str, follow: bool) -> None:
             return
 
 
-def _say_queued(lease: dict[str, Any]) -> None:
+def _say_queued(lease: LeaseJson) -> None:
     job = lease["job"]
     position = lease["queue_position"]
     queued = _("job {job_id} queued, position {position} in the queue")
@@ -111,7 +113,7 @@ def _report(outcome: Outcome, json_out: bool) -> int:
     if json_out:
         emit_json({**job, "exit_status": outcome.exit_status})
     elif job.get("status") not in ("succeeded", None):
-        error = job.get("error") or {}
+        error: Mapping[str, Any] = job.get("error") or {}
         ended = _("job {job_id} {status}: {detail}")
         message = ended.format(
             job_id=job["id"], status=state_word(job["status"]), detail=error.get("message", "")

@@ -7,11 +7,11 @@ hot path (cli/hot.py), so the two print exactly the same.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from taogpud.cli.output import emit_json, emit_line, emit_table, format_cell, warn
 from taogpud.client import Client
 from taogpud.i18n import _
+from taogpud.wire import ArraysJson, StatusJson
 
 WORKER_COLUMNS = ("device", "index", "pid", "state", "running", "slots", "jobs_done", "restarts")
 
@@ -32,7 +32,7 @@ def show_status(socket_path: Path | None, json_out: bool) -> None:
         warn(text.format(reason=view.get("fallback_reason")))
 
 
-def status_lines(view: dict[str, Any]) -> list[str]:
+def status_lines(view: StatusJson) -> list[str]:
     """The lines above the worker table."""
     first = _(
         "state {state}  backend {backend}  fallback {fallback}  config generation {generation}"
@@ -57,12 +57,13 @@ def status_lines(view: dict[str, Any]) -> list[str]:
             total=view.get("jobs_total", "-"),
         ),
     ]
-    if view.get("arrays"):
-        lines.append(arrays_line(view["arrays"]))
+    arrays = view.get("arrays")
+    if arrays:
+        lines.append(arrays_line(arrays))
     return lines
 
 
-def arrays_line(arrays: dict[str, Any]) -> str:
+def arrays_line(arrays: ArraysJson) -> str:
     text = _(
         "uploads {used}/{budget} MiB  in progress {reserved} MiB  "
         "yours pending {pending}/{quota} MiB (quota; past it your oldest unused go)"

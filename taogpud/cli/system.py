@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -25,6 +25,7 @@ from taogpud.cli.relay import relay_check
 from taogpud.cli.status import show_status
 from taogpud.client import DaemonUnreachable
 from taogpud.i18n import user_language
+from taogpud.wire import DeviceJson
 
 api_app = typer.Typer(help="The API channel the daemon holds: ping it.", no_args_is_help=True)
 
@@ -64,7 +65,7 @@ def devices_command(ctx: typer.Context, json_out: JsonFlag = False) -> int:
     from taogpud.observability import nvml
 
     unreachable: DaemonUnreachable | None = None
-    workers: list[dict[str, Any]] | None = None
+    workers: list[DeviceJson] | None = None
     try:
         with connect(ctx) as client:
             workers = client.devices()

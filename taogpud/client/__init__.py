@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from taogpud import wire
 from taogpud.client.http import UnixHTTPConnection
@@ -58,7 +58,7 @@ JSON_TYPE = "application/json"
 NPY_TYPE = "application/octet-stream"
 NPY_MAGIC = b"\x93NUMPY"
 
-Job = dict[str, Any]  # a JobRecord as JSON (see taogpud.jobs.records.JobRecord)
+Job = wire.JobJson  # a JobRecord as JSON, a typed view (see taogpud.jobs.records.JobRecord)
 OnUpdate = Callable[[Job], None]
 T = TypeVar("T")
 Body = bytes | list[bytes | memoryview] | None  # a list is sent part by part, uncopied
@@ -106,17 +106,17 @@ class Client:
 
     # --- daemon and catalog ---------------------------------------------------------------
 
-    def health(self) -> dict[str, Any]:
-        return self._dict(wire.HEALTH)
+    def health(self) -> wire.HealthJson:
+        return cast(wire.HealthJson, self._dict(wire.HEALTH))
 
     def info(self) -> dict[str, Any]:
         return self._dict(wire.INFO)
 
-    def status(self) -> dict[str, Any]:
-        return self._dict(wire.STATUS)
+    def status(self) -> wire.StatusJson:
+        return cast(wire.StatusJson, self._dict(wire.STATUS))
 
-    def devices(self) -> list[dict[str, Any]]:
-        return self._list(wire.DEVICES)
+    def devices(self) -> list[wire.DeviceJson]:
+        return cast(list[wire.DeviceJson], self._list(wire.DEVICES))
 
     def tasks(self) -> list[dict[str, Any]]:
         return self._list(wire.TASKS)
@@ -125,12 +125,12 @@ class Client:
         """The daemon's effective config, redacted."""
         return self._dict(wire.CONFIG)
 
-    def reload_config(self) -> dict[str, Any]:
+    def reload_config(self) -> wire.ReloadJson:
         """Ask the daemon to re-read both files now; answers how the reload went."""
-        return self._dict(wire.RELOAD_CONFIG)
+        return cast(wire.ReloadJson, self._dict(wire.RELOAD_CONFIG))
 
-    def config_status(self) -> dict[str, Any]:
-        return self._dict(wire.CONFIG_STATUS)
+    def config_status(self) -> wire.ConfigStatusJson:
+        return cast(wire.ConfigStatusJson, self._dict(wire.CONFIG_STATUS))
 
     # --- the API channel and the doctor ---------------------------------------------------
 
@@ -216,7 +216,7 @@ class Client:
         url = wire.SUBMIT_JOB.path  # every job's query, written out: 0.5 µs against url()'s 2.8
         if wait_s is not None:
             url += f"?wait_s={_seconds(wait_s)}"
-        return self._dict(wire.SUBMIT_JOB, url, request._asdict(), wait_s=wait_s or 0.0)
+        return self._job(wire.SUBMIT_JOB, url, request._asdict(), wait_s=wait_s or 0.0)
 
     def run(
         self,
@@ -261,17 +261,17 @@ class Client:
         return self.wait(job["id"], timeout_s=_left_s(deadline), on_update=on_update)
 
     def get(self, job_id: str) -> Job:
-        return self._dict(wire.GET_JOB, wire.GET_JOB.url(job_id=job_id))
+        return self._job(wire.GET_JOB, wire.GET_JOB.url(job_id=job_id))
 
     def list_jobs(self, status: str | None = None, limit: int = 100) -> list[Job]:
         """Newest first."""
         query: dict[str, str | int] = {"limit": limit}
         if status is not None:
             query["status"] = status
-        return self._list(wire.LIST_JOBS, wire.LIST_JOBS.url(query))
+        return cast(list[Job], self._list(wire.LIST_JOBS, wire.LIST_JOBS.url(query)))
 
     def cancel(self, job_id: str) -> Job:
-        return self._dict(wire.CANCEL_JOB, wire.CANCEL_JOB.url(job_id=job_id))
+        return self._job(wire.CANCEL_JOB, wire.CANCEL_JOB.url(job_id=job_id))
 
     def wait(
         self, job_id: str, timeout_s: float | None = None, on_update: OnUpdate | None = None
@@ -296,7 +296,7 @@ class Client:
             chunk_s = _chunk_s(deadline)
             url = wire.WAIT_JOB.url({"timeout_s": _seconds(chunk_s)}, job_id=job_id)
             try:
-                return self._dict(wire.WAIT_JOB, url, wait_s=chunk_s)
+                return self._job(wire.WAIT_JOB, url, wait_s=chunk_s)
             except NotInGroup:
                 raise
             except DaemonUnreachable as exc:
@@ -337,20 +337,20 @@ class Client:
             priority=priority,
             timeout_s=timeout_s,
         )
-        return self._dict(wire.SUBMIT_PROGRAM, payload=request._asdict())
+        return self._job(wire.SUBMIT_PROGRAM, payload=request._asdict())
 
-    def lease(self, job_id: str, after: str | None = None, wait_s: float = 0.0) -> dict[str, Any]:
+    def lease(self, job_id: str, after: str | None = None, wait_s: float = 0.0) -> wire.LeaseJson:
         """A program's lease: {phase, queue_position, job}; with `after`, once its phase is
         another (or after wait_s)."""
         query: dict[str, str] = {"wait_s": _seconds(wait_s)}
         if after is not None:
             query["after"] = after
         url = wire.PROGRAM_LEASE.url(query, job_id=job_id)
-        return self._dict(wire.PROGRAM_LEASE, url, wait_s=wait_s)
+        return cast(wire.LeaseJson, self._dict(wire.PROGRAM_LEASE, url, wait_s=wait_s))
 
     def program_started(self, job_id: str, pid: int) -> Job:
         url = wire.PROGRAM_STARTED.url(job_id=job_id)
-        return self._dict(wire.PROGRAM_STARTED, url, {"pid": pid})
+        return self._job(wire.PROGRAM_STARTED, url, {"pid": pid})
 
     def append_program_log(self, job_id: str, data: bytes) -> None:
         """Output of a program this process runs (a detached one's supervisor)."""
@@ -359,26 +359,28 @@ class Client:
         if status >= 400:
             raise api_error(status, body)
 
-    def program_log(self, job_id: str, offset: int = 0, wait_s: float = 0.0) -> dict[str, Any]:
+    def program_log(self, job_id: str, offset: int = 0, wait_s: float = 0.0) -> wire.LogPiece:
         """A piece of a program's log: {data (bytes), next, ended}."""
         query = {"offset": offset, "wait_s": _seconds(wait_s)}
         url = wire.PROGRAM_LOG.url(query, job_id=job_id)
         piece = self._dict(wire.PROGRAM_LOG, url, wait_s=wait_s)
-        return {**piece, "data": base64.b64decode(piece.pop("data_b64"))}
+        data = base64.b64decode(piece["data_b64"])
+        return {"data": data, "next": piece["next"], "ended": piece["ended"]}
 
     def program_exited(self, job_id: str, **how: Any) -> Job:
         """How it ended: exit_code, signal ("SIGKILL"), cancelled, not_started (why)."""
         url = wire.PROGRAM_EXITED.url(job_id=job_id)
-        return self._dict(wire.PROGRAM_EXITED, url, how)
+        return self._job(wire.PROGRAM_EXITED, url, how)
 
     # --- arrays ---------------------------------------------------------------------------
 
-    def upload_array(self, array_or_npy_bytes: Any) -> dict[str, Any]:
+    def upload_array(self, array_or_npy_bytes: Any) -> wire.ArrayJson:
         """Store an array (a numpy array, or the bytes of a .npy file) as a job input."""
         body = _npy_parts(array_or_npy_bytes)
         route = wire.UPLOAD_ARRAY
         status, data = self._request(route.method, route.path, body, NPY_TYPE)
-        return _expect(_decode_json(status, data, self._loads), dict, route.path)
+        answer = _expect(_decode_json(status, data, self._loads), dict, route.path)
+        return cast(wire.ArrayJson, answer)
 
     def download_output(self, job_id: str, name: str) -> bytes:
         """The bytes of a .npy file: one output the job kept (submit with keep_outputs)."""
@@ -437,6 +439,12 @@ class Client:
         """`route` at `url` (its path filled in; default: the path as it is), a JSON object."""
         url = route.path if url is None else url
         return _expect(self._json(route.method, url, payload, wait_s), dict, url)
+
+    def _job(
+        self, route: Route, url: str | None = None, payload: Any = None, *, wait_s: float = 0.0
+    ) -> Job:
+        """`_dict`, read as a job record (the view is for mypy: the JSON is not checked)."""
+        return cast(Job, self._dict(route, url, payload, wait_s=wait_s))
 
     def _list(self, route: Route, url: str | None = None) -> list[dict[str, Any]]:
         url = route.path if url is None else url

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, NamedTuple, TypeVar
 
 from taogpud.client import Client, Job
 from taogpud.errors import ApiError, DaemonUnreachable
+from taogpud.wire import LeaseJson
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
 LEASE_POLL_S = 30.0  # one long-poll of the lease
@@ -41,12 +42,13 @@ FOLLOW_AFTER_S = 0.1  # a program running this long has its lease followed (Prog
 # request takes on such a host.
 REPORT_WITHIN_S = 0.01
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
-OnQueued = Callable[[dict[str, Any]], None]
+OnQueued = Callable[[LeaseJson], None]
 T = TypeVar("T")
 
 
 class Outcome(NamedTuple):
-    job: Job  # the record as it ended (or as it stands if the daemon was unreachable)
+    # the record as it ended; {id, status: "unknown"} when its end could not be reported
+    job: Job | dict[str, Any]
     exit_status: int  # the program's exit status; 128+N if killed by signal N
 
 
@@ -104,9 +106,9 @@ class ProgramRun:
         if self.process is not None:
             _signal_group(self.process.pid, signum)
 
-    def _wait_for_lease(self, job: Job) -> dict[str, Any]:
+    def _wait_for_lease(self, job: Job) -> LeaseJson:
         job_id = job["id"]
-        if job["status"] == "running" and not job["program"]["stop"]:  # granted at its submit
+        if job["status"] == "running" and not lease_of(job)["stop"]:  # granted at its submit
             return {"phase": "granted", "queue_position": None, "job": job}
         lease = _retrying(lambda: self.client.lease(job_id))
         while lease["phase"] == "queued":
@@ -118,7 +120,7 @@ class ProgramRun:
         return lease
 
     def _run_granted(self, job: Job) -> Outcome:
-        job_id, env = job["id"], {**os.environ, **job["program"]["env"]}
+        job_id, env = job["id"], {**os.environ, **lease_of(job)["env"]}
         if self.reap_descendants:
             _become_subreaper()
         try:
@@ -201,10 +203,20 @@ class ProgramRun:
             job = _retrying(lambda: self.client.program_exited(job_id, **how))
         except DaemonUnreachable as exc:  # the program ran; its status is still the caller's
             print(f"taogpuctl: could not report the exit: {exc.message}", file=sys.stderr)
-            job = {"id": job_id, "status": "unknown"}
+            ended: Job | dict[str, Any] = {"id": job_id, "status": "unknown"}
+        else:
+            ended = job
         if stopper is not None:
             stopper.join(timeout=1.0)  # its long-poll ends as the job does
-        return Outcome(job, status)
+        return Outcome(ended, status)
+
+
+def lease_of(job: Job) -> dict[str, Any]:
+    """A program job's lease (taogpud.jobs.records.ProgramView); every such job has one."""
+    lease = job["program"]
+    if lease is None:
+        raise ApiError("not_a_program", f"job {job['id']} is a {job['task']} job, not a program")
+    return lease
 
 
 class Stopper(threading.Thread):

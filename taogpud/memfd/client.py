@@ -365,6 +365,8 @@ class SharedArrays:
             raise job_failed(job)
         for output in job.get("outputs", []):
             offset, nbytes = output["offset"], output["nbytes"]
+            if offset is None:  # not placed in this arena: no answer of this path
+                raise job_failed(job)
             length = -(-nbytes // OUTPUT_ALIGN) * OUTPUT_ALIGN
             used.append((offset, length))
             shape = tuple(output["shape"])

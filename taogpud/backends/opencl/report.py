@@ -7,7 +7,7 @@ Pure functions of an `OpenclInventory` and the daemon's device list: tests feed 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from taogpud.backends.opencl.probe import OpenclInventory
@@ -17,7 +17,7 @@ COLUMNS = ("platform", "index", "type", "name", "vendor", "memory", "fp64", "wor
 
 
 def opencl_document(
-    found: OpenclInventory, workers: Sequence[dict[str, Any]] | None
+    found: OpenclInventory, workers: Sequence[Mapping[str, Any]] | None
 ) -> dict[str, Any]:
     """The `devices --json` part: {"status": "ok" | why not, "platforms": [… with devices]}."""
     held = {
