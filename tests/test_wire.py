@@ -230,9 +230,11 @@ def test_each_typed_view_has_the_keys_of_the_api_model_it_mirrors() -> None:
     assert keys_of(wire.LogPiece) == log_fields
 
 
-def test_a_real_daemons_answers_have_exactly_the_typed_views_keys(daemon: RunningDaemon) -> None:
+def test_a_real_daemons_answers_have_exactly_the_typed_views_keys(
+    inprocess_daemon: InProcessDaemon,
+) -> None:
     """What the daemon sends, read through the client: the keys each typed view declares."""
-    with Client(daemon.socket_path) as client:
+    with Client(inprocess_daemon.socket_path) as client:
         job = client.run("noop", wait_s=60.0)
         status = client.status()
         devices = client.devices()
