@@ -25,7 +25,7 @@ from taogpud.arrayfiles import images
 from taogpud.client import Client
 from taogpud.errors import StateDiskFull
 from taogpud.jobs.records import JobRecord, JobState
-from taogpud.jobs.store import JobStore
+from taogpud.jobs.store import JobStore, Tell
 from taogpud.testing import wait_until
 
 NOBODY = 65534
@@ -230,9 +230,9 @@ def small_state_dir(daemon_home: Path) -> Iterator[Path]:
 
 
 def test_what_waits_for_a_commit_waits_out_a_full_disk(small_state_dir: Path) -> None:
-    """after_commit: called once a commit holds the change, in order; while the disk refuses
-    commits, held (a trace line never tells of a change a restart would not find); never
-    for a job discarded meanwhile."""
+    """A trace line (JobStore.tell, Tell.TRACE): told once a commit holds the change, in
+    order; while the disk refuses commits, held (a trace line never tells of a change a
+    restart would not find); never for a job discarded meanwhile."""
 
     async def scenario() -> tuple[list[str], list[str], list[str]]:
         store = JobStore(small_state_dir / "jobs.sqlite3")
@@ -240,7 +240,7 @@ def test_what_waits_for_a_commit_waits_out_a_full_disk(small_state_dir: Path) ->
         try:
             first = JobRecord(id="first", task="noop", params={})
             store.add(first)
-            store.after_commit(first.id, lambda: calls.append("first"))
+            store.tell(lambda: calls.append("first"), Tell.TRACE, first.id)
             before_the_commit = list(calls)
             store.flush()
             filler = small_state_dir / "filler"
@@ -250,7 +250,7 @@ def test_what_waits_for_a_commit_waits_out_a_full_disk(small_state_dir: Path) ->
                     out.flush()
             for job_id in ("held", "discarded", "last"):
                 store.add(JobRecord(id=job_id, task="noop", params={"pad": "x" * 200_000}))
-                store.after_commit(job_id, lambda job_id=job_id: calls.append(job_id))
+                store.tell(lambda job_id=job_id: calls.append(job_id), Tell.TRACE, job_id)
             with pytest.raises(StateDiskFull):
                 store.flush()
             while_full = list(calls)

@@ -191,7 +191,7 @@ def test_a_reused_pid_is_not_adopted_after_a_restart(
     job.program.pid_start -= 1  # as if the pid had been given to this process after the program
     job.program.client_pid, job.program.client_start = process.pid, 1  # and its starter gone
     store.save(job)
-    cuda_scheduler.call(store.commit_now)
+    cuda_scheduler.call(store.flush)
     cuda_scheduler.kill_9()
     again = Incarnation(tmp_path / "jobs.sqlite3")
     again.pool.executor = "local"

@@ -21,7 +21,7 @@ from taogpud.api.peer import peer_of
 from taogpud.daemon.state import DaemonState
 from taogpud.errors import OutputNotFound, RequestError
 from taogpud.jobs.access import check_access, view_of
-from taogpud.jobs.records import JobRecord, JobState
+from taogpud.jobs.records import JobRecord, JobState, Peer
 
 router = APIRouter(tags=["jobs"])
 
@@ -101,9 +101,8 @@ def end_waits(daemon: DaemonState) -> None:
 
 
 def _job_response(daemon: DaemonState, job: JobRecord) -> Response:
-    """The job as it stands, committed first (JobStore.commit_now)."""
-    daemon.store.commit_now()
-    return Response(job.model_dump_json(), media_type=JSON)
+    """The job as it stands, committed first (JobStore.tell)."""
+    return daemon.store.tell(lambda: Response(job.model_dump_json(), media_type=JSON))
 
 
 class DirectRoute(APIRoute):
@@ -164,7 +163,12 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=wire.MAX_LIST_LIMIT)] = 100,
 ) -> Response:
     peer = peer_of(request)
-    daemon.store.commit_now()
+    return daemon.store.tell(lambda: _jobs_response(daemon, peer, status, limit))
+
+
+def _jobs_response(
+    daemon: DaemonState, peer: Peer, status: JobState | None, limit: int
+) -> Response:
     jobs = [view_of(job, peer) for job in daemon.store.recent(status, limit)]
     body = b"[" + b",".join(job.model_dump_json().encode() for job in jobs) + b"]"
     return Response(body, media_type=JSON)

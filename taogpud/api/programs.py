@@ -56,7 +56,11 @@ async def follow_lease(
     check_access(job, peer_of(request), "follow the lease of")
     if after is not None and scheduler.lease_phase(job) == after:
         await _until_changed(daemon, job_id, wait_s)
-    daemon.store.commit_now()  # what it is told is what a restart finds
+    return daemon.store.tell(lambda: _lease_view(daemon, job_id))  # as a restart finds it
+
+
+def _lease_view(daemon: DaemonState, job_id: str) -> LeaseView:
+    scheduler = daemon.scheduler
     job = scheduler.get(job_id)
     return LeaseView(
         phase=scheduler.lease_phase(job),
@@ -80,7 +84,7 @@ async def program_started(
     job_id: str, body: ProgramStartedModel, request: Request, daemon: Daemon
 ) -> Response:
     job = daemon.scheduler.program_started(job_id, body.pid, peer_of(request))
-    return Response(_committed(daemon, job), media_type=JSON)
+    return _committed(daemon, job)
 
 
 @router.post(wire.PROGRAM_LOG_APPEND.path, status_code=204)
@@ -123,9 +127,13 @@ async def program_exited(
 ) -> Response:
     exit = ProgramExit(body.exit_code, body.signal, body.cancelled, body.not_started, body.pid)
     job = daemon.scheduler.program_exited(job_id, peer_of(request), exit)
-    return Response(_committed(daemon, job), media_type=JSON)
+    return _committed(daemon, job)
 
 
-def _committed(daemon: DaemonState, job: JobRecord) -> str:
-    """The job's record, once committed: the text the commit wrote, not a second dump."""
-    return daemon.store.commit_now().get(job.id) or job.model_dump_json()
+def _committed(daemon: DaemonState, job: JobRecord) -> Response:
+    """The job's record once committed (JobStore.tell): the text the commit wrote, not a
+    second dump."""
+    store = daemon.store
+    return store.tell(
+        lambda: Response(store.written.get(job.id) or job.model_dump_json(), media_type=JSON)
+    )

@@ -43,7 +43,7 @@ from taogpud.jobs.records import (
     new_job_id,
 )
 from taogpud.jobs.runqueue import RunQueue
-from taogpud.jobs.store import JobStore
+from taogpud.jobs.store import JobStore, Tell
 from taogpud.observability import metrics, trace
 from taogpud.observability.nvml import GpuDevice, Xid
 from taogpud.pool import protocol as msg
@@ -147,20 +147,21 @@ class Scheduler:
         return job
 
     def commit(self, job_id: str) -> str:
-        """Commit the store before a submit is answered; returns the job's record as written.
+        """A new job's record as committed, for its submit's answer (JobStore.tell).
 
-        A failed commit (a full disk) raises StateDiskFull, and a job that was never written
-        is withdrawn first: its submit is refused, never answered 201 for a job that a restart
-        would not find. The other pending records stay pending (store.flush)."""
+        A commit the disk refuses (StateDiskFull) withdraws a job never written before it is
+        raised: its submit is refused, never answered 201 for a job that a restart would not
+        find. The other pending records stay pending."""
         job = self.get(job_id)
         try:
-            written = self.store.flush()
+            return self.store.tell(
+                lambda: self.store.written.get(job_id) or job.model_dump_json(),
+                Tell.ACCEPTANCE,
+                job_id,
+            )
         except StateDiskFull:
-            if not self.store.committed(job_id):
-                self._withdraw(job)
-                raise
-            written = {}
-        return written.get(job_id) or job.model_dump_json()
+            self._withdraw(job)
+            raise
 
     def _withdraw(self, job: JobRecord) -> None:
         """Undo a submit that could not be committed: the job leaves the queue, or its worker
@@ -212,7 +213,7 @@ class Scheduler:
 
     def _trace(self, job: JobRecord) -> None:
         """The job's trace line as it stands, written once the store has committed it."""
-        self.store.after_commit(job.id, trace.job_line(job))
+        self.store.tell(trace.job_line(job), Tell.TRACE, job.id)
 
     # -- placement ------------------------------------------------------------------------
 
@@ -242,10 +243,12 @@ class Scheduler:
         if starts or granted:
             # Committed before the orders leave: a kill -9 after one finds its job running
             # (interrupted, or retried as it allows, its attempt counted), never queued to
-            # run again. On a full disk the orders still leave (JobStore.commit_now): holding
-            # every accepted job until space returns would stop the host's work for a fault
-            # the store already reports.
-            self.store.commit_now()
+            # run again. On a full disk the orders still leave (Tell.ANSWER): holding every
+            # accepted job until space returns would stop the host's work for a fault the
+            # store already reports.
+            self.store.tell(functools.partial(self._send_each, starts))
+
+    def _send_each(self, starts: list[tuple[JobRecord, Worker, dict[str, Any]]]) -> None:
         for job, worker, inputs in starts:
             self._send(worker, job.id, job.task, job.params, job.keep_outputs, inputs)
 

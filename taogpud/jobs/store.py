@@ -1,7 +1,7 @@
 """The job store: every job the daemon accepted, in SQLite (WAL) under the state directory.
 
 A job is written before its id is returned, and again at each state change (within 2 ms,
-in one commit with its neighbours, and before any answer shows it: commit_now),
+in one commit with its neighbours, and before anyone is told of it: tell),
 so a restart — clean or `kill -9` — finds every accepted job as a client last saw it:
 queued ones run, ones that were running are marked interrupted (or run again when they
 allow retries).
@@ -21,14 +21,16 @@ by the next commit that succeeds (retried every WRITE_RETRY_S), and meanwhile
 `check_writable` refuses new jobs with StateDiskFull (507), naming the state directory
 and the space left on it.
 
-What tells of a job's change waits for the commit that holds it (after_commit): its trace
-line, so that the trace never runs ahead of what a restart finds.
+Commit before tell: nobody hears of a job's change before a commit holds it — a client's
+answer, a worker's order, the trace. Every telling goes through one function, JobStore.tell,
+which says what each does while the disk refuses commits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import json
 import os
 import sqlite3
@@ -36,7 +38,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar, overload
 
 from taogpud.errors import StateDiskFull
 from taogpud.jobs import wal
@@ -69,6 +71,22 @@ WRITE_RETRY_S = 1.0  # after a failed commit, how often the pending records are 
 WRITE_FAILURES = frozenset({"SQLITE_FULL", "SQLITE_IOERR", "SQLITE_CANTOPEN"})
 
 log = get_logger("taogpud.store")
+T = TypeVar("T")
+
+
+class Tell(enum.Enum):
+    """Who hears of a change (JobStore.tell), which decides what a refused commit does."""
+
+    # A client's answer, a worker's order: told once the commit is tried. On a full disk they
+    # go all the same, the records kept pending: reads are served and accepted jobs run
+    # rather than wait for space (only a crash before it frees could undo what was shown).
+    ANSWER = "answer"
+    # A new job's id: on a full disk nobody is told (StateDiskFull) unless some commit holds
+    # the job already; a 201 never names a job that a restart would not find.
+    ACCEPTANCE = "acceptance"
+    # The trace: told with the next commit that succeeds (within FLUSH_DELAY_S, none forced;
+    # on a full disk, once space returns), never of a job discarded meanwhile.
+    TRACE = "trace"
 
 
 class JobStore:
@@ -88,10 +106,13 @@ class JobStore:
         self._finished_in_memory = 0
         self._dirty: dict[str, JobRecord] = {}  # written at the next flush
         self._unwritten: set[str] = set()  # added, not yet in any commit
-        # (job id, callback) to call once the pending changes are committed (after_commit)
-        self._after_commit: list[tuple[str, Callable[[], None]]] = []
+        # (job id, trace line) to tell once the pending changes are committed (tell)
+        self._after_commit: list[tuple[str, Callable[[], object]]] = []
         self._flush_timer: asyncio.TimerHandle | None = None
         self.write_failure: str | None = None  # why the last commit failed; None once one works
+        # The records the last flush wrote, as JSON by job id: a submit is answered with the
+        # same text (Scheduler.commit, api/programs.py)
+        self.written: dict[str, str] = {}
         self.damaged_at_start = False
         self._db: sqlite3.Connection | None = None
         self._wal: wal.Checkpointer | None = None  # checkpoints off the loop (taogpud.jobs.wal)
@@ -136,25 +157,47 @@ class JobStore:
     def save(self, job: JobRecord) -> None:
         self._write(job)
 
-    def commit_now(self) -> dict[str, str]:
-        """Commit what is pending before it is shown or acted on (an answer, a worker's
-        order): nothing a client saw or a worker ran is undone by a kill -9 just after. A
-        disk that refuses lets the caller go on, the records kept pending and retried (reads
-        are served and accepted jobs run on a full disk). Returns the records written, as
-        flush() does ({} when it failed)."""
-        with contextlib.suppress(StateDiskFull):
-            return self.flush()
-        return {}
+    @overload
+    def tell(
+        self,
+        tell: Callable[[], T],
+        how: Literal[Tell.ANSWER, Tell.ACCEPTANCE] = Tell.ANSWER,
+        job_id: str | None = None,
+    ) -> T: ...
 
-    def after_commit(self, job_id: str, callback: Callable[[], None]) -> None:
-        """Have `callback` called once a commit holds every change written so far: at once
-        when none is pending (or the store is in memory only), else right after the next
-        commit that succeeds; never if the job is discarded first. What tells of a job's
-        change (its trace line) waits on this."""
+    @overload
+    def tell(self, tell: Callable[[], None], how: Literal[Tell.TRACE], job_id: str) -> None: ...
+
+    def tell(
+        self, tell: Callable[[], T], how: Tell = Tell.ANSWER, job_id: str | None = None
+    ) -> T | None:
+        """Commit before tell, the one place it is done: `tell` (an answer, an order, a trace
+        line) is called once a commit holds every change written so far, so nothing anyone
+        hears of is undone by a kill -9 just after. `how` says what a disk that refuses the
+        commit does (Tell); `job_id` is the job an acceptance or a trace line is of.
+
+        A waiter (finished, when_finished, a lease's or a log's event) is woken at once and
+        tells only through here: a commit per wake-up would undo FLUSH_DELAY_S's batching.
+        One order leaves ahead of its commit, on purpose: that of a job placed at its submit
+        (Scheduler._send), which is no one's until its acceptance is committed here."""
+        if how is Tell.TRACE:
+            assert job_id is not None
+            self._with_next_commit(job_id, tell)
+            return None
+        try:
+            self.flush()
+        except StateDiskFull:
+            if how is Tell.ACCEPTANCE and (job_id is None or not self.committed(job_id)):
+                raise
+        return tell()
+
+    def _with_next_commit(self, job_id: str, tell: Callable[[], object]) -> None:
+        """At once when nothing is pending (or the store is in memory only), else right after
+        the next commit that succeeds (_committed); never if the job is discarded first."""
         if self._db is None or not self._dirty:
-            callback()
+            tell()
         else:
-            self._after_commit.append((job_id, callback))
+            self._after_commit.append((job_id, tell))
 
     def mark_finished(self, job: JobRecord) -> None:
         """Write the final record and wake every waiter; forget the oldest in memory."""
@@ -346,9 +389,10 @@ class JobStore:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
+        self.written = {}
         if self._db is None or not self._dirty:
             self._committed()
-            return {}
+            return self.written
         rows = [
             (job.id, job.status.value, job.created_at, job.finished_at, job.model_dump_json())
             for job in self._dirty.values()
@@ -366,8 +410,9 @@ class JobStore:
         if self.write_failure is not None:
             log.warning("store.writable_again", pending_written=len(rows))
             self.write_failure = None
+        self.written = {row[0]: row[4] for row in rows}
         self._committed()
-        return {row[0]: row[4] for row in rows}
+        return self.written
 
     def _committed(self) -> None:
         """Everything written is in a commit: call what waited for it, in order."""

@@ -426,8 +426,9 @@ class _Connection:
         self.waiting.pop(job_id, None)
         job = self.server.store.get(job_id)
         if job is not None:
-            self.server.store.commit_now()
-            self._reply({"job": job.model_dump(mode="json")}, request_id)
+            self.server.store.tell(
+                lambda: self._reply({"job": job.model_dump(mode="json")}, request_id)
+            )
 
     def _uid(self) -> int:
         return self.peer.uid if self.peer.uid is not None else os.getuid()

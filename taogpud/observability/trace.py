@@ -4,7 +4,7 @@ A job that ran on the CPU because CUDA could not start is logged at WARNING with
 its fallback reason, every time: a fallback is never silent.
 
 A job's line goes out only once the job store has committed the change it tells (the
-scheduler hands it to JobStore.after_commit, with its fields and timestamp taken at the
+scheduler hands it to JobStore.tell (Tell.TRACE), with its fields and timestamp taken at the
 change). A kill -9 between a change and its commit loses the line with the change: the
 trace never says a job succeeded that a restart finds running and marks interrupted.
 
@@ -71,7 +71,7 @@ def job_fields(job: JobRecord) -> dict[str, Any]:
 def job_line(job: JobRecord) -> Callable[[], None]:
     """The job's line as it stands now (its fields and timestamp taken here), logged when
     called: the scheduler has the store call it once a commit holds the change it tells
-    (JobStore.after_commit), so the trace never says what a restart would not find."""
+    (JobStore.tell, Tell.TRACE), so the trace never says what a restart would not find."""
     level = (
         "warning" if job.fallback or job.status in (JobState.failed, JobState.timed_out) else "info"
     )
