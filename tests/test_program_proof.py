@@ -17,8 +17,8 @@ from structlog.testing import capture_logs
 
 from taogpud.backends.base import DeviceInfo, WorkerSpec
 from taogpud.jobs.policy import Policy
+from taogpud.jobs.programs import ProgramExit
 from taogpud.jobs.records import JobRecord, JobState, Peer
-from taogpud.jobs.scheduler import ProgramExit
 from taogpud.observability import nvml
 from taogpud.programs.proof import ProgramProof, children_now, process_tree
 from taogpud.wire import ProgramRequest
@@ -134,7 +134,7 @@ def run_program(
     assert job.program.env["CUDA_VISIBLE_DEVICES"] == UUIDS[0]
     assert job.program.env["CUPY_GPU_MEMORY_LIMIT"] == str(4 * GIB)
     process = subprocess.Popen(["sleep", "60"])
-    incarnation.call(scheduler.program_started, job.id, process.pid, me)
+    incarnation.call(scheduler.programs.started, job.id, process.pid, me)
     return job, process
 
 
@@ -144,19 +144,19 @@ def end(incarnation: Incarnation, job: JobRecord, process: subprocess.Popen[byte
     process.wait()
     me = Peer(pid=os.getpid(), uid=os.getuid(), gid=os.getgid())
     how = ProgramExit(None, "SIGTERM")
-    return incarnation.call(incarnation.scheduler.program_exited, job.id, me, how)
+    return incarnation.call(incarnation.scheduler.programs.exited, job.id, me, how)
 
 
 def test_memory_over_the_reservation_stops_the_program(cuda_scheduler: Incarnation) -> None:
     job, process = run_program(cuda_scheduler, Policy())
     seen = [card(0, (process.pid, 5 * GIB))]
-    cuda_scheduler.call(cuda_scheduler.scheduler.observe_programs, seen, 1.0)
+    cuda_scheduler.call(cuda_scheduler.scheduler.programs.observe, seen, 1.0)
     assert job.program is not None and job.program.stop == "failed"  # its starter is told
     ended = end(cuda_scheduler, job, process)
     assert ended.status is JobState.failed and ended.error is not None
     assert ended.error.code == "gpu_memory_exceeded" and "4,096 MiB" in ended.error.message
     assert ended.evidence["peak_memory_bytes"] == 5 * GIB
-    assert cuda_scheduler.scheduler.program_verdicts["gpu_memory_exceeded"] == 1
+    assert cuda_scheduler.scheduler.programs.verdicts["gpu_memory_exceeded"] == 1
 
 
 @pytest.mark.parametrize("allow", [False, True], ids=["stopped", "flagged"])
@@ -165,7 +165,7 @@ def test_a_program_never_on_its_gpu_is_stopped_or_flagged(
 ) -> None:
     policy = Policy(allow_fallback_to_cpu=allow, first_use_timeout_s=0.001)
     job, process = run_program(cuda_scheduler, policy)
-    cuda_scheduler.call(cuda_scheduler.scheduler.observe_programs, [card(0)], 1e12)
+    cuda_scheduler.call(cuda_scheduler.scheduler.programs.observe, [card(0)], 1e12)
     assert job.program is not None
     if allow:
         assert job.program.stop is None and job.fallback is True
@@ -340,7 +340,7 @@ def test_an_xid_during_a_lease_is_in_its_record_and_trace(
     assert watch is not None
     job, process = run_program(cuda_scheduler, Policy())
     fake_nvml.deliver(0, 79)
-    observe = cuda_scheduler.scheduler.observe_programs
+    observe = cuda_scheduler.scheduler.programs.observe
     with capture_logs() as lines:
         cuda_scheduler.call(observe, [card(0, (process.pid, GIB))], 1.0, watch.drain())
     (warned,) = [line for line in lines if line["event"] == "program.xid"]

@@ -27,8 +27,8 @@ from taogpud.api.models import (
 from taogpud.api.peer import peer_of
 from taogpud.daemon.state import DaemonState
 from taogpud.jobs.access import check_access
+from taogpud.jobs.programs import ProgramExit
 from taogpud.jobs.records import JobRecord
-from taogpud.jobs.scheduler import ProgramExit
 
 router = APIRouter(tags=["programs"])
 JSON = "application/json"
@@ -54,7 +54,7 @@ async def follow_lease(
     scheduler = daemon.scheduler
     job = scheduler.get(job_id)
     check_access(job, peer_of(request), "follow the lease of")
-    if after is not None and scheduler.lease_phase(job) == after:
+    if after is not None and scheduler.programs.lease_phase(job) == after:
         await _until_changed(daemon, job_id, wait_s)
     return daemon.store.tell(lambda: _lease_view(daemon, job_id))  # as a restart finds it
 
@@ -63,7 +63,7 @@ def _lease_view(daemon: DaemonState, job_id: str) -> LeaseView:
     scheduler = daemon.scheduler
     job = scheduler.get(job_id)
     return LeaseView(
-        phase=scheduler.lease_phase(job),
+        phase=scheduler.programs.lease_phase(job),
         queue_position=scheduler.queue.position(job_id),
         job=job.model_dump(mode="json"),
     )
@@ -74,7 +74,7 @@ async def _until_changed(daemon: DaemonState, job_id: str, wait_s: float) -> Non
         async with asyncio.timeout(wait_s) as deadline:
             daemon.waits.add(deadline)  # answered at once when the server stops (end_waits)
             try:
-                await daemon.scheduler.lease_change(job_id).wait()
+                await daemon.scheduler.programs.lease_change(job_id).wait()
             finally:
                 daemon.waits.discard(deadline)
 
@@ -83,7 +83,7 @@ async def _until_changed(daemon: DaemonState, job_id: str, wait_s: float) -> Non
 async def program_started(
     job_id: str, body: ProgramStartedModel, request: Request, daemon: Daemon
 ) -> Response:
-    job = daemon.scheduler.program_started(job_id, body.pid, peer_of(request))
+    job = daemon.scheduler.programs.started(job_id, body.pid, peer_of(request))
     return _committed(daemon, job)
 
 
@@ -91,7 +91,7 @@ async def program_started(
 async def append_log(job_id: str, request: Request, daemon: Daemon) -> Response:
     """Output of a detached program, from its supervisor (application/octet-stream)."""
     data = await request.body()
-    daemon.scheduler.append_program_log(job_id, peer_of(request), data)
+    daemon.scheduler.programs.append_log(job_id, peer_of(request), data)
     return Response(status_code=204)
 
 
@@ -107,13 +107,13 @@ async def read_log(
     scheduler = daemon.scheduler
     job = scheduler.get(job_id)
     check_access(job, peer_of(request), "read the log of")
-    logs = scheduler.program_logs
+    logs = scheduler.programs.logs
     if wait_s and logs.size(job_id) <= offset and not job.status.finished:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait_s) as deadline:
                 daemon.waits.add(deadline)
                 try:
-                    await scheduler.log_growth(job_id).wait()
+                    await scheduler.programs.log_growth(job_id).wait()
                 finally:
                     daemon.waits.discard(deadline)
     data = logs.read(job_id, offset)
@@ -126,7 +126,7 @@ async def program_exited(
     job_id: str, body: ProgramExitModel, request: Request, daemon: Daemon
 ) -> Response:
     exit = ProgramExit(body.exit_code, body.signal, body.cancelled, body.not_started, body.pid)
-    job = daemon.scheduler.program_exited(job_id, peer_of(request), exit)
+    job = daemon.scheduler.programs.exited(job_id, peer_of(request), exit)
     return _committed(daemon, job)
 
 

@@ -292,13 +292,13 @@ async def _watch_programs(state: DaemonState) -> None:
     try:
         while True:
             await asyncio.sleep(PROGRAM_SAMPLE_S)
-            watching = state.scheduler.watching_programs
+            watching = state.scheduler.programs.watching
             found = await xids.read(watching)
             if not watching:
                 continue
             seen = await asyncio.to_thread(nvml.inventory, False)
             if seen.available:
-                state.scheduler.observe_programs(seen.devices, time.monotonic(), found)
+                state.scheduler.programs.observe(seen.devices, time.monotonic(), found)
     finally:
         await xids.read(False)
 

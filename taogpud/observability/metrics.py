@@ -117,7 +117,7 @@ class DaemonCollector:
             "what NVML showed of programs: gpu_memory_exceeded, never_used_gpu, unassigned_gpu",
             labels=["code"],
         )
-        for code, count in scheduler.program_verdicts.items():
+        for code, count in scheduler.programs.verdicts.items():
             verdicts.add_metric([code], count)
         yield verdicts
         workers = GaugeMetricFamily(

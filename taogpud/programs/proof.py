@@ -1,6 +1,6 @@
 """What NVML saw a program do with its lease: the proof, and the verdicts it leads to.
 
-The daemon samples NVML while programs hold CUDA leases (scheduler.observe_programs); each
+The daemon samples NVML while programs hold CUDA leases (jobs/programs.py, Programs.observe); each
 sample is one `nvml.Inventory` and the pids of each program's processes (the program and
 its descendants: `process_tree`). `ProgramProof` is plain data fed by those samples, so the
 tests feed it a fake NVML's inventories. It says, once each:
