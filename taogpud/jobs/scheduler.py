@@ -25,8 +25,9 @@ from taogpud.i18n import Text
 from taogpud.jobs import admission, placement, programs
 from taogpud.jobs.access import check_access
 from taogpud.jobs.memory import JobRegions
+from taogpud.jobs.placer import Placer, wanted
 from taogpud.jobs.policy import Policy
-from taogpud.jobs.programs import Held, Jobs, Programs
+from taogpud.jobs.programs import Jobs, Programs
 from taogpud.jobs.records import (
     JobErrorView,
     JobRecord,
@@ -39,7 +40,7 @@ from taogpud.jobs.runqueue import RunQueue
 from taogpud.jobs.store import JobStore, Tell
 from taogpud.observability import metrics, trace
 from taogpud.pool import protocol as msg
-from taogpud.pool.interface import Pool, Worker, WorkerState
+from taogpud.pool.interface import Pool, Worker
 from taogpud.programs.logs import ProgramLogs
 from taogpud.wire import JobRequest, ProgramRequest
 
@@ -67,8 +68,7 @@ class Scheduler:
         # change it from outside.
         self.queue = RunQueue()
         self._withdrawn: dict[str, JobRecord] = {}  # running jobs whose submit was refused
-        self._rr_next = 0
-        self._affinity: dict[str, int] = {}  # affinity key → device index
+        self.placer = Placer(pool)  # the workers as placement sees them, and its memory
         self._stop_reason: dict[str, JobState] = {}  # running job → cancelled | timed_out
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._idle = asyncio.Event()
@@ -111,8 +111,9 @@ class Scheduler:
         inputs = request.inputs if regions is None else {}
         if regions is not None:
             self._regions[job_id] = regions
-        wanted = placement.Job(estimate, request.device, request.affinity)
-        placed = self._place_at_once(wanted, devices)
+        placed = self._place_at_once(
+            placement.Job(estimate, request.device, request.affinity), devices
+        )
         worker = placed[0] if placed else None
         if worker is not None:  # its order leaves first: the worker runs while the job is made
             refs = self._refs_of(job_id, inputs)  # found by admission.check_job above
@@ -178,13 +179,13 @@ class Scheduler:
         trace.log.warning("job.withdrawn", job_id=job.id, why="the job store could not be written")
 
     def _place_at_once(
-        self, wanted: placement.Job, devices: list[placement.Device]
+        self, asked: placement.Job, devices: list[placement.Device]
     ) -> list[Worker] | None:
         """Where a new job starts now, as dispatch() would place it: nothing is waiting (it
         would go first) and a slot is free; else None, and the job queues."""
         if self.queue or not self.accepting:
             return None
-        return self._place(wanted, devices)  # placement checks the caps and the slots
+        return self._place(asked, devices)  # placement checks the caps and the slots
 
     # -- the job state machine ------------------------------------------------------------
 
@@ -227,7 +228,7 @@ class Scheduler:
             devices, self.running_total, rules
         ):
             job = self.queue.at(index)
-            placed = self._place(_wanted(job), devices)
+            placed = self._place(wanted(job), devices)
             if placed is None:
                 index += 1
                 continue
@@ -250,32 +251,12 @@ class Scheduler:
         for job, worker, inputs in starts:
             self._send(worker, job.id, job.task, job.params, job.keep_outputs, inputs)
 
-    def _place(self, wanted: placement.Job, devices: list[placement.Device]) -> list[Worker] | None:
-        """Where a job starts now (placement.place decides: one worker, or `count` for a
-        program's --gpus), or None: it waits."""
-        workers = self.pool.workers
-        decision = placement.place(
-            wanted,
-            devices,
-            self.policy.rules,
-            running_total=self.running_total,
-            rr_next=self._rr_next,
-            affinity=self._affinity,
-        )
-        self._rr_next = decision.rr_next
-        if decision.position is None:
-            return None
-        if decision.remember is not None:
-            key, index = decision.remember
-            self._affinity[key] = index
-        return [workers[position] for position in decision.positions]
+    def _place(self, asked: placement.Job, devices: list[placement.Device]) -> list[Worker] | None:
+        return self.placer.place(asked, devices, self.policy.rules, self.running_total)
 
     def _devices(self) -> list[placement.Device]:
-        """The workers as placement sees them, in pool order, with the programs' leases."""
-        if not self.programs.granted:
-            return [_device(w) for w in self.pool.workers]
-        held = self.programs.held()
-        return [_device(w, held.get(w.spec.index)) for w in self.pool.workers]
+        """The workers as placement sees them, with what the programs' leases hold."""
+        return self.placer.devices(self.programs.held() if self.programs.granted else None)
 
     def apply_policy(self, policy: Policy) -> None:
         """A reload's new scheduling keys: in force for the next placement."""
@@ -518,7 +499,7 @@ class Scheduler:
         job = self.programs.admit(request, peer, client)
         self.jobs_total += 1
         self._trace(job)
-        placed = self._place_at_once(_wanted(job), devices)
+        placed = self._place_at_once(wanted(job), devices)
         if placed is not None:
             self.programs.grant(job, placed)
         else:
@@ -567,33 +548,6 @@ class Scheduler:
         if not (outlives and self._retry(job, "taogpud stopped (drain timeout)")):
             message = "taogpud stopped while the job ran (drain timeout)"
             self._finish(job, JobState.interrupted, _error("interrupted", message))
-
-
-def _wanted(job: JobRecord) -> placement.Job:
-    program = job.program
-    if program is None:
-        return placement.Job(job.estimate_bytes, job.requested_device, job.affinity)
-    whole, reserve_cap = not program.share, program.mem_bytes is None
-    return placement.Job(
-        job.estimate_bytes, job.requested_device, job.affinity, program.gpus, whole, reserve_cap
-    )
-
-
-def _device(worker: Worker, held: Held | None = None) -> placement.Device:
-    info, spec = worker.info, worker.spec
-    running, free, reserved = len(worker.running), worker.free_slots, worker.reserved_bytes
-    if held is not None:  # a program's lease takes a slot, or every slot, and its memory
-        running, reserved = running + held.running, reserved + held.bytes
-        free = 0 if held.whole else max(free - held.running, 0)
-    return placement.Device(  # index, slots, running, free_slots, reserved_bytes, cap, alive
-        spec.index,
-        spec.stream_count,
-        running,
-        free,
-        reserved,
-        info.memory_cap_bytes if info and info.memory_cap_bytes > 0 else None,
-        worker.state is not WorkerState.dead,
-    )
 
 
 def _error(code: str, message: str, hint: str = "") -> JobErrorView:
