@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from taogpud.config import ConfigSnapshot
 from taogpud.jobs import placement
 
+# A running job told to stop (cancel, timeout) gets this long before its worker is killed; a
+# program whose starter is gone, this long between its SIGTERM and its SIGKILL.
+CANCEL_GRACE_S = 5.0
+
 
 @dataclass(frozen=True)
 class Policy:

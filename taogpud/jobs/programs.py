@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from taogpud.errors import Conflict, NotPermitted, RequestError
 from taogpud.jobs.access import check_access
-from taogpud.jobs.policy import Policy
+from taogpud.jobs.policy import CANCEL_GRACE_S, Policy
 from taogpud.jobs.records import (
     PROGRAM_TASK,
     JobErrorView,
@@ -41,8 +41,6 @@ from taogpud.pool.interface import Worker
 from taogpud.programs import leases, proof
 from taogpud.programs.logs import ProgramLogs
 from taogpud.wire import ProgramRequest
-
-CANCEL_GRACE_S = 5.0  # a program told to stop gets this long before its SIGKILL (starter gone)
 
 
 class Jobs(NamedTuple):

@@ -1,9 +1,13 @@
-"""The coordinator of jobs: the only place job states change (_move).
+"""The coordinator of jobs: the one place a job's status changes (_move), and the steps
+that change it: submit, dispatch, cancels and timeouts, the pool's results, retries,
+recovery, the drain.
 
-What a job must pass to enter is taogpud.jobs.admission's; the jobs waiting, in the order
-they start, are taogpud.jobs.runqueue's (it follows the states). Placement when a slot frees
-is decided by `taogpud.jobs.placement` (pure: caps, affinity, strategy) over a plain view of
-the workers; the scheduler applies the decision.
+What it leans on is each in a module of its own: admission.py (may a job enter; nothing
+changed there), runqueue.py (who waits, in the order they start; it follows the states),
+placer.py (the workers as placement sees them, and what placement remembers; the decision
+is placement.py's, pure), programs.py (a program's lease, proof and log: it changes states
+only through the Jobs callables handed to it here), and the store's one telling function,
+JobStore.tell (commit before tell).
 """
 
 from __future__ import annotations
@@ -17,16 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from taogpud.arrayfiles.store import ArrayStore
-from taogpud.errors import (
-    JobNotFound,
-    StateDiskFull,
-)
+from taogpud.errors import JobNotFound, StateDiskFull
 from taogpud.i18n import Text
 from taogpud.jobs import admission, placement, programs
 from taogpud.jobs.access import check_access
 from taogpud.jobs.memory import JobRegions
 from taogpud.jobs.placer import Placer, wanted
-from taogpud.jobs.policy import Policy
+from taogpud.jobs.policy import CANCEL_GRACE_S, Policy
 from taogpud.jobs.programs import Jobs, Programs
 from taogpud.jobs.records import (
     JobErrorView,
@@ -43,8 +44,6 @@ from taogpud.pool import protocol as msg
 from taogpud.pool.interface import Pool, Worker
 from taogpud.programs.logs import ProgramLogs
 from taogpud.wire import JobRequest, ProgramRequest
-
-CANCEL_GRACE_S = 5.0  # a running job told to stop gets this long before its worker is killed
 
 
 class Scheduler:
