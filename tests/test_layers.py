@@ -37,7 +37,10 @@ RULES = [
         ("taogpud.pool.worker", "taogpud.pool.supervisor", "taogpud.pool.ray_pool"),
     ),
     ("taogpud.jobs.placement", ("taogpud", "asyncio")),
-    ("taogpud.jobs.scheduler", ("taogpud.api",)),
+    # the scheduler and what it leans on (admission, run queue, placer, programs, store)
+    ("taogpud.jobs", ("taogpud.api", "taogpud.daemon")),
+    # a program's mechanisms (/proc and pidfds, its proof, its log); its scheduling is jobs'
+    ("taogpud.programs", ("taogpud.jobs", "taogpud.api", "taogpud.daemon")),
     ("taogpud.pool", ("taogpud.api",)),
     # the relay serves; `taogpuctl relay` (cli/relay.py, cli/toolfiles.py) is the CLI's
     ("taogpud.relay", ("taogpud.api", "taogpud.cli")),
