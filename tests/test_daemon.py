@@ -171,7 +171,7 @@ def test_every_state_change_is_traced_with_where_it_ran(daemon: RunningDaemon) -
     mine = [e for e in daemon.events() if e.get("job_id") == job["id"]]
     assert [e["event"] for e in mine] == ["job.queued", "job.running", "job.succeeded"]
     queued, running, done = mine
-    # Sent to its worker before it was noted down (scheduler._send): each line still says
+    # Sent to its worker before it was noted down (Orders.send): each line still says
     # what was true at its own state change.
     assert queued["status"] == "queued" and queued["device"] is None
     assert running["status"] == "running" and running["device"] == job["device"]

@@ -5,7 +5,8 @@ recovery, the drain.
 What it leans on is each in a module of its own: admission.py (may a job enter; nothing
 changed there), runqueue.py (who waits, in the order they start; it follows the states),
 placer.py (the workers as placement sees them, and what placement remembers; the decision
-is placement.py's, pure), programs.py (a program's lease, proof and log: it changes states
+is placement.py's, pure), orders.py (a job's order to its worker, and the client memory a
+job holds until it ends), programs.py (a program's lease, proof and log: it changes states
 only through the Jobs callables handed to it here), and the store's one telling function,
 JobStore.tell (commit before tell).
 """
@@ -26,6 +27,7 @@ from taogpud.i18n import Text
 from taogpud.jobs import admission, placement, programs
 from taogpud.jobs.access import check_access
 from taogpud.jobs.memory import JobRegions
+from taogpud.jobs.orders import Orders
 from taogpud.jobs.placer import Placer, wanted
 from taogpud.jobs.policy import CANCEL_GRACE_S, Policy
 from taogpud.jobs.programs import Jobs, Programs
@@ -72,7 +74,7 @@ class Scheduler:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._idle = asyncio.Event()
         self._idle.set()
-        self._regions: dict[str, JobRegions] = {}  # job id → its regions in a client's memory
+        self.orders = Orders(arrays, outputs_dir)  # to workers; client memory jobs hold
         # Programs (taogpud.jobs.programs): their leases, proof and logs; they change states
         # only through the callables handed to them here
         jobs = Jobs(
@@ -109,14 +111,16 @@ class Scheduler:
         created_at = time.time()  # before its order's sent_at: queue_ms is never negative
         inputs = request.inputs if regions is None else {}
         if regions is not None:
-            self._regions[job_id] = regions
+            self.orders.hold(job_id, regions)
         placed = self._place_at_once(
             placement.Job(estimate, request.device, request.affinity), devices
         )
         worker = placed[0] if placed else None
         if worker is not None:  # its order leaves first: the worker runs while the job is made
-            refs = self._refs_of(job_id, inputs)  # found by admission.check_job above
-            sent_at = self._send(worker, job_id, task.name, params, request.keep_outputs, refs)
+            refs = self.orders.inputs(job_id, inputs)  # found by admission.check_job above
+            sent_at = self.orders.send(
+                worker, job_id, task.name, params, request.keep_outputs, refs
+            )
         job = JobRecord(  # after the order: 26 µs of a tiny job's round trip (timeline marks)
             id=job_id,
             created_at=created_at,
@@ -165,7 +169,7 @@ class Scheduler:
         """Undo a submit that could not be committed: the job leaves the queue, or its worker
         is told to stop and its finish will be dropped; no record of it is kept."""
         self.store.discard(job.id)
-        self._regions.pop(job.id, None)  # the submitter releases the client memory it held
+        self.orders.let_go(job.id)  # the submitter releases the client memory it held
         self.jobs_total -= 1
         if job.status.finished:
             return  # its finish unpinned the inputs already
@@ -248,7 +252,7 @@ class Scheduler:
 
     def _send_each(self, starts: list[tuple[JobRecord, Worker, dict[str, Any]]]) -> None:
         for job, worker, inputs in starts:
-            self._send(worker, job.id, job.task, job.params, job.keep_outputs, inputs)
+            self.orders.send(worker, job.id, job.task, job.params, job.keep_outputs, inputs)
 
     def _place(self, asked: placement.Job, devices: list[placement.Device]) -> list[Worker] | None:
         return self.placer.place(asked, devices, self.policy.rules, self.running_total)
@@ -262,27 +266,6 @@ class Scheduler:
         self.policy = policy
         self.dispatch()
 
-    def _send(
-        self,
-        worker: Worker,
-        job_id: str,
-        task: str,
-        params: dict[str, Any],
-        keep_outputs: bool,
-        inputs: dict[str, Any],
-    ) -> float:
-        """The order to the worker; its result is read in a later callback of the loop. At
-        submit the order leaves before the daemon notes the start (15–20 µs of a tiny job's
-        round trip in an A/B of bench/run.py's dispatch): the job is not accepted until the
-        API's commit, so a crash in between leaves no job to run again. From the queue,
-        dispatch() commits the start first."""
-        output_dir = str(self.outputs_dir / job_id) if keep_outputs else None
-        regions = self._regions.get(job_id)
-        output_region = regions.output if regions is not None else None
-        sent_at = time.time()  # its start: the worker may run before the daemon notes it
-        worker.send(msg.RunJob(job_id, task, params, inputs, output_dir, output_region))
-        return sent_at
-
     def _mark_started(self, job: JobRecord, worker: Worker, started_at: float) -> None:
         self._mark_running(job, worker, started_at)
         self.store.save(job)
@@ -293,7 +276,7 @@ class Scheduler:
 
     def _input_refs(self, job: JobRecord) -> dict[str, Any] | None:
         """The job's input arrays; None (and the job failed) when one is gone."""
-        refs = self._refs(job)
+        refs = self.orders.inputs(job.id, job.inputs)
         lost = [name for name, ref in refs.items() if ref is None]
         if lost:  # /dev/shm was cleared (a reboot): never run on other data than was sent
             message = (
@@ -302,15 +285,6 @@ class Scheduler:
             self._finish(job, JobState.failed, _error("missing_input", message, "upload it again"))
             return None
         return refs
-
-    def _refs(self, job: JobRecord) -> dict[str, Any]:
-        return self._refs_of(job.id, job.inputs)
-
-    def _refs_of(self, job_id: str, inputs: dict[str, str]) -> dict[str, Any]:
-        regions = self._regions.get(job_id)
-        if regions is not None:
-            return dict(regions.inputs)
-        return {name: self.arrays.get(array_id) for name, array_id in inputs.items()}
 
     def _mark_running(self, job: JobRecord, worker: Worker, started_at: float) -> None:
         info = worker.info
@@ -475,7 +449,7 @@ class Scheduler:
         if job.started_at is None and job.finished_at is not None:
             job.queue_ms = (job.finished_at - job.created_at) * 1e3
         self.arrays.unpin(list(job.inputs.values()))
-        regions = self._regions.pop(job.id, None)
+        regions = self.orders.let_go(job.id)
         if job.program is not None:
             self.programs.end(job)
         self.store.mark_finished(job)

@@ -179,7 +179,7 @@ class JobStore:
         A waiter (finished, when_finished, a lease's or a log's event) is woken at once and
         tells only through here: a commit per wake-up would undo FLUSH_DELAY_S's batching.
         One order leaves ahead of its commit, on purpose: that of a job placed at its submit
-        (Scheduler._send), which is no one's until its acceptance is committed here."""
+        (Orders.send from Scheduler.submit), no one's until its acceptance is committed here."""
         if how is Tell.TRACE:
             assert job_id is not None
             self._with_next_commit(job_id, tell)
