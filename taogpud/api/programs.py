@@ -116,8 +116,13 @@ async def read_log(
                     await scheduler.programs.log_growth(job_id).wait()
                 finally:
                     daemon.waits.discard(deadline)
+    return daemon.store.tell(lambda: _log_view(daemon, job_id, offset))  # `ended`: committed
+
+
+def _log_view(daemon: DaemonState, job_id: str, offset: int) -> LogView:
+    logs = daemon.scheduler.programs.logs
     data = logs.read(job_id, offset)
-    ended = scheduler.get(job_id).status.finished and offset + len(data) >= logs.size(job_id)
+    ended = daemon.scheduler.get(job_id).status.finished and offset + len(data) >= logs.size(job_id)
     return LogView(data_b64=base64.b64encode(data).decode(), next=offset + len(data), ended=ended)
 
 
