@@ -243,11 +243,7 @@ def test_what_waits_for_a_commit_waits_out_a_full_disk(small_state_dir: Path) ->
             store.tell(lambda: calls.append("first"), Tell.TRACE, first.id)
             before_the_commit = list(calls)
             store.flush()
-            filler = small_state_dir / "filler"
-            with filler.open("wb") as out, contextlib.suppress(OSError):
-                while True:  # until the file system says ENOSPC
-                    out.write(b"\0" * 65536)
-                    out.flush()
+            filler = fill(small_state_dir)
             for job_id in ("held", "discarded", "last"):
                 store.add(JobRecord(id=job_id, task="noop", params={"pad": "x" * 200_000}))
                 store.tell(lambda job_id=job_id: calls.append(job_id), Tell.TRACE, job_id)
@@ -265,6 +261,47 @@ def test_what_waits_for_a_commit_waits_out_a_full_disk(small_state_dir: Path) ->
     assert before_the_commit == []
     assert while_full == ["first"]
     assert calls == ["first", "held", "last"]
+
+
+def fill(folder: Path) -> Path:
+    """A file that takes every free byte of `folder`'s file system (until ENOSPC)."""
+    filler = folder / "filler"
+    with filler.open("wb") as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 65536)
+            out.flush()
+    return filler
+
+
+def test_each_telling_on_a_full_disk(small_state_dir: Path) -> None:
+    """JobStore.tell while the disk refuses the commit: an answer is told all the same, its
+    record pending; a new job's acceptance is refused (StateDiskFull) and nobody told, unless
+    some commit holds that job already; a trace line waits for the commit that succeeds."""
+
+    async def scenario() -> tuple[list[str], list[str], bool]:
+        store = JobStore(small_state_dir / "jobs.sqlite3")
+        told: list[str] = []
+        try:
+            store.add(JobRecord(id="on_disk", task="noop", params={}))
+            store.flush()
+            filler = fill(small_state_dir)
+            store.add(JobRecord(id="new", task="noop", params={"pad": "x" * 200_000}))
+            told.append(store.tell(lambda: "answer"))
+            with pytest.raises(StateDiskFull):
+                store.tell(lambda: "accepted new", Tell.ACCEPTANCE, "new")
+            told.append(store.tell(lambda: "accepted on_disk", Tell.ACCEPTANCE, "on_disk"))
+            store.tell(lambda: told.append("trace"), Tell.TRACE, "new")
+            while_full, new_committed = list(told), store.committed("new")
+            filler.unlink()
+            store.flush()
+            return while_full, told, new_committed
+        finally:
+            store.close()
+
+    while_full, told, new_committed = asyncio.run(scenario())
+    assert while_full == ["answer", "accepted on_disk"]
+    assert not new_committed
+    assert told == ["answer", "accepted on_disk", "trace"]
 
 
 def test_no_space_for_outputs_fails_the_job_cleanly(
