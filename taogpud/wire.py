@@ -400,3 +400,75 @@ class ConfigStatusJson(TypedDict):  # taogpud.api.models.ConfigStatusView
     generation: int
     digest: str
     last_reload: ReloadJson
+
+
+class TaskJson(TypedDict):  # one entry of GET /v1/tasks (taogpud.tasks.base.Task.catalog_entry)
+    name: str
+    description: str
+    params: dict[str, Any]  # the params' JSON schema
+    inputs: list[str]
+    backends: list[str]
+
+
+class CheckJson(TypedDict):  # taogpud.api.models.CheckView: one doctor check
+    name: str
+    status: str  # "pass" | "warn" | "fail" | "skip"
+    detail: str
+    hint: str
+
+
+class DoctorJson(TypedDict):  # taogpud.api.models.DoctorView: GET /v1/doctor
+    ok: bool
+    checks: list[CheckJson]
+    daemon: dict[str, Any]  # who answered: version, pid, backend, fallback, key_source, paths, …
+
+
+class PingJson(TypedDict):  # taogpud.provider.channel.PingResult: POST /v1/channel/ping
+    ok: bool
+    status: str  # "ok" | "no_key" | "rejected_key" | …
+    detail: str
+    hint: str
+    role: str
+    model: str
+    answered_model: str | None
+    latency_ms: float | None
+    elapsed_ms: float
+    attempts: int
+    http_status: int | None
+    url: str
+    key_source: str
+
+
+class RelayUseJson(TypedDict):  # one row of the relay's use (taogpud.relay.usage.UseTable.rows)
+    uid: int | None
+    model: str
+    status: int
+    requests: int
+    input_tokens: int
+    output_tokens: int
+
+
+class RelayStatusJson(TypedDict):  # GET /v1/relay/status (taogpud/relay/routes.py)
+    enabled: bool
+    listen: str | None  # the TCP address it listens on now
+    configured_listen: str  # as config.toml gives it ("": the Unix socket only)
+    unix_prefix: str
+    channel: str
+    key_source: str
+    key_header: str
+    limits: dict[str, Any]
+    models: dict[str, Any]
+    has_token: bool
+    token_fingerprint: str | None
+    use: list[RelayUseJson]
+
+
+class RelayTokenJson(TypedDict):  # POST /v1/relay/token: the caller's new token
+    uid: int
+    token: str
+    listen: str | None
+
+
+class RelayRevokedJson(TypedDict):  # DELETE /v1/relay/token
+    uid: int
+    revoked: bool

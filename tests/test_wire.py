@@ -214,6 +214,7 @@ def test_each_typed_view_has_the_keys_of_the_api_model_it_mirrors() -> None:
     here, so mypy's checks of the CLI's keys stay true to the wire."""
     from taogpud.api import models
     from taogpud.jobs import records
+    from taogpud.provider.channel import PingResult
 
     pairs = [
         (wire.JobJson, records.JobRecord), (wire.JobErrorJson, records.JobErrorView),
@@ -223,11 +224,21 @@ def test_each_typed_view_has_the_keys_of_the_api_model_it_mirrors() -> None:
         (wire.ArrayJson, models.ArrayView), (wire.HealthJson, models.HealthView),
         (wire.LeaseJson, models.LeaseView), (wire.ReloadJson, models.ReloadModel),
         (wire.ChangeJson, models.ChangeModel), (wire.ConfigStatusJson, models.ConfigStatusView),
+        (wire.CheckJson, models.CheckView), (wire.DoctorJson, models.DoctorView),
+        (wire.PingJson, PingResult),
     ]  # fmt: skip
     for view, model in pairs:
         assert keys_of(view) == set(model.model_fields), view.__name__
     log_fields = set(models.LogView.model_fields) - {"data_b64"} | {"data"}
     assert keys_of(wire.LogPiece) == log_fields
+
+
+def test_the_relays_use_rows_have_the_typed_views_keys() -> None:
+    from taogpud.relay.usage import Tokens, UseKey, UseTable
+
+    table = UseTable()
+    table.record(UseKey(1000, "some-model", 200), Tokens(input=3, output=5))
+    assert [set(row) for row in table.rows()] == [keys_of(wire.RelayUseJson)]
 
 
 def test_a_real_daemons_answers_have_exactly_the_typed_views_keys(
@@ -240,6 +251,10 @@ def test_a_real_daemons_answers_have_exactly_the_typed_views_keys(
         devices = client.devices()
         reload_status = client.config_status()
         health = client.health()
+        catalog = client.tasks()
+        relay_status = client.relay_status()
+        token = client.relay_token()
+        revoked = client.relay_revoke()
     assert job["status"] == "succeeded"
     assert set(job) == keys_of(wire.JobJson)
     assert set(job["peer"]) == keys_of(wire.PeerJson)
@@ -252,3 +267,7 @@ def test_a_real_daemons_answers_have_exactly_the_typed_views_keys(
     assert set(reload_status) == keys_of(wire.ConfigStatusJson)
     assert set(reload_status["last_reload"]) == keys_of(wire.ReloadJson)
     assert set(health) == keys_of(wire.HealthJson)
+    assert catalog and all(set(task) == keys_of(wire.TaskJson) for task in catalog)
+    assert set(relay_status) == keys_of(wire.RelayStatusJson)
+    assert set(token) == keys_of(wire.RelayTokenJson)
+    assert set(revoked) == keys_of(wire.RelayRevokedJson) and revoked["revoked"] is True

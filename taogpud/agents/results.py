@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from taogpud.cli.guide import NVIDIA_SMI  # the table `taogpuctl show --evidence` prints
 from taogpud.observability import nvml
-from taogpud.wire import FINISHED_STATES, DeviceJson, JobJson, StatusJson
+from taogpud.wire import FINISHED_STATES, DeviceJson, JobJson, StatusJson, TaskJson
 
 Job = JobJson  # a job record as the daemon answers it (taogpud.jobs.records.JobRecord)
 
@@ -94,7 +94,7 @@ class JobWithEvidence(JobSummary):
 def gpu_status(
     status: StatusJson,
     devices: list[DeviceJson],
-    tasks: list[dict[str, Any]],
+    tasks: list[TaskJson],
     inventory: nvml.Inventory | None,
 ) -> GpuStatus:
     """The daemon's status, devices and catalog, with each GPU's free memory from NVML."""

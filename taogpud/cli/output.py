@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from taogpud.client import Job, is_finished
 from taogpud.i18n import N_, _, ngettext
+from taogpud.wire import PingJson, TaskJson
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -332,7 +333,7 @@ def _live_line(stderr: Console) -> Any:
 # --- catalog and config --------------------------------------------------------------------
 
 
-def describe_params(task: dict[str, Any]) -> str:
+def describe_params(task: TaskJson) -> str:
     """`size:integer=1000000 seed:integer=0` from the params' JSON schema."""
     schema = task.get("params") or {}
     required = set(schema.get("required") or [])
@@ -386,7 +387,7 @@ def flatten(document: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, A
 CHECK_MARKS = {"pass": "✓", "warn": "!", "fail": "✗", "skip": "-"}
 
 
-def ping_lines(result: dict[str, Any]) -> list[str]:
+def ping_lines(result: PingJson) -> list[str]:
     """`✓ api ping ok: MODEL answered in N ms …`, or the status, detail and fix."""
     if result.get("ok"):
         model = result.get("answered_model") or result.get("model")

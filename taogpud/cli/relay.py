@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -25,6 +26,7 @@ from taogpud.cli.output import emit_json, emit_line
 from taogpud.client import Client
 from taogpud.i18n import _
 from taogpud.relay.tools import TOOLS, Recipe, recipe, with_mcp_server
+from taogpud.wire import RelayStatusJson
 
 if TYPE_CHECKING:  # both import pydantic-settings: taogpuctl's start pays for them only here
     from taogpud.doctor import Check
@@ -71,10 +73,10 @@ def token_command(
     """Fetch a new relay token (the previous one stops working) and keep it 0600."""
     with connect(ctx) as client:
         if revoke:
-            answer = client.relay_revoke(uid)
+            revoked = client.relay_revoke(uid)
             if uid is None:
                 token_path(client.socket_path).unlink(missing_ok=True)
-            _report(answer, json_out, f"relay token of uid {answer['uid']} revoked")
+            _report(revoked, json_out, f"relay token of uid {revoked['uid']} revoked")
             return
         answer = client.relay_token()
         path = save_token(token_path(client.socket_path), answer["token"])
@@ -115,7 +117,7 @@ def env_command(
     print("\n".join(lines))  # as is: never through rich, whose markup eats `[table]` lines
 
 
-def _usable_token(client: Client, status: dict[str, Any]) -> str:
+def _usable_token(client: Client, status: RelayStatusJson) -> str:
     """The user's token for this daemon: the saved one, or a first one when the daemon holds
     none. Never a replacement: that would revoke the token every configured tool uses."""
     path = token_path(client.socket_path)
@@ -193,7 +195,7 @@ def status_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
         )
 
 
-def _report(answer: dict[str, Any], json_out: bool, text: str) -> None:
+def _report(answer: Mapping[str, Any], json_out: bool, text: str) -> None:
     if json_out:
         emit_json(answer)
     else:

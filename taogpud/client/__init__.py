@@ -118,8 +118,8 @@ class Client:
     def devices(self) -> list[wire.DeviceJson]:
         return cast(list[wire.DeviceJson], self._list(wire.DEVICES))
 
-    def tasks(self) -> list[dict[str, Any]]:
-        return self._list(wire.TASKS)
+    def tasks(self) -> list[wire.TaskJson]:
+        return cast(list[wire.TaskJson], self._list(wire.TASKS))
 
     def config(self) -> dict[str, Any]:
         """The daemon's effective config, redacted."""
@@ -134,9 +134,7 @@ class Client:
 
     # --- the API channel and the doctor ---------------------------------------------------
 
-    def channel_ping(
-        self, model: str = "default", timeout_s: float | None = None
-    ) -> dict[str, Any]:
+    def channel_ping(self, model: str = "default", timeout_s: float | None = None) -> wire.PingJson:
         """The guide's ping, sent by the daemon (which holds the key); timeout_s caps all of it.
 
         Answers a PingResult ({ok, status, detail, hint, latency_ms, model, attempts, …})
@@ -146,31 +144,33 @@ class Client:
         if timeout_s is not None:
             query["timeout_s"] = _seconds(timeout_s)
         wait_s = PING_WAIT_S if timeout_s is None else timeout_s
-        return self._dict(wire.CHANNEL_PING, wire.CHANNEL_PING.url(query), wait_s=wait_s)
+        url = wire.CHANNEL_PING.url(query)
+        return cast(wire.PingJson, self._dict(wire.CHANNEL_PING, url, wait_s=wait_s))
 
     def doctor(
         self, *, ping: bool = True, probe: bool = True, timeout_s: float = 30.0
-    ) -> dict[str, Any]:
+    ) -> wire.DoctorJson:
         """The daemon-side doctor checks: {ok, checks: [{name, status, detail, hint}], daemon}."""
         query = {
             "ping": str(ping).lower(),
             "probe": str(probe).lower(),
             "timeout_s": _seconds(timeout_s),
         }
-        return self._dict(wire.DOCTOR, wire.DOCTOR.url(query), wait_s=timeout_s)
+        url = wire.DOCTOR.url(query)
+        return cast(wire.DoctorJson, self._dict(wire.DOCTOR, url, wait_s=timeout_s))
 
     # --- the relay (taogpud.relay) --------------------------------------------------------
 
-    def relay_token(self) -> dict[str, Any]:
+    def relay_token(self) -> wire.RelayTokenJson:
         """A new relay token for the caller ({uid, token, listen}); the old one stops working."""
-        return self._dict(wire.RELAY_TOKEN)
+        return cast(wire.RelayTokenJson, self._dict(wire.RELAY_TOKEN))
 
-    def relay_revoke(self, uid: int | None = None) -> dict[str, Any]:
+    def relay_revoke(self, uid: int | None = None) -> wire.RelayRevokedJson:
         url = wire.RELAY_REVOKE.url(None if uid is None else {"uid": uid})
-        return self._dict(wire.RELAY_REVOKE, url)
+        return cast(wire.RelayRevokedJson, self._dict(wire.RELAY_REVOKE, url))
 
-    def relay_status(self) -> dict[str, Any]:
-        return self._dict(wire.RELAY_STATUS)
+    def relay_status(self) -> wire.RelayStatusJson:
+        return cast(wire.RelayStatusJson, self._dict(wire.RELAY_STATUS))
 
     def relay_models(self) -> tuple[int, bytes]:
         """GET /v1/models through the relay on this socket: (HTTP status, body)."""
