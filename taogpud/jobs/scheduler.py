@@ -61,20 +61,18 @@ class Scheduler:
         self.running_total = 0
         self.jobs_total = 0  # accepted since start
         self.finished_counts: Counter[tuple[str, str, str]] = Counter()  # (task, backend, status)
-        self.job_times = (
-            metrics.JobTimes()
-        )  # queue and run time histograms (taogpud.observability.metrics)
+        self.job_times = metrics.JobTimes()  # queue and run time histograms
         # The run queue follows the job states: a job is in it exactly while its status is
         # queued, and only _move puts it there or takes it out (see _move). Read it; never
         # change it from outside.
         self.queue = RunQueue()
-        self._withdrawn: dict[str, JobRecord] = {}  # running jobs whose submit was refused
         self.placer = Placer(pool)  # the workers as placement sees them, and its memory
+        self.orders = Orders(arrays, outputs_dir)  # to workers; client memory jobs hold
+        self._withdrawn: dict[str, JobRecord] = {}  # running jobs whose submit was refused
         self._stop_reason: dict[str, JobState] = {}  # running job → cancelled | timed_out
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._idle = asyncio.Event()
+        self._idle = asyncio.Event()  # set while no task job runs (drain waits for it)
         self._idle.set()
-        self.orders = Orders(arrays, outputs_dir)  # to workers; client memory jobs hold
         # Programs (taogpud.jobs.programs): their leases, proof and logs; they change states
         # only through the callables handed to them here
         jobs = Jobs(
