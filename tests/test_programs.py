@@ -25,6 +25,7 @@ from taogpud.jobs.records import Peer
 from taogpud.programs import leases
 from taogpud.testing import RunningDaemon, ctl_command, ctl_env, wait_until
 from taogpud.wire import ProgramRequest
+from tests.test_daemon import raw_request
 from tests.test_scheduler_states import Incarnation
 
 pytestmark = pytest.mark.xdist_group("programs")
@@ -446,3 +447,34 @@ def test_a_cancel_reaches_what_a_program_over_at_once_left_running(
         if (work / "orphan.pid").exists():  # a failed test leaves no sleep behind
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int((work / "orphan.pid").read_text()), signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "where"),
+    [
+        ("/v1/programs", b'{"argv": [], "cwd": "/"}', "body.argv"),
+        ("/v1/programs", b'{"argv": ["true"], "cwd": "/", "gpus": "two"}', "body.gpus"),
+        ("/v1/programs/JOB/started", b'{"pid": 1}', "body.pid"),
+        ("/v1/programs/JOB/exited", b'{"exit_code": 0, "pid": "x"}', "body.pid"),
+        ("/v1/programs/JOB/exited", b'{"exit_code": 0, "colour": "red"}', "body.colour"),
+    ],
+)
+def test_a_bad_program_body_is_refused_in_the_one_error_shape(
+    daemon: RunningDaemon, path: str, body: bytes, where: str
+) -> None:
+    """The program routes validate their own bodies (api/direct.py): still 422 in the one
+    error shape, naming where in the body it was wrong; a body that is not JSON, 400."""
+    with daemon.client() as client:
+        job = client.submit_program(["true"], cwd="/")
+    status, answer = raw_request(daemon, "POST", path.replace("JOB", job["id"]), body)
+    assert (status, set(answer), answer["code"]) == (
+        422,
+        {"code", "message", "hint"},
+        "invalid_request",
+    )
+    assert where in answer["message"], answer
+    status, answer = raw_request(
+        daemon, "POST", path.replace("JOB", job["id"]), body, {"content-type": "text/plain"}
+    )
+    assert status in (400, 422) and set(answer) == {"code", "message", "hint"}, answer
+    assert "application/json" in answer["message"], answer

@@ -48,7 +48,8 @@ def create_app(state: DaemonState, relay: Relay, metrics: CollectorRegistry) -> 
     )
     app.state.daemon, app.state.metrics = state, metrics
     jobs.add_submit_route(app)  # every job comes this way: the first route matched
-    for module in (jobs, system, arrays, config, channel, doctor, trace_api, agents, programs):
+    programs.add_program_routes(app)  # a program's submit and reports (api/direct.py)
+    for module in (jobs, programs, system, arrays, config, channel, doctor, trace_api, agents):
         app.include_router(module.router)
     app.add_exception_handler(TaogpudError, _taogpud_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+from enum import Enum
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, FastAPI, Query, Request, Response
 
 from taogpud import wire
 from taogpud.api.deps import Daemon
+from taogpud.api.direct import add_direct_route, daemon_of, json_body
 from taogpud.api.models import (
     LeaseView,
     LogView,
@@ -30,13 +32,33 @@ from taogpud.jobs.access import check_access
 from taogpud.jobs.programs import ProgramExit
 from taogpud.jobs.records import JobRecord
 
-router = APIRouter(tags=["programs"])
+TAGS: list[str | Enum] = ["programs"]
+router = APIRouter(tags=TAGS)
 JSON = "application/json"
 Phase = Literal["queued", "granted", "stopping", "ended"]
 
 
-@router.post(wire.SUBMIT_PROGRAM.path, response_model=JobRecord, status_code=201)
-async def submit_program(body: ProgramRequestModel, request: Request, daemon: Daemon) -> Response:
+def add_program_routes(app: FastAPI) -> None:
+    """A program's submit and its two reports, direct routes (api/direct.py): with 8
+    submitters of short programs they are every request the daemon gets."""
+    add_direct_route(
+        app,
+        wire.SUBMIT_PROGRAM,
+        submit_program,
+        ProgramRequestModel,
+        status_code=201,
+        response_model=JobRecord,
+        tags=TAGS,
+    )
+    for route, endpoint, body in (
+        (wire.PROGRAM_STARTED, program_started, ProgramStartedModel),
+        (wire.PROGRAM_EXITED, program_exited, ProgramExitModel),
+    ):
+        add_direct_route(app, route, endpoint, body, response_model=JobRecord, tags=TAGS)
+
+
+async def submit_program(request: Request) -> Response:
+    daemon, body = daemon_of(request), await json_body(request, ProgramRequestModel)
     job = daemon.scheduler.submit_program(body.to_wire(), peer_of(request))
     record = daemon.scheduler.commit(job.id)  # stored before its id is returned
     return Response(record, status_code=201, media_type=JSON)
@@ -79,10 +101,9 @@ async def _until_changed(daemon: DaemonState, job_id: str, wait_s: float) -> Non
                 daemon.waits.discard(deadline)
 
 
-@router.post(wire.PROGRAM_STARTED.path, response_model=JobRecord)
-async def program_started(
-    job_id: str, body: ProgramStartedModel, request: Request, daemon: Daemon
-) -> Response:
+async def program_started(request: Request) -> Response:
+    daemon, body = daemon_of(request), await json_body(request, ProgramStartedModel)
+    job_id = request.path_params["job_id"]
     job = daemon.scheduler.programs.started(job_id, body.pid, peer_of(request))
     return _committed(daemon, job)
 
@@ -126,12 +147,10 @@ def _log_view(daemon: DaemonState, job_id: str, offset: int) -> LogView:
     return LogView(data_b64=base64.b64encode(data).decode(), next=offset + len(data), ended=ended)
 
 
-@router.post(wire.PROGRAM_EXITED.path, response_model=JobRecord)
-async def program_exited(
-    job_id: str, body: ProgramExitModel, request: Request, daemon: Daemon
-) -> Response:
+async def program_exited(request: Request) -> Response:
+    daemon, body = daemon_of(request), await json_body(request, ProgramExitModel)
     exit = ProgramExit(body.exit_code, body.signal, body.cancelled, body.not_started, body.pid)
-    job = daemon.scheduler.programs.exited(job_id, peer_of(request), exit)
+    job = daemon.scheduler.programs.exited(request.path_params["job_id"], peer_of(request), exit)
     return _committed(daemon, job)
 
 

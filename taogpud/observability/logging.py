@@ -197,6 +197,12 @@ def set_secrets(*values: str | None) -> None:
     )
 
 
+def enabled(level: str) -> bool:
+    """Whether a line at `level` is written (filter_level keeps it): a caller that would
+    build a line for nothing (the API's debug line of each answered request) asks first."""
+    return LEVELS.get(level, 20) >= _state.level
+
+
 def filter_level(_: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
     if LEVELS.get(method_name, 20) < _state.level:
         raise structlog.DropEvent
