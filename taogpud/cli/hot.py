@@ -12,12 +12,12 @@ here only in their plain form (`--mem 4G`, each value its own word, then `--`); 
 else (`--mem=4G`, a value typer would refuse, --help) goes to typer.
 
 The one speed path beside typer, kept because it still matters (issue 36): measured in one
-run, 30 calls each alternating (bench/cli_start.py, a busy 2-core host), against a daemon,
-this path against typer's: `status` 172 ms wall median against 394 (CPU 38 ms against 85),
-`exec -- true` 279 against 435 (CPU 58 against 93), each more than 30% saved; `submit noop`,
-typer's either way, 407 against 426. `import typer` alone (its click, and click's inspect)
-costs more CPU (~33 ms) than every module this path imports (~22 ms). Any other command is
-typer's, as is any shape of these two not read here.
+run, 30 calls each alternating (as bench/cli_start.py does, a busy 2-core host), against a
+daemon, this path against typer's: `status` 128 ms wall median against 255 (CPU 41 ms
+against 77), `exec -- true` 186 against 282 (CPU 53 against 82), each more than 30% saved;
+`submit noop`, typer's either way, 269 against 256 (CPU 79 both). `import typer` alone (its
+click, and click's inspect) costs more CPU (~33 ms) than every module this path imports
+(~22 ms). Any other command is typer's, as is any shape of these two not read here.
 """
 
 from __future__ import annotations
