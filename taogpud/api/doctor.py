@@ -32,8 +32,10 @@ async def doctor(
     """Always 200 when the checks ran: `ok` is false when any check failed."""
     checks = await daemon_checks(daemon, peer_of(request), Options(ping, probe, timeout_s))
     language = accepted_language(request.headers.get("accept-language"))  # detail and hint
-    return DoctorView(
-        ok=report_ok(checks),
-        checks=[CheckView(**check.as_dict(language)) for check in checks],
-        daemon=daemon_facts(daemon),
+    return daemon.store.tell(  # the probes' and the recent jobs' states as a restart finds them
+        lambda: DoctorView(
+            ok=report_ok(checks),
+            checks=[CheckView(**check.as_dict(language)) for check in checks],
+            daemon=daemon_facts(daemon),
+        )
     )
