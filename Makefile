@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 LOCKS := packaging/locks
 STAMP := $(VENV)/.installed
 
-.PHONY: venv check i18n test test-gpu gpu-check gpu-wheels gpu-replica demo bench deb lock clean
+.PHONY: venv check i18n test test-quick test-gpu gpu-check gpu-wheels gpu-replica demo bench deb lock clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,14 @@ i18n: venv
 
 test: check
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=10
+
+# The loop to run on every change (CONTRIBUTING.md, under 90 s on an idle 2-core host): the
+# pure and unit tests and the API checks on the in-process daemon. Nothing `slow`, no systemd,
+# no GPU, no daemon process (`process`: tests/conftest.py marks a test whose fixtures start
+# one). It always selects tests, so exit 5 (none selected) fails it.
+QUICK := not slow and not systemd and not gpu and not process
+test-quick: venv
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "$(QUICK)" --durations=10
 
 # On a host with an NVIDIA GPU: the GPU tier alone, with a report. Exit 5 (no test
 # selected, i.e. no GPU here) is not a failure.

@@ -37,6 +37,7 @@ from taogpud.testing import (
     log_paths,
     new_home,
     remove_home,
+    running,
     start_daemon,
     start_in_process,
     to_toml,
@@ -93,6 +94,15 @@ def daemon_factory(daemon_home: Path) -> Iterator[Callable[..., RunningDaemon]]:
         daemon.stop(signal.SIGTERM, timeout_s=15)
 
 
+@pytest.fixture(scope="module")
+def module_daemon() -> Iterator[RunningDaemon]:
+    """One daemon process for those tests of a module that change nothing another test of it
+    reads: refusals, reads, jobs and arrays of their own by id (never counts, the queue or
+    events not filtered by job). A test that needs the daemon as it started takes `daemon`."""
+    with running() as started:
+        yield started
+
+
 @pytest.fixture
 def daemon(daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
     """A ready daemon on the CPU backend: 2 devices, 2 slots each, the seed's caps."""
@@ -124,6 +134,22 @@ def inprocess_factory(daemon_home: Path) -> Iterator[Callable[..., InProcessDaem
 def inprocess_daemon(inprocess_factory: Callable[..., InProcessDaemon]) -> InProcessDaemon:
     """`daemon`'s twin in the test's process: the CPU backend, 2 devices, 2 slots each."""
     return inprocess_factory()
+
+
+# `make test-quick` leaves out the tests that start a daemon process: a test is marked
+# `process` here when its fixtures start one (a daemon's home is made for a process, unless the
+# test's daemon is the in-process one), so a new test lands in the right tier with no marker
+# of its own. A test that starts one (or another long program: a nested pytest, the demo,
+# `python -m bench.…`) in its body says so itself with @pytest.mark.process.
+PROCESS_FIXTURES = {"daemon", "daemon_factory", "daemon_home", "module_daemon"}
+INPROCESS_FIXTURES = {"inprocess_daemon", "inprocess_factory"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & PROCESS_FIXTURES and not names & INPROCESS_FIXTURES:
+            item.add_marker(pytest.mark.process)
 
 
 HOST_STATE_DIR = Path("/var/lib/taogpud")  # a root daemon's default: the booted containers

@@ -140,19 +140,19 @@ def test_a_start_up_config_error_shows_every_problem(daemon_home: Path) -> None:
     assert "more)" not in lines[0]
 
 
-def test_socket_is_0660_and_openapi_is_served(daemon: RunningDaemon) -> None:
+def test_socket_is_0660_and_openapi_is_served(module_daemon: RunningDaemon) -> None:
     """The socket is rw for owner and group only; GET /v1/openapi.json lists the job routes."""
-    assert daemon.socket_path.stat().st_mode & 0o777 == 0o660
-    status, document = raw_request(daemon, "GET", "/v1/openapi.json")
+    assert module_daemon.socket_path.stat().st_mode & 0o777 == 0o660
+    status, document = raw_request(module_daemon, "GET", "/v1/openapi.json")
     assert status == 200
     assert "/v1/jobs" in document["paths"] and "/v1/jobs/{job_id}/cancel" in document["paths"]
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
-def test_curl_over_the_unix_socket(daemon: RunningDaemon) -> None:
+def test_curl_over_the_unix_socket(module_daemon: RunningDaemon) -> None:
     """`curl --unix-socket` submits a job and reads the answer."""
     result = subprocess.run(
-        ["curl", "-sS", "--unix-socket", str(daemon.socket_path),
+        ["curl", "-sS", "--unix-socket", str(module_daemon.socket_path),
          "-H", "content-type: application/json",
          "-d", '{"task": "vector_add", "params": {"size": 1000}}', "http://taogpud/v1/jobs?wait_s=10"],
         capture_output=True, text=True, timeout=30, check=True,
@@ -226,17 +226,17 @@ def test_debug_lines_follow_the_level(daemon_factory: Callable[..., RunningDaemo
 # -- bad input -----------------------------------------------------------------------------
 
 
-def test_malformed_json_is_a_clear_error(daemon: RunningDaemon) -> None:
+def test_malformed_json_is_a_clear_error(module_daemon: RunningDaemon) -> None:
     """A body that is not JSON gets 4xx {code, message, hint} saying so."""
-    status, body = raw_request(daemon, "POST", "/v1/jobs", b'{"task": "noop",')
+    status, body = raw_request(module_daemon, "POST", "/v1/jobs", b'{"task": "noop",')
     assert status in (400, 422)
     assert_error_shape(body, "invalid_request")
     assert "JSON" in body["message"]
 
 
-def test_wrong_content_type_and_missing_fields(daemon: RunningDaemon) -> None:
+def test_wrong_content_type_and_missing_fields(module_daemon: RunningDaemon) -> None:
     """A body without `task` names the missing field."""
-    status, body = raw_request(daemon, "POST", "/v1/jobs", b'{"params": {}}')
+    status, body = raw_request(module_daemon, "POST", "/v1/jobs", b'{"params": {}}')
     assert status == 422
     assert_error_shape(body, "invalid_request")
     assert "task" in body["message"]
@@ -252,11 +252,15 @@ def test_wrong_content_type_and_missing_fields(daemon: RunningDaemon) -> None:
     ],
 )
 def test_submits_with_a_bad_query_or_type_get_the_route_errors(
-    daemon: RunningDaemon, query: str, headers: dict[str, str] | None, status: int, words: str
+    module_daemon: RunningDaemon,
+    query: str,
+    headers: dict[str, str] | None,
+    status: int,
+    words: str,
 ) -> None:
     """A bad query or content type on POST /v1/jobs gets the route's usual errors."""
     body = b'{"task": "noop"}'
-    answered, answer = raw_request(daemon, "POST", f"/v1/jobs{query}", body, headers)
+    answered, answer = raw_request(module_daemon, "POST", f"/v1/jobs{query}", body, headers)
     assert answered == status, answer
     if status >= 400:
         assert_error_shape(answer, "invalid_request")
@@ -283,17 +287,17 @@ def test_submits_are_traced_like_other_requests(
     assert all(e["duration_ms"] >= 0 and e["uid"] == os.getuid() for e in submits)
 
 
-def test_unknown_task_suggests_the_close_one(daemon: RunningDaemon) -> None:
+def test_unknown_task_suggests_the_close_one(module_daemon: RunningDaemon) -> None:
     """`vectr_add` is unknown_task (404) with a did-you-mean."""
-    with daemon.client() as client, pytest.raises(ApiError) as refused:
+    with module_daemon.client() as client, pytest.raises(ApiError) as refused:
         client.submit("vectr_add")
     assert (refused.value.http_status, refused.value.code) == (404, "unknown_task")
     assert "vector_add" in refused.value.message + refused.value.hint
 
 
-def test_params_of_the_wrong_type_name_the_field(daemon: RunningDaemon) -> None:
+def test_params_of_the_wrong_type_name_the_field(module_daemon: RunningDaemon) -> None:
     """size="big" is invalid_params (422) naming `size`."""
-    with daemon.client() as client, pytest.raises(ApiError) as refused:
+    with module_daemon.client() as client, pytest.raises(ApiError) as refused:
         client.submit("vector_add", {"size": "big"})
     assert (refused.value.http_status, refused.value.code) == (422, "invalid_params")
     assert "size" in refused.value.message
@@ -309,38 +313,38 @@ def test_absurd_size_is_refused_with_the_numbers(daemon: RunningDaemon) -> None:
     assert "GiB" in refused.value.message and "memoryFraction" in refused.value.hint
 
 
-def test_missing_input_array(daemon: RunningDaemon) -> None:
+def test_missing_input_array(module_daemon: RunningDaemon) -> None:
     """An input id nobody uploaded is missing_input (404) with how to upload."""
-    with daemon.client() as client, pytest.raises(ApiError) as refused:
+    with module_daemon.client() as client, pytest.raises(ApiError) as refused:
         client.submit("vector_add", inputs={"a": "a0000000000000000"})
     assert (refused.value.http_status, refused.value.code) == (404, "missing_input")
     assert "upload" in refused.value.hint
 
 
-def test_body_far_too_large(daemon: RunningDaemon) -> None:
+def test_body_far_too_large(module_daemon: RunningDaemon) -> None:
     """A 2 MiB JSON body is refused with 413 body_too_large before it is parsed."""
     big = json.dumps({"task": "noop", "params": {"x": "y" * (2 << 20)}}).encode()
-    status, body = raw_request(daemon, "POST", "/v1/jobs", big)
+    status, body = raw_request(module_daemon, "POST", "/v1/jobs", big)
     assert status == 413
     assert_error_shape(body, "body_too_large")
 
 
-def test_not_an_npy_upload(daemon: RunningDaemon) -> None:
+def test_not_an_npy_upload(module_daemon: RunningDaemon) -> None:
     """Uploading bytes that are not .npy is invalid_request saying what a .npy starts with."""
     status, body = raw_request(
-        daemon, "POST", "/v1/arrays", b"hello", {"content-type": "application/octet-stream"}
+        module_daemon, "POST", "/v1/arrays", b"hello", {"content-type": "application/octet-stream"}
     )
     assert status == 400
     assert_error_shape(body, "invalid_request")
     assert ".npy" in body["message"]
 
 
-def test_unknown_route_and_job(daemon: RunningDaemon) -> None:
+def test_unknown_route_and_job(module_daemon: RunningDaemon) -> None:
     """An unknown path and an unknown job id both answer the one error shape."""
-    status, body = raw_request(daemon, "GET", "/v1/nope")
+    status, body = raw_request(module_daemon, "GET", "/v1/nope")
     assert status == 404
     assert_error_shape(body, "not_found")
-    status, body = raw_request(daemon, "GET", "/v1/jobs/doesnotexist")
+    status, body = raw_request(module_daemon, "GET", "/v1/jobs/doesnotexist")
     assert status == 404
     assert_error_shape(body, "job_not_found")
 
@@ -366,11 +370,11 @@ def test_client_hanging_up_while_waiting_loses_nothing(daemon: RunningDaemon) ->
 # -- data ----------------------------------------------------------------------------------
 
 
-def test_inputs_and_outputs_round_trip(daemon: RunningDaemon) -> None:
+def test_inputs_and_outputs_round_trip(module_daemon: RunningDaemon) -> None:
     """Uploaded a and b go in, and the kept output c downloads as exactly a + b."""
     rng = np.random.default_rng(7)
     a, b = rng.random(10_000, dtype=np.float32), rng.random(10_000, dtype=np.float32)
-    with daemon.client() as client:
+    with module_daemon.client() as client:
         ids = {name: client.upload_array(array)["id"] for name, array in (("a", a), ("b", b))}
         job = client.run("vector_add", inputs=ids, keep_outputs=True)
         raw = client.download_output(job["id"], "c")
@@ -467,7 +471,7 @@ def test_second_daemon_on_the_same_socket_refuses(daemon: RunningDaemon) -> None
         assert client.health()["ok"]
 
 
-def test_uploads_keep_shape_and_dtype(daemon: RunningDaemon) -> None:
+def test_uploads_keep_shape_and_dtype(module_daemon: RunningDaemon) -> None:
     """0-d, empty, 2-D, bool and strided complex arrays upload with their shape and dtype."""
     arrays = [
         np.array(5.0),
@@ -476,7 +480,7 @@ def test_uploads_keep_shape_and_dtype(daemon: RunningDaemon) -> None:
         np.array([True, False]),
         np.arange(6, dtype=np.complex64)[::2],
     ]
-    with daemon.client() as client:
+    with module_daemon.client() as client:
         views = [client.upload_array(array) for array in arrays]
     assert [v["shape"] for v in views] == [list(a.shape) for a in arrays]
     assert [v["dtype"] for v in views] == [a.dtype.str for a in arrays]
@@ -583,10 +587,10 @@ def test_pipelined_submits_are_answered_in_order_on_one_connection(
     assert (s4, fourth["task"]) == (201, "noop")
 
 
-def test_a_submit_over_64_kib_runs(daemon: RunningDaemon) -> None:
+def test_a_submit_over_64_kib_runs(module_daemon: RunningDaemon) -> None:
     """A submit whose body passes uvicorn's 64 KiB read-ahead (JSON whitespace) runs."""
     body = b'{"task": "noop"' + b" " * 70_000 + b"}"
-    status, job = raw_request(daemon, "POST", "/v1/jobs?wait_s=10", body)
+    status, job = raw_request(module_daemon, "POST", "/v1/jobs?wait_s=10", body)
     assert (status, job["status"]) == (201, "succeeded")
 
 

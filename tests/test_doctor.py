@@ -246,6 +246,7 @@ def test_doctor_key_only_in_the_shell_is_the_guides_pitfall(
     assert KEY not in daemon.stdout_text()
 
 
+@pytest.mark.process
 def test_doctor_without_a_daemon_still_reports(tmp_path: Path) -> None:
     """No daemon: exit 1, the full list, daemon fails, offline checks run, no traceback."""
     settings = tmp_path / "settings.json"

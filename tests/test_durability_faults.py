@@ -283,6 +283,7 @@ def nobody_state(tmp_path: Path) -> Iterator[Path]:
         shutil.rmtree(base)
 
 
+@pytest.mark.process
 def test_root_refuses_a_state_dir_another_user_owns(nobody_state: Path, tmp_path: Path) -> None:
     """A daemon run as root on the service user's state directory exits 4 (never retried)
     naming the owner, and leaves nothing of root's there: no lock, no store."""

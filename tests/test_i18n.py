@@ -144,6 +144,7 @@ def test_a_config_error_names_file_key_and_fix_in_chinese(tmp_path: Path) -> Non
     assert "配置无效：1 个错误" in result.stdout
 
 
+@pytest.mark.process
 def test_the_daemon_refuses_a_bad_config_in_chinese_at_a_terminal(tmp_path: Path) -> None:
     """A start-up refusal read at a terminal is in the user's language; into a file (the
     journal) it stays English."""
@@ -203,6 +204,7 @@ def test_json_and_the_trace_are_the_same_bytes_in_every_locale(
     assert not any("\u4e00" <= char <= "\u9fff" for char in trace)
 
 
+@pytest.mark.process
 def test_help_is_in_the_users_language() -> None:
     """`--help` of a command: its docstring and its options' help in zh-CN, the flags as they
     are; in English, the English docstring."""
@@ -239,6 +241,7 @@ def test_the_relays_own_errors_follow_accept_language(
     assert provider.seen == []
 
 
+@pytest.mark.process
 @pytest.mark.skipif(Path("/proc/driver/nvidia").exists(), reason="CUDA can start on this host")
 def test_a_backend_that_cannot_start_is_refused_in_chinese_at_a_terminal(tmp_path: Path) -> None:
     """The guide's GPU pair on a host without a driver: at a terminal the refusal and its fix

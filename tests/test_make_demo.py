@@ -76,6 +76,7 @@ def demo_homes() -> set[Path]:
     return set(Path("/tmp").glob("taogpud-demo-*"))
 
 
+@pytest.mark.process
 @pytest.mark.skipif(driver_here(), reason="a host with an NVIDIA driver runs the CUDA demo")
 def test_the_demo_on_a_host_without_a_driver_says_so_and_leaves_nothing() -> None:
     """scripts/demo.py (what `make demo` runs) on a GPU-less host: the reason is the missing

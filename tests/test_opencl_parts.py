@@ -125,6 +125,7 @@ def test_tasks_without_an_opencl_body_are_refused() -> None:
         catalog["fft"].body_for("opencl")
 
 
+@pytest.mark.process
 def test_a_missing_linker_is_a_reason_not_a_crash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

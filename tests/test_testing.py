@@ -71,6 +71,7 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
+@pytest.mark.process
 def test_the_harness_imports_without_pytest() -> None:
     """`import taogpud.testing` in an interpreter where pytest cannot be imported succeeds."""
     done = run_without_pytest("import taogpud.testing\nprint(taogpud.testing.running.__name__)")
@@ -78,6 +79,7 @@ def test_the_harness_imports_without_pytest() -> None:
     assert done.stdout.strip() == "running"
 
 
+@pytest.mark.process
 def test_running_leaves_no_process_no_socket_and_no_home() -> None:
     """A daemon started and stopped through `testing.running()` (without pytest): it drained
     (exit 0), removed its socket, and it and every worker it spawned are gone, as is its home."""
@@ -91,6 +93,7 @@ def test_running_leaves_no_process_no_socket_and_no_home() -> None:
     assert not Path(seen["home"]).exists()
 
 
+@pytest.mark.process
 def test_stop_kills_a_daemon_that_does_not_drain_in_time() -> None:
     """A daemon frozen with SIGSTOP ignores SIGTERM: stop() waits its timeout, then kill -9."""
     home = testing.new_home()
@@ -155,6 +158,7 @@ AS_MODULES = [
 ]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("module", "flag"), AS_MODULES)
 def test_bench_and_scripts_run_as_modules_from_the_root(module: str, flag: str) -> None:
     """`python -m MODULE` from the repository's root with no PYTHONPATH: it finds taogpud and

@@ -20,6 +20,7 @@ def test_member(n):
 """
 
 
+@pytest.mark.process
 def test_loadgroup_keeps_a_group_on_one_worker(tmp_path: Path) -> None:
     """Six tests of one group, two workers: every one reports the same worker."""
     (tmp_path / "test_grouped.py").write_text(GROUPED)
