@@ -210,9 +210,10 @@ class Programs:
 
     # -- its starter's word ---------------------------------------------------------------
 
-    def started(self, job_id: str, pid: int, peer: Peer) -> JobRecord:
+    def started(self, job_id: str, pid: int, peer: Peer, *, ended: bool = False) -> JobRecord:
         """The starter's word that the program runs as `pid`: checked to be the caller's own
-        process (its uid) and its descendant, then followed until it ends."""
+        process (its uid) and its descendant, then followed until it ends (unless `ended`:
+        its exit comes with this word, exited(), and there is no end left to follow)."""
         job, lease = self._granted_program(job_id, peer, "start the program of")
         program = job.program
         assert program is not None
@@ -223,7 +224,8 @@ class Programs:
             )
         process = _callers_process(pid, peer)
         program.pid, program.pid_start = pid, process.start
-        lease.program = self._watch(job_id, pid, process.start, client=False)
+        if not ended:
+            lease.program = self._watch(job_id, pid, process.start, client=False)
         lease.proof = self._proof_for(job)
         self.jobs.store.save(job)
         trace.log.info("program.started", job_id=job_id, pid=pid, devices=program.devices)
@@ -251,7 +253,7 @@ class Programs:
         if job.status.finished:
             return job
         if exit.pid is not None and (job.program is None or job.program.pid != exit.pid):
-            self.started(job_id, exit.pid, peer)
+            self.started(job_id, exit.pid, peer, ended=True)
         if job.program is None or job.status is not JobState.running:
             self._granted_program(job_id, peer, "report the exit of")  # raises Conflict
         job.result = {"exit_code": exit.exit_code, "signal": exit.signal}

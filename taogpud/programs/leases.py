@@ -58,7 +58,7 @@ def descends_from(process: Process, ancestor: int) -> bool:
     """Whether `ancestor` is `process` itself or one of its parents, grandparents, …"""
     pid, ppid = process.pid, process.ppid
     for _ in range(MAX_ANCESTRY):
-        if pid == ancestor:
+        if ancestor in (pid, ppid):  # a program's starter is most often its parent: no read
             return True
         if ppid in (0, pid):
             return False
