@@ -18,7 +18,7 @@ WORKER_COLUMNS = ("device", "index", "pid", "state", "running", "slots", "jobs_d
 
 def show_status(socket_path: Path | None, json_out: bool) -> None:
     """Ask the daemon at `socket_path` (None: the client's default) and print its answer."""
-    with Client(socket_path, stdlib_json=True) as client:  # one call: no orjson to import
+    with Client(socket_path) as client:  # no body sent: orjson is never imported
         view = client.status()
     if json_out:
         emit_json(view)

@@ -77,16 +77,10 @@ class Client:
         timeout_s: float = 60.0,
         *,
         transport: Transport | None = None,
-        stdlib_json: bool = False,
     ) -> None:
         """transport: where requests go (client/transport.py); None: a connection of its own to
         the daemon's socket. With another transport no socket is opened, `socket_path` (if
-        given) only names it in errors, and `compute` sends its arrays over HTTP.
-
-        stdlib_json: decode answers with the standard library's json instead of orjson, for
-        a one-shot caller (`taogpuctl status`): orjson decodes a job record ~5× faster, which a
-        client of many jobs wants, but its import (with the dataclasses, inspect and uuid it
-        loads) was the largest part of such a call's own start here (bench/cli_start.py)."""
+        given) only names it in errors, and `compute` sends its arrays over HTTP."""
         if socket_path is not None:
             chosen, tried = Path(socket_path), [Path(socket_path)]
         elif transport is not None:
@@ -102,7 +96,6 @@ class Client:
         self.shared_memory_bytes = 1 << 30  # compute()'s memfd: its size, sealed once made
         self._shared_arrays: Any = None
         self._shared_lock = threading.Lock()
-        self._loads: Callable[[bytes], Any] = json.loads if stdlib_json else _orjson().loads
 
     # --- daemon and catalog ---------------------------------------------------------------
 
@@ -379,7 +372,7 @@ class Client:
         body = _npy_parts(array_or_npy_bytes)
         route = wire.UPLOAD_ARRAY
         status, data = self._request(route.method, route.path, body, NPY_TYPE)
-        answer = _expect(_decode_json(status, data, self._loads), dict, route.path)
+        answer = _expect(_decode_json(status, data), dict, route.path)
         return cast(wire.ArrayJson, answer)
 
     def download_output(self, job_id: str, name: str) -> bytes:
@@ -453,7 +446,7 @@ class Client:
     def _json(self, method: str, path: str, payload: Any, wait_s: float) -> Any:
         body = None if payload is None else _orjson().dumps(payload)
         status, data = self._request(method, path, body, JSON_TYPE, wait_s)
-        return _decode_json(status, data, self._loads)
+        return _decode_json(status, data)
 
     def _request(
         self,
@@ -513,17 +506,22 @@ def _expect(value: object, kind: type[T], path: str) -> T:
 
 
 def _orjson() -> Any:
-    """orjson, imported on first use: a Client(stdlib_json=True) that sends no body never
-    loads it (see Client)."""
+    """orjson, imported on first use, for the bodies sent: a call that sends none (`taogpuctl
+    status`) never loads it, nor the dataclasses, inspect and uuid it loads (bench/cli_start.py:
+    a third of such a call's own CPU)."""
     import orjson
 
     return orjson
 
 
-def _decode_json(status: int, data: bytes, loads: Callable[[bytes], Any]) -> Any:
+def _decode_json(status: int, data: bytes) -> Any:
+    """Answers are read with the standard library's json, one way for every caller: orjson
+    decodes a job record faster, but in one A/B run (bench/ab.py: the client's answers and
+    bodies on orjson, then on json) the tiny-job p50 moved 5.8%, within the 10% a second way
+    must earn, and its import is a third of a one-shot call's own CPU."""
     if status >= 400:
         raise api_error(status, data)
     try:
-        return loads(data)
-    except ValueError:  # orjson's and json's JSONDecodeError both are
+        return json.loads(data)
+    except ValueError:  # json's JSONDecodeError is one
         raise not_json(status, data) from None
