@@ -61,6 +61,13 @@ module turn a failed exchange into one of them, so the client maps no code itsel
                                    failure, `bad_response`, or `http_<status>` outside the shape
     MalformedResponse              a transport's: an answer that is not HTTP (→ ApiError)
 
+What taogpuctl raises (the MCP server, which speaks for it, too): one line, a hint, and
+taogpuctl's exit code (the EXIT_ constants here; taogpud.cli's docstring has their table):
+
+    CliError                       a failure explained in one line, its exit code (default 2)
+    └── AmbiguousId                a job id prefix more than one job's id starts with (exit 2)
+    NotHot                         cli/hot.py's: the argv is not the hot path's, typer reads it
+
 The harness's (taogpud.testing re-exports it), an AssertionError so a test reads it as one:
 
     HarnessError (AssertionError)  a daemon did not start, stop or say what was waited for in time
@@ -527,6 +534,45 @@ def job_failed(job: Mapping[str, Any]) -> ApiError:
 def refusal(error: Mapping[str, Any]) -> ApiError:
     """The `.shm` socket's error message, {code, message, hint?} (memfd/protocol.py)."""
     return ApiError(error["code"], error["message"], error.get("hint", ""))
+
+
+# --- taogpuctl's: one line, a hint, its exit code (taogpud.cli's docstring has the table) ------
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the job or check failed
+EXIT_USAGE = 2  # usage or config error
+EXIT_UNREACHABLE = 3  # the daemon cannot be reached
+EXIT_NOT_IN_GROUP = 4  # the socket is its group's (taogpu), and this user is not in it
+EXIT_STILL_RUNNING = 124  # a wait's --timeout passed before the job finished (as timeout(1))
+EXIT_INTERRUPTED = 130  # Ctrl-C, as typer answers it
+
+AMBIGUOUS_SHOWN = 10  # the candidates an ambiguous job id prefix names
+
+
+class CliError(Exception):
+    """A failure this command explains in one line, with its exit code."""
+
+    def __init__(self, message: str, hint: str = "", exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.exit_code = exit_code
+
+
+class AmbiguousId(CliError):
+    """A prefix that more than one job id starts with: a usage error, as an unknown id is."""
+
+    def __init__(self, prefix: str, candidates: list[str]) -> None:
+        shown = ", ".join(candidates[:AMBIGUOUS_SHOWN])
+        more = len(candidates) - AMBIGUOUS_SHOWN
+        tail = f" and {more} more" if more > 0 else ""
+        super().__init__(
+            f"job id prefix {prefix} is ambiguous: {shown}{tail}", "give more of the id"
+        )
+
+
+class NotHot(Exception):
+    """argv is not the hot path's shape (cli/hot.py): typer reads it."""
 
 
 # --- the test harness's (taogpud.testing re-exports it) ----------------------------------------

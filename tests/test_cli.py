@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from taogpud.backends.cuda.backend import driver_installed
-from taogpud.cli.failures import CliError
 from taogpud.cli.inputs import build_params, parse_param
 from taogpud.cli.output import error_line
+from taogpud.errors import CliError
 from taogpud.observability import nvml
 from taogpud.testing import Ctl, taogpuctl, write_pair
 

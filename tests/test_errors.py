@@ -20,14 +20,6 @@ from taogpud import errors
 PACKAGE_ROOT = Path(taogpud.__file__).parent
 ERRORS_PATH = PACKAGE_ROOT / "errors.py"
 
-# Exceptions still defined beside their one user, each with the reason it is not moved yet.
-# A name leaves this list when it moves (test_each_exemption_still_stands keeps it honest).
-NOT_YET_MOVED: dict[str, str] = {
-    "CliError": "taogpuctl's one-line failures: cli/ is being split (issue 36)",
-    "AmbiguousId": "taogpuctl's one-line failures: cli/ is being split (issue 36)",
-    "NotHot": "cli/hot.py's signal that an argv is typer's: the hot path stays (issue 36)",
-}
-
 # A drawn row: the tree's lines, the class name, and (for the API's rows) its code and status.
 ROW = re.compile(
     r"^    (?P<tree>[│├└─ ]*)(?P<name>[A-Z]\w+)(?:\s+(?P<code>[a-z_]+)\s+(?P<http>\d{3}))?"
@@ -85,11 +77,9 @@ def exception_classes() -> list[tuple[str, str]]:
 
 
 def test_every_exception_is_defined_in_errors() -> None:
-    """No module of taogpud but errors.py defines an exception (the exemptions aside)."""
+    """No module of taogpud but errors.py defines an exception (taogpuctl's too)."""
     elsewhere = [
-        f"{where}: {name}"
-        for where, name in exception_classes()
-        if where != "taogpud/errors.py" and name not in NOT_YET_MOVED
+        f"{where}: {name}" for where, name in exception_classes() if where != "taogpud/errors.py"
     ]
     assert elsewhere == []
 
@@ -99,12 +89,6 @@ def test_the_walk_finds_exceptions_through_their_bases() -> None:
     names = {name for _, name in exception_classes()}
     assert {"TaogpudError", "RequestError", "KernelCompileError", "BadArray"} <= names
     assert "Problem" not in names and "ErrorBody" not in names
-
-
-def test_each_exemption_still_stands() -> None:
-    """Each name NOT_YET_MOVED is still an exception defined outside errors.py."""
-    outside = {name for where, name in exception_classes() if where != "taogpud/errors.py"}
-    assert set(NOT_YET_MOVED) <= outside
 
 
 def drawn_rows() -> list[tuple[int, str, str | None, str | None]]:

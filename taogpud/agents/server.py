@@ -28,9 +28,9 @@ from pydantic import Field
 
 from taogpud import __version__, wire
 from taogpud.agents import results
-from taogpud.cli.failures import CliError
 from taogpud.client import ApiError, Client, DaemonUnreachable, NotInGroup
 from taogpud.client.stream import stream_lines
+from taogpud.errors import CliError
 from taogpud.observability.trace_ring import RING_LINES
 
 if TYPE_CHECKING:

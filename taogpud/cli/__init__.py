@@ -34,12 +34,12 @@ from typing import NoReturn
 from taogpud.cli import hot
 
 # the contract's names, here as the docstring's table gives them
-from taogpud.cli.exits import EXIT_FAILED as EXIT_FAILED
-from taogpud.cli.exits import EXIT_INTERRUPTED as EXIT_INTERRUPTED
-from taogpud.cli.exits import EXIT_NOT_IN_GROUP as EXIT_NOT_IN_GROUP
-from taogpud.cli.exits import EXIT_OK as EXIT_OK
-from taogpud.cli.exits import EXIT_UNREACHABLE as EXIT_UNREACHABLE
-from taogpud.cli.exits import EXIT_USAGE as EXIT_USAGE
+from taogpud.errors import EXIT_FAILED as EXIT_FAILED
+from taogpud.errors import EXIT_INTERRUPTED as EXIT_INTERRUPTED
+from taogpud.errors import EXIT_NOT_IN_GROUP as EXIT_NOT_IN_GROUP
+from taogpud.errors import EXIT_OK as EXIT_OK
+from taogpud.errors import EXIT_UNREACHABLE as EXIT_UNREACHABLE
+from taogpud.errors import EXIT_USAGE as EXIT_USAGE
 from taogpud.i18n import english_only
 
 

@@ -29,9 +29,9 @@ from taogpud.cli import programs as cli_programs
 from taogpud.cli import relay as cli_relay
 from taogpud.cli import system as cli_system
 from taogpud.cli import top as cli_top
-from taogpud.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from taogpud.cli.failures import explain
 from taogpud.cli.output import one_line, report_error
+from taogpud.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 app = typer.Typer(
     name="taogpuctl",

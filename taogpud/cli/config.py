@@ -12,11 +12,10 @@ import typer
 
 from taogpud.cli import files as cli_files
 from taogpud.cli.context import connect
-from taogpud.cli.exits import EXIT_OK, EXIT_USAGE
 from taogpud.cli.options import ConfigFlag, JsonFlag, SettingsFlag
 from taogpud.cli.output import count_problems, emit_json, emit_line, flatten, problem_line
 from taogpud.client import ApiError, DaemonUnreachable
-from taogpud.errors import ConfigError
+from taogpud.errors import EXIT_OK, EXIT_USAGE, ConfigError
 from taogpud.i18n import Text, _, user_language
 from taogpud.wire import ReloadJson
 

@@ -23,13 +23,12 @@ import typer.completion
 from typer.core import TyperOption
 
 from taogpud import __version__
-from taogpud.cli.failures import CliError
 from taogpud.cli.hot import COMPLETE_VAR as COMPLETE_VAR  # noqa: PLC0414 (named here too)
 from taogpud.client import ApiError, Client
+from taogpud.errors import AmbiguousId
 
 FULL_ID_LENGTH = 17  # jobs.new_job_id(): 6 random hex + 11 hex of milliseconds
 SHORT_ID_LENGTH = 6  # what tables show (docker's 12, git's 7: 24 random bits here)
-AMBIGUOUS_SHOWN = 10
 _HEX = re.compile(r"^[0-9a-f]+$")
 
 # typer's own completion scripts and the classes that answer them: its public module imports
@@ -106,18 +105,6 @@ def completion_command(
 
 
 # --- job ids -----------------------------------------------------------------------------
-
-
-class AmbiguousId(CliError):
-    """A prefix that more than one job id starts with: a usage error, as an unknown id is."""
-
-    def __init__(self, prefix: str, candidates: list[str]) -> None:
-        shown = ", ".join(candidates[:AMBIGUOUS_SHOWN])
-        more = len(candidates) - AMBIGUOUS_SHOWN
-        tail = f" and {more} more" if more > 0 else ""
-        super().__init__(
-            f"job id prefix {prefix} is ambiguous: {shown}{tail}", "give more of the id"
-        )
 
 
 def resolve_id(client: Client, given: str) -> str:

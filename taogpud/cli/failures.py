@@ -8,20 +8,16 @@ from __future__ import annotations
 
 import os
 
-from taogpud.cli.exits import EXIT_FAILED, EXIT_NOT_IN_GROUP, EXIT_UNREACHABLE, EXIT_USAGE
 from taogpud.client import ApiError, DaemonUnreachable, NotInGroup
-from taogpud.errors import ConfigError  # the client loads errors.py already: no cost
+from taogpud.errors import (  # the client loads errors.py already: no cost
+    EXIT_FAILED,
+    EXIT_NOT_IN_GROUP,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    CliError,
+    ConfigError,
+)
 from taogpud.i18n import _, user_language
-
-
-class CliError(Exception):
-    """A failure this command explains in one line, with its exit code."""
-
-    def __init__(self, message: str, hint: str = "", exit_code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-        self.exit_code = exit_code
 
 
 def explain(exc: Exception) -> tuple[str, str, int]:

@@ -20,12 +20,12 @@ from typing import Annotated, Any
 import typer
 
 from taogpud.cli.context import connect
-from taogpud.cli.failures import CliError
 from taogpud.cli.inputs import build_params
 from taogpud.cli.options import JsonFlag, ParamOption, SeedOption, SizeOption
 from taogpud.cli.output import Progress, emit_json, emit_line, warn
 from taogpud.cli.report import finish_waited
 from taogpud.client import Job
+from taogpud.errors import CliError
 from taogpud.i18n import _
 
 # evidence key → the nvidia-smi query that reads the same fact on the host

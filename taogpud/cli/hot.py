@@ -28,20 +28,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from taogpud.cli.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from taogpud.cli.failures import CliError, explain
+from taogpud.cli.failures import explain
 from taogpud.cli.output import report_error
 from taogpud.cli.program_run import detach_program, exec_program, parse_size
 from taogpud.cli.status import show_status
 from taogpud.client import Client
+from taogpud.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CliError, NotHot
 
 SOCKET_OPTION = "--socket"
 SOCKET_ENV = "TAOGPUD_SOCKET"
 COMPLETE_VAR = "_TAOGPUCTL_COMPLETE"  # what the completion scripts set when they ask
-
-
-class NotHot(Exception):
-    """argv is not the hot path's shape: typer reads it."""
 
 
 def run(argv: Sequence[str]) -> int | None:

@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
-from taogpud.cli.failures import CliError
 from taogpud.client import NPY_MAGIC, Client
+from taogpud.errors import CliError
 from taogpud.i18n import _
 
 

@@ -16,11 +16,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from taogpud.cli.exits import EXIT_INTERRUPTED, EXIT_OK
-from taogpud.cli.failures import CliError
 from taogpud.cli.output import emit_json, emit_line, report_error, state_word, warn
 from taogpud.client import Client, Job
 from taogpud.client.program import Outcome, ProgramRun, forwarding
+from taogpud.errors import EXIT_INTERRUPTED, EXIT_OK, CliError
 from taogpud.i18n import _
 from taogpud.wire import LeaseJson
 

@@ -9,8 +9,8 @@ import typer
 
 from taogpud.cli import program_run
 from taogpud.cli.context import connect
-from taogpud.cli.failures import CliError
 from taogpud.cli.options import JsonFlag
+from taogpud.errors import CliError
 
 EXEC_SETTINGS: dict[str, Any] = {"allow_interspersed_args": False}  # the program keeps its flags
 

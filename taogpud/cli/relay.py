@@ -20,10 +20,10 @@ import orjson
 import typer
 
 from taogpud.cli.context import connect, socket_of
-from taogpud.cli.failures import CliError
 from taogpud.cli.options import JsonFlag
 from taogpud.cli.output import emit_json, emit_line
 from taogpud.client import Client
+from taogpud.errors import CliError
 from taogpud.i18n import _
 from taogpud.relay.tools import TOOLS, Recipe, recipe, with_mcp_server
 from taogpud.wire import RelayStatusJson

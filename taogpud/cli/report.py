@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from taogpud.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING
-from taogpud.cli.failures import CliError
 from taogpud.cli.output import (
     emit_json,
     emit_line,
@@ -20,6 +18,7 @@ from taogpud.cli.output import (
 )
 from taogpud.cli.program_run import program_status
 from taogpud.client import Client, Job, is_finished
+from taogpud.errors import EXIT_FAILED, EXIT_OK, EXIT_STILL_RUNNING, CliError
 from taogpud.i18n import _
 
 

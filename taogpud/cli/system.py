@@ -10,7 +10,6 @@ import typer
 
 from taogpud.cli import logs as cli_logs
 from taogpud.cli.context import connect, socket_of
-from taogpud.cli.exits import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from taogpud.cli.options import ConfigFlag, JsonFlag, SettingsFlag
 from taogpud.cli.output import (
     check_lines,
@@ -24,6 +23,7 @@ from taogpud.cli.output import (
 from taogpud.cli.relay import relay_check
 from taogpud.cli.status import show_status
 from taogpud.client import DaemonUnreachable
+from taogpud.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from taogpud.i18n import user_language
 from taogpud.wire import DeviceJson
 

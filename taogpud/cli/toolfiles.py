@@ -19,7 +19,7 @@ from typing import Any
 import tomlkit
 import tomlkit.exceptions
 
-from taogpud.cli.failures import CliError
+from taogpud.errors import CliError
 
 
 def codex_path(environ: Mapping[str, str]) -> Path:
