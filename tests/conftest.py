@@ -137,18 +137,22 @@ def inprocess_daemon(inprocess_factory: Callable[..., InProcessDaemon]) -> InPro
 
 
 # `make test-quick` leaves out the tests that start a daemon process: a test is marked
-# `process` here when its fixtures start one (a daemon's home is made for a process, unless the
-# test's daemon is the in-process one), so a new test lands in the right tier with no marker
-# of its own. A test that starts one (or another long program: a nested pytest, the demo,
+# `process` here when its fixtures start one (a daemon's home alone counts, unless the test's
+# daemon is the in-process one), so a new test lands in the right tier with no marker of its
+# own. A test that starts one (or another long program: a nested pytest, the demo,
 # `python -m bench.…`) in its body says so itself with @pytest.mark.process.
-PROCESS_FIXTURES = {"daemon", "daemon_factory", "daemon_home", "module_daemon"}
+PROCESS_FIXTURES = {"daemon", "daemon_factory", "module_daemon"}
 INPROCESS_FIXTURES = {"inprocess_daemon", "inprocess_factory"}
+
+
+def starts_a_process(fixtures: set[str]) -> bool:
+    in_process = bool(fixtures & INPROCESS_FIXTURES)
+    return bool(fixtures & PROCESS_FIXTURES) or ("daemon_home" in fixtures and not in_process)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        if names & PROCESS_FIXTURES and not names & INPROCESS_FIXTURES:
+        if starts_a_process(set(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.process)
 
 

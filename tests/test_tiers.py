@@ -34,3 +34,11 @@ def test_the_in_process_daemon_does_not(
 
 def test_no_daemon_does_not(request: pytest.FixtureRequest) -> None:
     assert not marked_process(request)
+
+
+def test_a_process_beside_the_in_process_daemon_marks_the_test(
+    request: pytest.FixtureRequest,
+    inprocess_factory: Callable[..., Any],
+    daemon_factory: Callable[..., Any],
+) -> None:
+    assert marked_process(request)
