@@ -17,18 +17,23 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import RunningDaemon, start_daemon
 
 from taogpud import wire
 from taogpud.client import ApiError
-from taogpud.testing import daemon_command
+from taogpud.testing import (
+    DaemonHandle,
+    InProcessDaemon,
+    RunningDaemon,
+    daemon_command,
+    start_daemon,
+)
 
 EXAMPLES = Path(__file__).parent.parent / "packaging" / "examples"
 SECRET = "tk-test-" + "9f3c1a7e5b2d4c6e8a0b"  # built at runtime: no key sits in a fixture file
 
 
 def raw_request(
-    daemon: RunningDaemon,
+    daemon: DaemonHandle,
     method: str,
     path: str,
     body: bytes = b"",
@@ -85,9 +90,9 @@ def test_cuda_without_a_gpu_refuses_to_start(daemon_factory: Callable[..., Runni
     assert not daemon.socket_path.exists()
 
 
-def test_fallback_to_cpu_is_loud(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_fallback_to_cpu_is_loud(inprocess_factory: Callable[..., InProcessDaemon]) -> None:
     """With allowFallbackToCpu, jobs run on cpu; every trace says fallback=true and why."""
-    daemon = daemon_factory(
+    daemon = inprocess_factory(
         settings={"gpu": {"backend": "cuda", "allowFallbackToCpu": True}},
         config={"runtime": {"device_type": "gpu"}, "backend": {"cuda": {"enabled": True}}},
     )
@@ -164,11 +169,11 @@ def test_curl_over_the_unix_socket(module_daemon: RunningDaemon) -> None:
 # -- traces --------------------------------------------------------------------------------
 
 
-def test_every_state_change_is_traced_with_where_it_ran(daemon: RunningDaemon) -> None:
+def test_every_state_change_is_traced_with_where_it_ran(inprocess_daemon: InProcessDaemon) -> None:
     """queued, running, succeeded: one JSON line each, with where it ran, timings and uid."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         job = client.run("vector_add", {"size": 1000})
-    mine = [e for e in daemon.events() if e.get("job_id") == job["id"]]
+    mine = [e for e in inprocess_daemon.events() if e.get("job_id") == job["id"]]
     assert [e["event"] for e in mine] == ["job.queued", "job.running", "job.succeeded"]
     queued, running, done = mine
     # Sent to its worker before it was noted down (Orders.send): each line still says
@@ -183,11 +188,13 @@ def test_every_state_change_is_traced_with_where_it_ran(daemon: RunningDaemon) -
     assert {"h2d_ms", "kernel_ms", "d2h_ms"} <= set(done)  # enable_profiling defaults to true
 
 
-def test_request_lines_are_debug_by_default(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_request_lines_are_debug_by_default(
+    inprocess_factory: Callable[..., InProcessDaemon],
+) -> None:
     """At the default level (info) an answered request writes no api.request line (they
     outnumbered the job lines in the journal, 1,654 in one journey); a refused one (4xx) is
     still said, at info; at level debug every request is."""
-    quiet = daemon_factory()
+    quiet = inprocess_factory()
     with quiet.client() as client:
         client.status()
         with pytest.raises(ApiError):
@@ -196,7 +203,8 @@ def test_request_lines_are_debug_by_default(daemon_factory: Callable[..., Runnin
     assert [(e["path"], e["status"], e["level"]) for e in lines] == [
         ("/v1/jobs/ffffffffffffffff0", 404, "info")
     ]
-    verbose = daemon_factory(settings={"logging": {"level": "debug"}})
+    quiet.stop()  # logging is the process's: one in-process daemon at a time
+    verbose = inprocess_factory(settings={"logging": {"level": "debug"}})
     with verbose.client() as client:
         client.status()
     assert [e["level"] for e in verbose.events("api.request") if e["path"] == "/v1/status"] == [
@@ -204,20 +212,24 @@ def test_request_lines_are_debug_by_default(daemon_factory: Callable[..., Runnin
     ]
 
 
-def test_request_trace_follows_the_setting(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_request_trace_follows_the_setting(
+    inprocess_factory: Callable[..., InProcessDaemon],
+) -> None:
     """requestTrace=true logs one line per API request (at level debug); false logs none."""
-    on = daemon_factory(settings={"logging": {"level": "debug"}})
-    off = daemon_factory(settings={"logging": {"requestTrace": False, "level": "debug"}})
-    for daemon in (on, off):
-        with daemon.client() as client:
-            client.status()
+    on = inprocess_factory(settings={"logging": {"level": "debug"}})
+    with on.client() as client:
+        client.status()
+    on.stop()  # logging is the process's: one in-process daemon at a time
+    off = inprocess_factory(settings={"logging": {"requestTrace": False, "level": "debug"}})
+    with off.client() as client:
+        client.status()
     assert any(e["path"] == "/v1/status" for e in on.events("api.request"))
     assert off.events("api.request") == []
 
 
-def test_debug_lines_follow_the_level(daemon_factory: Callable[..., RunningDaemon]) -> None:
+def test_debug_lines_follow_the_level(inprocess_factory: Callable[..., InProcessDaemon]) -> None:
     """logging.level=error drops info lines, job traces included, but keeps errors."""
-    daemon = daemon_factory(settings={"logging": {"level": "error"}})
+    daemon = inprocess_factory(settings={"logging": {"level": "error"}})
     with daemon.client() as client:
         client.run("noop")
     assert daemon.events("job.succeeded") == []
@@ -270,11 +282,11 @@ def test_submits_with_a_bad_query_or_type_get_the_route_errors(
 
 
 def test_submits_are_traced_like_other_requests(
-    daemon_factory: Callable[..., RunningDaemon],
+    inprocess_factory: Callable[..., InProcessDaemon],
 ) -> None:
     """A submit that succeeds and one refused by the scheduler each log one api.request (at
     level debug, where answered requests are said too)."""
-    daemon = daemon_factory(settings={"logging": {"level": "debug"}})
+    daemon = inprocess_factory(settings={"logging": {"level": "debug"}})
     with daemon.client() as client:
         job = client.submit("noop", wait_s=10)
         with pytest.raises(ApiError):
@@ -303,9 +315,9 @@ def test_params_of_the_wrong_type_name_the_field(module_daemon: RunningDaemon) -
     assert "size" in refused.value.message
 
 
-def test_absurd_size_is_refused_with_the_numbers(daemon: RunningDaemon) -> None:
+def test_absurd_size_is_refused_with_the_numbers(inprocess_daemon: InProcessDaemon) -> None:
     """size=10**13 is too_large (413) with the job's need and the device cap, and is not queued."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         with pytest.raises(ApiError) as refused:
             client.submit("vector_add", {"size": 10_000_000_000_000})
         assert client.status()["queued"] == 0
@@ -349,21 +361,21 @@ def test_unknown_route_and_job(module_daemon: RunningDaemon) -> None:
     assert_error_shape(body, "job_not_found")
 
 
-def test_client_hanging_up_while_waiting_loses_nothing(daemon: RunningDaemon) -> None:
+def test_client_hanging_up_while_waiting_loses_nothing(inprocess_daemon: InProcessDaemon) -> None:
     """A client that disconnects mid-wait does not stop its job or the daemon."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(daemon.socket_path))
+    sock.connect(str(inprocess_daemon.socket_path))
     body = b'{"task": "sleep", "params": {"ms": 300}}'
     sock.sendall(
         b"POST /v1/jobs?wait_s=30 HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
         + f"content-length: {len(body)}\r\n\r\n".encode()
         + body
     )
-    daemon.wait_for_event(lambda e: e.get("event") == "job.running")
+    inprocess_daemon.wait_for_event(lambda e: e.get("event") == "job.running")
     sock.close()
-    done = daemon.wait_for_event(lambda e: e.get("event") == "job.succeeded")
+    done = inprocess_daemon.wait_for_event(lambda e: e.get("event") == "job.succeeded")
     assert done["task"] == "sleep"
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         assert client.run("noop")["status"] == "succeeded"
 
 
@@ -388,14 +400,14 @@ def test_inputs_and_outputs_round_trip(module_daemon: RunningDaemon) -> None:
 # -- faults and shutdown -------------------------------------------------------------------
 
 
-def test_killed_worker_fails_its_job_and_is_replaced(daemon: RunningDaemon) -> None:
+def test_killed_worker_fails_its_job_and_is_replaced(inprocess_daemon: InProcessDaemon) -> None:
     """kill -9 of a worker mid-job: that job fails worker_crashed, a new worker takes over."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         job = client.submit("sleep", {"ms": 30_000}, device=0)
-        running = daemon.wait_running(job["id"])
+        running = inprocess_daemon.wait_running(job["id"])
         os.kill(running["worker_pid"], signal.SIGKILL)
         failed = client.wait(job["id"], timeout_s=30)
-        daemon.wait_for_event(
+        inprocess_daemon.wait_for_event(
             lambda e: e.get("event") == "worker.warm" and e["pid"] != running["worker_pid"]
         )
         after = client.run("noop", device=0)
@@ -507,7 +519,7 @@ def _responses(sock: socket.socket, count: int) -> list[tuple[int, Any]]:
 
 
 def test_an_upload_in_pieces_then_a_pipelined_request_on_the_same_connection(
-    daemon: RunningDaemon,
+    inprocess_daemon: InProcessDaemon,
 ) -> None:
     """An upload streamed from the request in pieces: every byte lands, none of the
     request behind it is taken, and the connection serves on."""
@@ -520,7 +532,7 @@ def test_an_upload_in_pieces_then_a_pipelined_request_on_the_same_connection(
     behind = b"GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(30)
-        sock.connect(str(daemon.socket_path))
+        sock.connect(str(inprocess_daemon.socket_path))
         sock.sendall(head + image[:1000])  # the handler starts with part of the body
         time.sleep(0.2)
         sock.sendall(image[1000 : 5 * 2**20])
@@ -529,7 +541,7 @@ def test_an_upload_in_pieces_then_a_pipelined_request_on_the_same_connection(
         (upload_status, uploaded), (health_status, health) = _responses(sock, 2)
     assert (upload_status, uploaded["shape"], uploaded["dtype"]) == (201, [3 * 2**20], "<f4")
     assert health_status == 200 and health["ok"] is True
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         job = client.run("reduce_sum", inputs={"x": uploaded["id"]})
     assert job["status"] == "succeeded", job
     assert job["result"]["size"] == array.size
@@ -537,7 +549,7 @@ def test_an_upload_in_pieces_then_a_pipelined_request_on_the_same_connection(
 
 
 def test_an_upload_longer_than_its_header_says_is_refused_and_the_connection_serves_on(
-    daemon: RunningDaemon,
+    inprocess_daemon: InProcessDaemon,
 ) -> None:
     """Content-Length frames the body: 1 MiB more than the .npy header announces is read to
     its end (not taken for the next request), refused, and the next request is answered."""
@@ -549,7 +561,7 @@ def test_an_upload_longer_than_its_header_says_is_refused_and_the_connection_ser
     ).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(30)
-        sock.connect(str(daemon.socket_path))
+        sock.connect(str(inprocess_daemon.socket_path))
         sock.sendall(head + padded + b"GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n")
         (refused_status, refused), (health_status, _) = _responses(sock, 2)
     assert refused_status == 400 and "header says" in refused["message"]
@@ -567,7 +579,7 @@ def _submit_bytes(body: bytes, query: str = "?wait_s=30") -> bytes:
 
 
 def test_pipelined_submits_are_answered_in_order_on_one_connection(
-    daemon: RunningDaemon,
+    inprocess_daemon: InProcessDaemon,
 ) -> None:
     """Three requests in one send (a waiting submit, one without wait_s, a health check):
     three answers, in the order asked, and the connection serves on."""
@@ -576,7 +588,7 @@ def test_pipelined_submits_are_answered_in_order_on_one_connection(
     health = b"GET /v1/health HTTP/1.1\r\nhost: x\r\n\r\n"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(30)
-        sock.connect(str(daemon.socket_path))
+        sock.connect(str(inprocess_daemon.socket_path))
         sock.sendall(slow + quick + health)
         (s1, first), (s2, second), (s3, third) = _responses(sock, 3)
         sock.sendall(quick)

@@ -12,17 +12,30 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon, deep_merge, to_toml
 from traces import FINISHED_EVENTS
 
 from taogpud.client import Client
-from taogpud.testing import ctl_command, wait_until, write_text
+from taogpud.testing import (
+    CPU_CONFIG,
+    CPU_SETTINGS,
+    DaemonHandle,
+    InProcessDaemon,
+    RunningDaemon,
+    ctl_command,
+    deep_merge,
+    to_toml,
+    wait_until,
+    write_text,
+)
 
 DEFAULT_QUIET_S = 2.0  # reload.quiet_s
 # This module's daemons apply a watched save after 0.5 s of quiet, as before there was a key:
 # its saves are each whole, and 20 reloads at the default would add half a minute. The
 # default has its own test (the last).
 QUICK_RELOAD = {"TAOGPUD_CONFIG__RELOAD__QUIET_S": "0.5"}
+# The same in config.toml, for an in-process daemon (its environment is the test's); every
+# config this module writes keeps it (write_config).
+QUICK = {"reload": {"quiet_s": 0.5}}
 
 
 @pytest.fixture
@@ -30,16 +43,22 @@ def daemon(daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
     return daemon_factory(env=QUICK_RELOAD)
 
 
-def ctl(daemon: RunningDaemon) -> list[str]:
+@pytest.fixture
+def inprocess_daemon(inprocess_factory: Callable[..., InProcessDaemon]) -> InProcessDaemon:
+    return inprocess_factory(config=QUICK)
+
+
+def ctl(daemon: DaemonHandle) -> list[str]:
     return ctl_command(daemon.socket_path)
 
 
-def write_config(daemon: RunningDaemon, overrides: dict[str, Any], atomic: bool = True) -> None:
+def write_config(daemon: DaemonHandle, overrides: dict[str, Any], atomic: bool = True) -> None:
     """config.toml: the CPU config with `overrides`; atomic: as editors save (a rename)."""
-    write_text(daemon.config_path, to_toml(deep_merge(CPU_CONFIG, overrides)), atomic)
+    config = deep_merge(deep_merge(CPU_CONFIG, QUICK), overrides)
+    write_text(daemon.config_path, to_toml(config), atomic)
 
 
-def write_settings(daemon: RunningDaemon, overrides: dict[str, Any]) -> None:
+def write_settings(daemon: DaemonHandle, overrides: dict[str, Any]) -> None:
     """settings.json: the CPU settings with `overrides`, saved by a rename."""
     write_text(daemon.settings_path, json.dumps(deep_merge(CPU_SETTINGS, overrides)), atomic=True)
 
@@ -69,7 +88,7 @@ def wait_failed_reload(client: Client, after: float, timeout_s: float = 20.0) ->
     raise AssertionError(f"no failed reload after {after}: {client.config_status()}")
 
 
-def running_counts_after(daemon: RunningDaemon, generation: int) -> list[int]:
+def running_counts_after(daemon: DaemonHandle, generation: int) -> list[int]:
     """How many jobs ran right after each job started once `generation` was in force."""
     running: set[str] = set()
     counts, live = [], False
@@ -86,56 +105,61 @@ def running_counts_after(daemon: RunningDaemon, generation: int) -> list[int]:
     return counts
 
 
-def test_rename_save_and_in_place_write_are_both_seen(daemon: RunningDaemon) -> None:
+def test_rename_save_and_in_place_write_are_both_seen(inprocess_daemon: InProcessDaemon) -> None:
     """An editor's rename-save and a plain in-place write each bring a new generation."""
-    with daemon.client() as client:
-        write_config(daemon, {"scheduling": {"max_concurrent_tasks": 3}}, atomic=True)
+    with inprocess_daemon.client() as client:
+        write_config(inprocess_daemon, {"scheduling": {"max_concurrent_tasks": 3}}, atomic=True)
         wait_generation(client, 2)
         assert client.status()["max_concurrent_tasks"] == 3
-        write_config(daemon, {"scheduling": {"max_concurrent_tasks": 5}}, atomic=False)
+        write_config(inprocess_daemon, {"scheduling": {"max_concurrent_tasks": 5}}, atomic=False)
         status = wait_generation(client, 3)
         assert client.status()["max_concurrent_tasks"] == 5
     changes = status["last_reload"]["changes"]
     assert changes == [{"key": "config.toml: scheduling.max_concurrent_tasks", "old": 3, "new": 5}]
-    logged = daemon.events("config.reloaded")[-1]
+    logged = inprocess_daemon.events("config.reloaded")[-1]
     assert logged["changes"][0]["key"] == "config.toml: scheduling.max_concurrent_tasks"
 
 
-def test_invalid_edit_keeps_the_old_generation_until_fixed(daemon: RunningDaemon) -> None:
+def test_invalid_edit_keeps_the_old_generation_until_fixed(
+    inprocess_daemon: InProcessDaemon,
+) -> None:
     """A typo keeps generation 1 and is reported with file, key and fix; fixing it applies."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         before = time.time()
-        daemon.config_path.write_text(
+        inprocess_daemon.config_path.write_text(
             to_toml(deep_merge(CPU_CONFIG, {"scheduling": {"max_concurent_tasks": 2}}))
         )
         last = wait_failed_reload(client, before)
         assert client.config_status()["generation"] == 1
         assert client.status()["max_concurrent_tasks"] == 8
         assert client.run("noop")["status"] == "succeeded"
-        write_config(daemon, {"scheduling": {"max_concurrent_tasks": 2}})
+        write_config(inprocess_daemon, {"scheduling": {"max_concurrent_tasks": 2}})
         wait_generation(client, 2)
         assert client.status()["max_concurrent_tasks"] == 2
     error = last["errors"][0]
     assert (error["file"], error["key"]) == (
-        str(daemon.home / "config.toml"),
+        str(inprocess_daemon.home / "config.toml"),
         "scheduling.max_concurent_tasks",
     )
     assert "max_concurrent_tasks" in error["fix"]
-    assert daemon.events("config.reload_failed")
+    assert inprocess_daemon.events("config.reload_failed")
 
 
-def test_a_backend_mismatch_names_the_file_that_changed(daemon: RunningDaemon) -> None:
+def test_a_backend_mismatch_names_the_file_that_changed(inprocess_daemon: InProcessDaemon) -> None:
     """config.toml switched to CUDA under a settings.json that still says cpu: the reload's
     error names config.toml and its keys (it named settings.json gpu.backend, the file nobody
     touched); the same mismatch made in settings.json names settings.json."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         before = time.time()
-        write_config(daemon, {"runtime": {"device_type": "gpu"}})
+        write_config(inprocess_daemon, {"runtime": {"device_type": "gpu"}})
         error = wait_failed_reload(client, before)["errors"][0]
-        assert (error["file"], error["key"]) == (str(daemon.config_path), "runtime.device_type")
+        assert (error["file"], error["key"]) == (
+            str(inprocess_daemon.config_path),
+            "runtime.device_type",
+        )
         assert 'settings.json gpu.backend "cpu"' in error["message"]
         fixed = time.time()
-        write_config(daemon, {})  # as it was: a reload that changes nothing, and succeeds
+        write_config(inprocess_daemon, {})  # as it was: a reload that changes nothing, and succeeds
         wait_until(
             lambda: (
                 client.config_status()["last_reload"].get("at", 0) > fixed
@@ -145,19 +169,19 @@ def test_a_backend_mismatch_names_the_file_that_changed(daemon: RunningDaemon) -
             timeout_s=30,
         )
         before = time.time()
-        write_settings(daemon, {"gpu": {"backend": "cuda"}})
+        write_settings(inprocess_daemon, {"gpu": {"backend": "cuda"}})
         error = wait_failed_reload(client, before)["errors"][0]
-    assert (error["file"], error["key"]) == (str(daemon.settings_path), "gpu.backend")
+    assert (error["file"], error["key"]) == (str(inprocess_daemon.settings_path), "gpu.backend")
 
 
-def test_config_status_cli_reports_the_failed_reload(daemon: RunningDaemon) -> None:
+def test_config_status_cli_reports_the_failed_reload(inprocess_daemon: InProcessDaemon) -> None:
     """`taogpuctl config status --json` shows last_reload.ok=false with the errors."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         before = time.time()
-        daemon.config_path.write_text("[scheduling\n")
+        inprocess_daemon.config_path.write_text("[scheduling\n")
         wait_failed_reload(client, before)
     result = subprocess.run(
-        [*ctl(daemon), "config", "status", "--json"],
+        [*ctl(inprocess_daemon), "config", "status", "--json"],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     view = json.loads(result.stdout)
@@ -166,24 +190,26 @@ def test_config_status_cli_reports_the_failed_reload(daemon: RunningDaemon) -> N
     assert "line" in view["last_reload"]["errors"][0]["key"]
 
 
-def test_vanished_emptied_and_directory_files_are_clear_errors(daemon: RunningDaemon) -> None:
+def test_vanished_emptied_and_directory_files_are_clear_errors(
+    inprocess_daemon: InProcessDaemon,
+) -> None:
     """Removed, emptied, or replaced by a directory: each a clear error, the daemon serves on."""
-    original = daemon.config_path.read_text()
+    original = inprocess_daemon.config_path.read_text()
     breakages: list[Callable[[], None]] = [
-        daemon.config_path.unlink,
-        lambda: daemon.config_path.write_text(""),
-        lambda: (daemon.config_path.unlink(), daemon.config_path.mkdir()),
+        inprocess_daemon.config_path.unlink,
+        lambda: inprocess_daemon.config_path.write_text(""),
+        lambda: (inprocess_daemon.config_path.unlink(), inprocess_daemon.config_path.mkdir()),
     ]
     messages = []
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         for break_it in breakages:
             before = time.time()
             break_it()
             messages.append(wait_failed_reload(client, before)["errors"][0]["message"])
             assert client.run("noop")["status"] == "succeeded"
-            if daemon.config_path.is_dir():
-                daemon.config_path.rmdir()
-            daemon.config_path.write_text(original)
+            if inprocess_daemon.config_path.is_dir():
+                inprocess_daemon.config_path.rmdir()
+            inprocess_daemon.config_path.write_text(original)
             time.sleep(0.3)
         assert client.config_status()["generation"] == 1
     assert "does not exist" in messages[0]
@@ -192,10 +218,10 @@ def test_vanished_emptied_and_directory_files_are_clear_errors(daemon: RunningDa
 
 
 def test_cap_raised_and_lowered_under_a_stream_of_jobs(
-    daemon_factory: Callable[..., RunningDaemon],
+    inprocess_factory: Callable[..., InProcessDaemon],
 ) -> None:
     """While sleep jobs stream in, max_concurrent_tasks 2 → 4 → 1 each holds once live."""
-    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 2}}, env=QUICK_RELOAD)
+    daemon = inprocess_factory(config={**QUICK, "scheduling": {"max_concurrent_tasks": 2}})
     stop = threading.Event()
     submitted: list[str] = []
 
@@ -229,13 +255,13 @@ def test_cap_raised_and_lowered_under_a_stream_of_jobs(
     assert set(lowered[first_start_under_one:]) == {1}
 
 
-def test_rolling_restart_finishes_running_jobs_first(daemon: RunningDaemon) -> None:
+def test_rolling_restart_finishes_running_jobs_first(inprocess_daemon: InProcessDaemon) -> None:
     """thread_num changes: every running job succeeds, then each device gets a new worker."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         old_pids = {w["device"]: w["pid"] for w in client.status()["workers"]}
         jobs = [client.submit("sleep", {"ms": 400})["id"] for _ in range(4)]
-        daemon.wait_running(jobs[-1])
-        write_config(daemon, {"runtime": {"thread_num": 2}})
+        inprocess_daemon.wait_running(jobs[-1])
+        write_config(inprocess_daemon, {"runtime": {"thread_num": 2}})
         status = wait_generation(client, 2)
         finished = [client.wait(job_id) for job_id in jobs]
         new_pids = {w["device"]: w["pid"] for w in client.status()["workers"]}
@@ -244,7 +270,7 @@ def test_rolling_restart_finishes_running_jobs_first(daemon: RunningDaemon) -> N
     assert status["last_reload"]["restarted_workers"] is True
     assert all(new_pids[device] != pid for device, pid in old_pids.items())
     assert after["status"] == "succeeded"
-    events = daemon.events()
+    events = inprocess_daemon.events()
     for device in old_pids:  # each device is replaced only after its own jobs ended
         ended = [
             i
@@ -259,13 +285,13 @@ def test_rolling_restart_finishes_running_jobs_first(daemon: RunningDaemon) -> N
         assert ended and max(ended) < rolled
 
 
-def test_twenty_reloads_during_a_thousand_jobs_lose_none(daemon: RunningDaemon) -> None:
+def test_twenty_reloads_during_a_thousand_jobs_lose_none(inprocess_daemon: InProcessDaemon) -> None:
     """1,000 jobs from 4 clients across 20 reloads (two of them rolling): all 1,000 succeed."""
     statuses: list[str] = []
     lock = threading.Lock()
 
     def client_thread() -> None:
-        with daemon.client() as client:
+        with inprocess_daemon.client() as client:
             got = [client.run("noop")["status"] for _ in range(250)]
         with lock:
             statuses.extend(got)
@@ -273,25 +299,27 @@ def test_twenty_reloads_during_a_thousand_jobs_lose_none(daemon: RunningDaemon) 
     threads = [threading.Thread(target=client_thread) for _ in range(4)]
     for thread in threads:
         thread.start()
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         for generation in range(2, 22):
             overrides: dict[str, Any] = {"scheduling": {"max_concurrent_tasks": 3 + generation % 3}}
             if generation in (8, 15):
                 overrides["runtime"] = {"thread_num": 1 + generation % 2}
-            write_config(daemon, overrides)
+            write_config(inprocess_daemon, overrides)
             wait_generation(client, generation)
     for thread in threads:
         thread.join(120)
     assert len(statuses) == 1000
     assert set(statuses) == {"succeeded"}
-    assert len(daemon.events("config.reloaded")) == 20
+    assert len(inprocess_daemon.events("config.reloaded")) == 20
 
 
-def test_memory_fraction_and_log_level_apply_live(daemon: RunningDaemon) -> None:
+def test_memory_fraction_and_log_level_apply_live(inprocess_daemon: InProcessDaemon) -> None:
     """memoryFraction changes each device's cap without new workers; level=error hides job lines."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         before = {d["device"]: d for d in client.devices()}
-        write_settings(daemon, {"gpu": {"memoryFraction": 0.425}, "logging": {"level": "error"}})
+        write_settings(
+            inprocess_daemon, {"gpu": {"memoryFraction": 0.425}, "logging": {"level": "error"}}
+        )
         status = wait_generation(client, 2)
         time.sleep(0.2)  # the workers answer with their new caps
         after = {d["device"]: d for d in client.devices()}
@@ -300,7 +328,7 @@ def test_memory_fraction_and_log_level_apply_live(daemon: RunningDaemon) -> None
     for device, old in before.items():  # 0.425 is half of 0.85: half the cap, give or take rounding
         assert abs(after[device]["memory_cap_bytes"] * 2 - old["memory_cap_bytes"]) <= 2
         assert after[device]["memory_total_bytes"] == old["memory_total_bytes"]
-    assert [e for e in daemon.events("job.succeeded") if e["job_id"] == job["id"]] == []
+    assert [e for e in inprocess_daemon.events("job.succeeded") if e["job_id"] == job["id"]] == []
 
 
 def test_sighup_and_the_api_reload_on_demand(daemon: RunningDaemon) -> None:
@@ -318,11 +346,11 @@ def test_sighup_and_the_api_reload_on_demand(daemon: RunningDaemon) -> None:
     assert view["trigger"] == "api"
 
 
-def test_invalid_reload_through_the_cli_exits_2(daemon: RunningDaemon) -> None:
+def test_invalid_reload_through_the_cli_exits_2(inprocess_daemon: InProcessDaemon) -> None:
     """`taogpuctl config reload` on a broken pair exits 2 and names the key."""
-    daemon.config_path.write_text('[runtime]\ndevice_type = "tpu"\n')
+    inprocess_daemon.config_path.write_text('[runtime]\ndevice_type = "tpu"\n')
     result = subprocess.run(
-        [*ctl(daemon), "config", "reload"],
+        [*ctl(inprocess_daemon), "config", "reload"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 2
@@ -330,13 +358,13 @@ def test_invalid_reload_through_the_cli_exits_2(daemon: RunningDaemon) -> None:
 
 
 def test_a_file_saved_in_two_writes_a_second_apart_is_applied_whole(
-    daemon_factory: Callable[..., RunningDaemon],
+    inprocess_factory: Callable[..., InProcessDaemon],
 ) -> None:
     """An editor writes config.toml in place in two steps 1 s apart, the first half valid on
     its own ([scheduling] not there yet). The reload waits until the files have been quiet
     for reload.quiet_s (its default), so the one new generation holds both halves. Before,
     the first half was applied half a second after it was written, then the whole."""
-    daemon = daemon_factory()  # the default quiet period, not this module's short one
+    daemon = inprocess_factory()  # the default quiet period, not this module's short one
     text = to_toml(
         deep_merge(
             CPU_CONFIG,

@@ -24,8 +24,7 @@ import pytest
 
 from taogpud.client import ApiError, Client
 from taogpud.memfd import protocol
-from taogpud.testing import ClientProcess
-from tests.conftest import RunningDaemon
+from taogpud.testing import ClientProcess, DaemonHandle, InProcessDaemon, RunningDaemon
 
 SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 FROZEN = SIZE_SEALS | fcntl.F_SEAL_WRITE
@@ -46,7 +45,7 @@ def memfd(size: int, seals: int = SIZE_SEALS, allocated: bool = True) -> int:
 class Raw:
     """The wire protocol by hand: what a client that gets things wrong sends."""
 
-    def __init__(self, daemon: RunningDaemon) -> None:
+    def __init__(self, daemon: DaemonHandle) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(str(protocol.socket_path_for(daemon.socket_path)))
 
@@ -68,8 +67,8 @@ class Raw:
 
 
 @pytest.fixture
-def raw(daemon: RunningDaemon) -> Iterator[Raw]:
-    connection = Raw(daemon)
+def raw(inprocess_daemon: InProcessDaemon) -> Iterator[Raw]:
+    connection = Raw(inprocess_daemon)
     yield connection
     connection.close()
 
@@ -85,8 +84,8 @@ def submit(inputs: dict[str, Any], output: dict[str, int] | None = None) -> dict
 # -- the numpy-first client ------------------------------------------------------------------
 
 
-def test_compute_runs_on_arrays_in_the_clients_memory(daemon: RunningDaemon) -> None:
-    with daemon.client() as client:
+def test_compute_runs_on_arrays_in_the_clients_memory(inprocess_daemon: InProcessDaemon) -> None:
+    with inprocess_daemon.client() as client:
         a = client.empty(100_000, "float32")
         a[:] = np.arange(100_000, dtype=np.float32)
         b = np.full(100_000, 2.0, np.float32)  # not in the shared memory: copied in once
@@ -100,17 +99,21 @@ def test_compute_runs_on_arrays_in_the_clients_memory(daemon: RunningDaemon) -> 
         np.testing.assert_array_equal(again["c"], a + 4)
 
 
-def test_frozen_inputs_go_in_a_sealed_memfd_and_the_record_says_so(daemon: RunningDaemon) -> None:
-    with daemon.client() as client:
+def test_frozen_inputs_go_in_a_sealed_memfd_and_the_record_says_so(
+    inprocess_daemon: InProcessDaemon,
+) -> None:
+    with inprocess_daemon.client() as client:
         a = np.arange(1000, dtype=np.float64)  # the job's dtype is the inputs' (one rule)
         out = client.compute("vector_add", {"dtype": "float64"}, frozen=True, a=a, b=a)
         np.testing.assert_array_equal(out["c"], 2 * a)
         assert out.job["memory"]["handover"] == "sealed"
 
 
-def test_without_the_shm_socket_compute_falls_back_to_http(daemon: RunningDaemon) -> None:
-    protocol.socket_path_for(daemon.socket_path).unlink()  # as over another host's socket
-    with daemon.client() as client:
+def test_without_the_shm_socket_compute_falls_back_to_http(
+    inprocess_daemon: InProcessDaemon,
+) -> None:
+    protocol.socket_path_for(inprocess_daemon.socket_path).unlink()  # as over another host's socket
+    with inprocess_daemon.client() as client:
         a = np.arange(10, dtype=np.float32)
         out = client.compute("vector_add", a=a, b=a)
         np.testing.assert_array_equal(out["c"], 2 * a)
@@ -118,18 +121,20 @@ def test_without_the_shm_socket_compute_falls_back_to_http(daemon: RunningDaemon
 
 
 def test_outputs_larger_than_their_region_fail_the_job_naming_the_bytes(
-    daemon: RunningDaemon,
+    inprocess_daemon: InProcessDaemon,
 ) -> None:
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         a = client.empty(1 << 20, "float32")
         with pytest.raises(ApiError) as caught:
             client.compute("vector_add", a=a, b=a, out_bytes=4096)
         assert caught.value.code == "bad_region" and "4194304" in caught.value.message
 
 
-def test_vector_add_computes_its_output_in_the_clients_memory(daemon: RunningDaemon) -> None:
+def test_vector_add_computes_its_output_in_the_clients_memory(
+    inprocess_daemon: InProcessDaemon,
+) -> None:
     """The task writes c where the client reads it (numpy's out=): no copy follows."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         a = client.empty(1 << 16, "float32")
         a[:] = 1.5
         out = client.compute("vector_add", a=a, b=a)
@@ -146,10 +151,10 @@ def test_vector_add_computes_its_output_in_the_clients_memory(daemon: RunningDae
 
 
 def test_a_task_that_makes_its_own_output_is_copied_in_and_says_so(
-    daemon: RunningDaemon,
+    inprocess_daemon: InProcessDaemon,
 ) -> None:
     """sort makes its output itself (xp.sort has no out=): copied in, and the record says so."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         x = np.array([3, 1, 2], np.float32)
         out = client.compute("sort", x=x)
         np.testing.assert_array_equal(out["sorted"], [1, 2, 3])
@@ -157,8 +162,10 @@ def test_a_task_that_makes_its_own_output_is_copied_in_and_says_so(
         assert client._shared().arena.offset_of(out["sorted"]) is not None  # still in place
 
 
-def test_outputs_over_http_are_files_and_name_no_placement(daemon: RunningDaemon) -> None:
-    with daemon.client() as client:
+def test_outputs_over_http_are_files_and_name_no_placement(
+    inprocess_daemon: InProcessDaemon,
+) -> None:
+    with inprocess_daemon.client() as client:
         job = client.run("vector_add", {"size": 16}, keep_outputs=True)
         assert job["outputs"][0]["written"] is None and job["outputs"][0]["offset"] is None
 
@@ -166,9 +173,11 @@ def test_outputs_over_http_are_files_and_name_no_placement(daemon: RunningDaemon
 # -- several jobs in flight on one connection --------------------------------------------------
 
 
-def test_two_computes_in_flight_on_one_connection_are_both_right(daemon: RunningDaemon) -> None:
+def test_two_computes_in_flight_on_one_connection_are_both_right(
+    inprocess_daemon: InProcessDaemon,
+) -> None:
     """Answers are matched by request id: the job that ends first is answered first."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         a = client.empty(4096, "float32")
         a[:] = 1
         slow = client.begin_compute("sleep", {"ms": 1500})
@@ -194,10 +203,10 @@ def test_two_computes_in_flight_on_one_connection_are_both_right(daemon: Running
 
 
 def test_a_client_past_the_limit_waits_for_a_place_instead_of_being_refused(
-    daemon: RunningDaemon,
+    inprocess_daemon: InProcessDaemon,
 ) -> None:
     """begin_compute blocks once max_in_flight jobs wait; every job then runs, none refused."""
-    with daemon.client() as client:
+    with inprocess_daemon.client() as client:
         x = client.empty(256, "float32")
         x[:] = 1
         jobs = [
@@ -300,14 +309,16 @@ def test_a_sealed_handover_that_is_not_write_sealed_is_refused(raw: Raw) -> None
     )
 
 
-def test_regions_of_pages_the_client_never_allocated_are_refused(daemon: RunningDaemon) -> None:
+def test_regions_of_pages_the_client_never_allocated_are_refused(
+    inprocess_daemon: InProcessDaemon,
+) -> None:
     """A worker touching pages the client never allocated would allocate them itself, charged
     to the service (measured: 384 MiB of a client's untouched memory landed in the daemon's
     memory cgroup). A region past what the memory has allocated is refused, inputs and
     output alike, in a frozen memfd too; the same job on allocated pages runs. Before,
     each ran, on pages the worker allocated."""
     inputs = {"a": region(0, [4]), "b": region(4096, [4])}
-    sparse, allocated, partly = Raw(daemon), Raw(daemon), Raw(daemon)
+    sparse, allocated, partly = Raw(inprocess_daemon), Raw(inprocess_daemon), Raw(inprocess_daemon)
     try:
         sparse.attach(1 << 20, allocated=False)
         answer = sparse.ask(submit(inputs))
@@ -350,7 +361,7 @@ def held(pid: int) -> tuple[int, int]:
     return fds, maps
 
 
-def workers(daemon: RunningDaemon) -> list[int]:
+def workers(daemon: DaemonHandle) -> list[int]:
     with daemon.client() as client:
         return [w["pid"] for w in client.status()["workers"]]
 
@@ -491,11 +502,11 @@ def test_another_users_memory_is_never_reachable(daemon: RunningDaemon) -> None:
     assert secret_view == b"mine"
 
 
-def test_the_shm_socket_is_bound_like_the_daemons(daemon: RunningDaemon) -> None:
-    shm_socket = protocol.socket_path_for(daemon.socket_path)
+def test_the_shm_socket_is_bound_like_the_daemons(inprocess_daemon: InProcessDaemon) -> None:
+    shm_socket = protocol.socket_path_for(inprocess_daemon.socket_path)
     assert stat.S_ISSOCK(shm_socket.stat().st_mode)
     assert stat.S_IMODE(shm_socket.stat().st_mode) == 0o660
-    daemon.stop()
+    inprocess_daemon.stop()
     assert not shm_socket.exists()
 
 
