@@ -73,6 +73,15 @@ def raw(inprocess_daemon: InProcessDaemon) -> Iterator[Raw]:
     connection.close()
 
 
+@pytest.fixture
+def shared_raw(module_daemon: RunningDaemon) -> Iterator[Raw]:
+    """A connection to the module's one daemon, for the refusals: a refused handover leaves
+    nothing another test reads (the tests of limits, quotas and descriptors take `raw`)."""
+    connection = Raw(module_daemon)
+    yield connection
+    connection.close()
+
+
 def region(offset: int, shape: list[int], dtype: str = "<f4", **extra: Any) -> dict[str, Any]:
     return {"offset": offset, "shape": shape, "dtype": dtype, **extra}
 
@@ -256,53 +265,53 @@ def test_more_jobs_in_flight_than_allowed_are_refused_clearly(raw: Raw) -> None:
 # -- refusals, each in the one error shape -------------------------------------------------------
 
 
-def test_a_region_outside_the_memory_is_refused(raw: Raw) -> None:
-    assert raw.attach(1 << 20)["memory"]["size"] == 1 << 20
-    answer = raw.ask(submit({"a": region(1 << 20, [1]), "b": region(0, [1])}))
+def test_a_region_outside_the_memory_is_refused(shared_raw: Raw) -> None:
+    assert shared_raw.attach(1 << 20)["memory"]["size"] == 1 << 20
+    answer = shared_raw.ask(submit({"a": region(1 << 20, [1]), "b": region(0, [1])}))
     assert answer["error"]["code"] == "region_outside_memory"
     assert "outside the memory of 1048576 bytes" in answer["error"]["message"]
-    output = raw.ask(
+    output = shared_raw.ask(
         submit({"a": region(0, [1]), "b": region(0, [1])}, {"offset": 0, "nbytes": 2 << 20})
     )
     assert output["error"]["code"] == "region_outside_memory"
 
 
-def test_a_size_or_dtype_that_disagrees_is_refused(raw: Raw) -> None:
-    raw.attach()
-    wrong_size = raw.ask(submit({"a": region(0, [4], nbytes=8), "b": region(0, [4])}))
+def test_a_size_or_dtype_that_disagrees_is_refused(shared_raw: Raw) -> None:
+    shared_raw.attach()
+    wrong_size = shared_raw.ask(submit({"a": region(0, [4], nbytes=8), "b": region(0, [4])}))
     assert wrong_size["error"]["code"] == "region_mismatch"
     assert "8 bytes disagree with shape [4] of <f4 (16 bytes)" in wrong_size["error"]["message"]
     for dtype in ("|O", "nonsense", "V8"):
-        answer = raw.ask(submit({"a": region(0, [4], dtype), "b": region(0, [4])}))
+        answer = shared_raw.ask(submit({"a": region(0, [4], dtype), "b": region(0, [4])}))
         assert answer["error"]["code"] == "region_mismatch", dtype
         assert set(answer["error"]) == {"code", "message", "hint"}
 
 
-def test_a_descriptor_that_is_not_a_memfd_is_refused(raw: Raw) -> None:
+def test_a_descriptor_that_is_not_a_memfd_is_refused(shared_raw: Raw) -> None:
     with tempfile.TemporaryFile() as file:
-        answer = raw.ask({"op": "attach"}, [file.fileno()])
+        answer = shared_raw.ask({"op": "attach"}, [file.fileno()])
     assert answer["error"]["code"] == "not_memfd"
     read_end, write_end = os.pipe()
-    answer = raw.ask({"op": "attach"}, [read_end])
+    answer = shared_raw.ask({"op": "attach"}, [read_end])
     os.close(read_end), os.close(write_end)
     assert answer["error"]["code"] == "not_memfd" and "pipe:" in answer["error"]["message"]
 
 
-def test_memory_whose_size_is_not_sealed_is_refused(raw: Raw) -> None:
-    answer = raw.attach(seals=0)  # it could shrink under a worker and fault it
+def test_memory_whose_size_is_not_sealed_is_refused(shared_raw: Raw) -> None:
+    answer = shared_raw.attach(seals=0)  # it could shrink under a worker and fault it
     assert answer["error"]["code"] == "not_sealed"
     assert "F_SEAL_SHRINK|F_SEAL_GROW" in answer["error"]["message"]
 
 
-def test_a_sealed_handover_that_is_not_write_sealed_is_refused(raw: Raw) -> None:
-    raw.attach()
+def test_a_sealed_handover_that_is_not_write_sealed_is_refused(shared_raw: Raw) -> None:
+    shared_raw.attach()
     fd = memfd(4096)  # size-sealed only: the client could still change the "frozen" input
     message = {**submit({"a": region(0, [4]), "b": region(0, [4])}), "sealed": True}
-    answer = raw.ask(message, [fd])
+    answer = shared_raw.ask(message, [fd])
     os.close(fd)
     assert answer["error"]["code"] == "not_sealed" and "F_SEAL_WRITE" in answer["error"]["message"]
     fd = memfd(4096, FROZEN)
-    answer = raw.ask(message, [fd])
+    answer = shared_raw.ask(message, [fd])
     os.close(fd)
     assert (
         answer["job"]["status"] == "succeeded" and answer["job"]["memory"]["handover"] == "sealed"
@@ -533,14 +542,15 @@ def test_a_queued_job_on_client_memory_is_interrupted_by_a_restart(daemon_factor
         again.stop()
 
 
-def test_an_unknown_op_and_a_broken_frame_are_answered_in_the_error_shape(raw: Raw) -> None:
-    assert raw.ask({"op": "steal"})["error"]["code"] == "invalid_request"
-    odd_id = raw.ask({"op": "attach", "id": [1]})  # an id must be a number or a string
+def test_an_unknown_op_and_a_broken_frame_are_answered_in_the_error_shape(shared_raw: Raw) -> None:
+    assert shared_raw.ask({"op": "steal"})["error"]["code"] == "invalid_request"
+    odd_id = shared_raw.ask({"op": "attach", "id": [1]})  # an id must be a number or a string
     assert odd_id["error"]["code"] == "invalid_request" and "id" not in odd_id
     fd = memfd(4096)
-    answer = raw.ask({"op": "steal"}, [fd])  # a descriptor no step takes is closed, not kept
+    answer = shared_raw.ask({"op": "steal"}, [fd])  # a descriptor no step takes is closed, not kept
     os.close(fd)
     assert answer["error"]["code"] == "invalid_request"
-    raw.sock.sendall(len(b"[1]").to_bytes(4, "big") + b"[1]")
-    assert protocol.receive(raw.sock)["error"]["message"] == "a message must be a JSON object"
-    assert raw.sock.recv(1) == b""  # then it hung up
+    shared_raw.sock.sendall(len(b"[1]").to_bytes(4, "big") + b"[1]")
+    answer = protocol.receive(shared_raw.sock)
+    assert answer["error"]["message"] == "a message must be a JSON object"
+    assert shared_raw.sock.recv(1) == b""  # then it hung up
