@@ -24,42 +24,17 @@ import httpx
 import pytest
 
 from taogpud.testing import (
-    CPU_CONFIG,
-    CPU_SETTINGS,
-    KEYS_GIVEN,
-    READY_TIMEOUT_S,
     Ctl,
     InProcessDaemon,
     RunningDaemon,
-    deep_merge,
     key_leaks,
-    launch,
-    log_paths,
     new_home,
     remove_home,
     running,
     start_daemon,
     start_in_process,
-    to_toml,
 )
 from taogpud.testing.fake_provider import FakeProvider, fake_provider
-
-# The helpers live in taogpud.testing (bench and scripts use them too); the names tests have
-# always imported from here stay importable from here.
-__all__ = [
-    "CPU_CONFIG",
-    "CPU_SETTINGS",
-    "KEYS_GIVEN",
-    "READY_TIMEOUT_S",
-    "RunningDaemon",
-    "deep_merge",
-    "launch",
-    "log_paths",
-    "mounted_tmpfs",
-    "start_daemon",
-    "start_relay",
-    "to_toml",
-]
 
 
 @pytest.fixture

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import numpy.lib.format as npy_format
 import pytest
-from conftest import RunningDaemon, start_daemon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from taogpud.client import ApiError
+from taogpud.testing import RunningDaemon, start_daemon
 from taogpud.wire import NPY_MAGIC
 
 

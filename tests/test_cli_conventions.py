@@ -14,8 +14,8 @@ from taogpud import __version__
 from taogpud.cli.conventions import FULL_ID_LENGTH, short_ids
 from taogpud.cli.words import humanize, remember
 from taogpud.jobs.records import new_job_id
-from taogpud.testing import InProcessDaemon
-from tests.test_cli import Ctl, assert_one_error_line, json_out, taogpuctl
+from taogpud.testing import Ctl, InProcessDaemon, taogpuctl
+from tests.test_cli import assert_one_error_line, json_out
 
 
 def test_version_on_both_programs() -> None:

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from taogpud.cli.guide import emit_evidence
-from tests.test_cli import Ctl, assert_one_error_line, json_out
+from taogpud.testing import Ctl
+from tests.test_cli import assert_one_error_line, json_out
 
 
 def test_guide_run_with_its_own_flags(inprocess_ctl: Ctl, inprocess_daemon: Any) -> None:

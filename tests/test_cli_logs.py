@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from taogpud.client.stream import stream_lines
-from tests.test_cli import Ctl, assert_one_error_line, json_out
+from taogpud.testing import Ctl
+from tests.test_cli import assert_one_error_line, json_out
 
 NOBODY = 65534  # the uid the other-user check acts as
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import orjson
 import pytest
-from conftest import RunningDaemon
 
 from taogpud.cli import app as cli
 from taogpud.cli import hot
+from taogpud.testing import RunningDaemon
 
 # pydantic(-settings) came with the config loader (through the relay's commands), rich with the
 # output module, structlog with the doctor: none of them is status's, into a pipe.

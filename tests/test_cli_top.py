@@ -10,7 +10,7 @@ from rich.console import Console
 
 from taogpud.cli.top import Snapshot, elapsed, frame
 from taogpud.observability import nvml
-from tests.test_cli import Ctl
+from taogpud.testing import Ctl
 
 GPU_STATUS: dict[str, Any] = {
     "state": "ready",

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import CPU_CONFIG, CPU_SETTINGS, to_toml
 
 from taogpud import config, wire
 from taogpud.daemon.compose import Options, Services, compose
 from taogpud.host.systemd import Notifier
 from taogpud.relay.usage import Tokens, UseKey
+from taogpud.testing import CPU_CONFIG, CPU_SETTINGS, to_toml
 
 
 def _compose(home: Path) -> Services:

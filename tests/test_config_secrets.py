@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import KEYS_GIVEN, RunningDaemon
 
 from taogpud import config
 from taogpud.errors import ConfigError
+from taogpud.testing import KEYS_GIVEN, RunningDaemon
 
 TYPED = "sk-" + secrets.token_hex(20)  # the key, typed where it does not belong
 USERINFO = "user:" + secrets.token_hex(6)  # a password in a URL: not key-shaped, still hidden

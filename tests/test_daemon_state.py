@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import CPU_CONFIG, CPU_SETTINGS, to_toml
 from structlog.testing import capture_logs
 
 from taogpud import config
@@ -26,6 +25,7 @@ from taogpud.jobs.policy import Policy
 from taogpud.jobs.scheduler import Scheduler
 from taogpud.jobs.store import JobStore
 from taogpud.pool.executor import create_pool
+from taogpud.testing import CPU_CONFIG, CPU_SETTINGS, to_toml
 from taogpud.wire import ReloadView
 
 

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RunningDaemon
 
 from taogpud.backends.cuda.backend import probe_cuda
 from taogpud.client import ApiError
 from taogpud.doctor import ORDER
-from taogpud.testing import taogpuctl
+from taogpud.testing import RunningDaemon, taogpuctl
 from taogpud.testing.fake_provider import FakeProvider, fake_provider
 
 KEY = f"sk-taogpud-doctor-{secrets.token_hex(12)}"

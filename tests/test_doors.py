@@ -23,11 +23,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import RunningDaemon
 from test_access_users import User, as_user, make_users, value
 from test_access_users import pytestmark as _needs_root
 
 from taogpud.client import Client
+from taogpud.testing import RunningDaemon
 from taogpud.testing.fake_provider import FakeProvider, fake_provider
 
 pytestmark = _needs_root  # real users: root and useradd (CI runs as root)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import RunningDaemon, mounted_tmpfs, start_daemon
+from conftest import mounted_tmpfs
 
 from taogpud import wire
 from taogpud.arrayfiles import images
@@ -26,7 +26,7 @@ from taogpud.client import Client
 from taogpud.errors import StateDiskFull
 from taogpud.jobs.records import JobRecord, JobState
 from taogpud.jobs.store import JobStore, Tell
-from taogpud.testing import wait_until
+from taogpud.testing import RunningDaemon, start_daemon, wait_until
 
 NOBODY = 65534
 

@@ -21,21 +21,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
-    CPU_CONFIG,
-    RunningDaemon,
-    deep_merge,
-    mounted_tmpfs,
-    start_daemon,
-    to_toml,
-)
+from conftest import mounted_tmpfs
 
 from taogpud.client import ApiError
 from taogpud.daemon.state_lock import LOCK_NAME, lock_state_dir
 from taogpud.errors import StateDirNotOurs
 from taogpud.jobs.store import WRITE_RETRY_S as STORE_RETRY_S
 from taogpud.jobs.store import JobStore
-from taogpud.testing import cpu_pair, daemon_command, wait_for_ready, wait_until, write_pair
+from taogpud.testing import (
+    CPU_CONFIG,
+    RunningDaemon,
+    cpu_pair,
+    daemon_command,
+    deep_merge,
+    start_daemon,
+    to_toml,
+    wait_for_ready,
+    wait_until,
+    write_pair,
+)
 
 NOBODY = pwd.getpwnam("nobody")
 ONE_SLOT: dict[str, Any] = {

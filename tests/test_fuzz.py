@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from conftest import RunningDaemon
 
+from taogpud.testing import RunningDaemon
 from taogpud.testing.fuzzing import FUZZ_CONFIG, FUZZ_SETTINGS, fuzz
 
 EXAMPLES_PER_OPERATION = 25  # scripts/soak.py runs many more

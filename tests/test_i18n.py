@@ -19,9 +19,9 @@ from babel.messages.catalog import Message
 from conftest import token_of
 
 from scripts import i18n as catalogs
-from taogpud import testing
 from taogpud.daemon.lifecycle import EXIT_HOST_CANNOT_RUN
 from taogpud.i18n import Text, accepted_language, catalog_for, user_language
+from taogpud.testing import RunningDaemon, running, same_code_env, taogpuctl, write_pair
 from taogpud.testing.fake_provider import FakeProvider
 
 ZH = {"LANG": "zh_CN.UTF-8"}
@@ -29,9 +29,9 @@ EN = {"LANG": "C.UTF-8"}
 
 
 @pytest.fixture(scope="module")
-def daemon() -> Iterator[testing.RunningDaemon]:
-    with testing.running() as running:
-        yield running
+def daemon() -> Iterator[RunningDaemon]:
+    with running() as started:
+        yield started
 
 
 # --- no daemon needed ----------------------------------------------------------------------
@@ -101,7 +101,7 @@ def test_the_catalog_check_catches_a_placeholder_that_would_crash() -> None:
 
 
 def test_the_main_flows_speak_chinese_under_a_chinese_locale(
-    daemon: testing.RunningDaemon, tmp_path: Path
+    daemon: RunningDaemon, tmp_path: Path
 ) -> None:
     """submit, show --evidence, status, a refused submit and doctor, under LANG=zh_CN.UTF-8:
     the zh-CN text, with the guide's `device=… backend=…` grep left as it is."""
@@ -136,7 +136,7 @@ def test_a_config_error_names_file_key_and_fix_in_chinese(tmp_path: Path) -> Non
     """`config validate` on a file with a misspelt key: the did-you-mean in zh-CN."""
     settings = tmp_path / "settings.json"
     settings.write_text(json.dumps({"gpu": {"memoryFracton": 0.5}}))
-    result = testing.taogpuctl("config", "validate", "--settings", str(settings), env=ZH)
+    result = taogpuctl("config", "validate", "--settings", str(settings), env=ZH)
     assert result.returncode == 2
     assert 'settings.json：gpu.memoryFracton：未知的键（修复：是否想写 "memoryFraction"？）' in (
         result.stdout
@@ -149,9 +149,9 @@ def test_the_daemon_refuses_a_bad_config_in_chinese_at_a_terminal(tmp_path: Path
     """A start-up refusal read at a terminal is in the user's language; into a file (the
     journal) it stays English."""
     config = {"runtime": {"thread_num": 4}}
-    pair = testing.write_pair(tmp_path, {"gpu": {"memoryFracton": 0.5}}, config)
+    pair = write_pair(tmp_path, {"gpu": {"memoryFracton": 0.5}}, config)
     command = [sys.executable, "-m", "taogpud", *pair.flags(), "--state-dir", str(tmp_path / "s")]
-    env = testing.same_code_env({**os.environ, **ZH, "TAOGPUD_LANG": ""})
+    env = same_code_env({**os.environ, **ZH, "TAOGPUD_LANG": ""})
     main, child = pty.openpty()
     proc = subprocess.Popen(command, stdin=child, stdout=child, stderr=child, env=env)
     os.close(child)
@@ -182,7 +182,7 @@ def _read_all(fd: int) -> str:
 
 
 def test_json_and_the_trace_are_the_same_bytes_in_every_locale(
-    daemon: testing.RunningDaemon,
+    daemon: RunningDaemon,
 ) -> None:
     """--json answers and error bodies are English byte for byte under zh-CN; the trace of
     what a zh-CN user did holds no Chinese."""
@@ -208,25 +208,25 @@ def test_json_and_the_trace_are_the_same_bytes_in_every_locale(
 def test_help_is_in_the_users_language() -> None:
     """`--help` of a command: its docstring and its options' help in zh-CN, the flags as they
     are; in English, the English docstring."""
-    chinese = testing.taogpuctl("submit", "--help", env={**ZH, "COLUMNS": "200"})
+    chinese = taogpuctl("submit", "--help", env={**ZH, "COLUMNS": "200"})
     assert chinese.returncode == 0, chinese.stderr
     assert "提交作业；加 --wait 时显示进度和运行位置。" in chinese.stdout
     assert "--wait" in chinese.stdout and "等待它结束。" in chinese.stdout
-    english = testing.taogpuctl("submit", "--help", env={**EN, "COLUMNS": "200"})
+    english = taogpuctl("submit", "--help", env={**EN, "COLUMNS": "200"})
     assert "Submit a job; with --wait, show its progress and where it ran." in english.stdout
 
 
 def test_a_daemon_that_cannot_be_reached_is_explained_in_chinese(tmp_path: Path) -> None:
     """The newcomer's first error, no daemon at the socket: message and hint in zh-CN, exit 3."""
     missing = tmp_path / "taogpud.sock"
-    result = testing.taogpuctl("status", socket_path=missing, env=ZH)
+    result = taogpuctl("status", socket_path=missing, env=ZH)
     assert result.returncode == 3
     assert f"{missing} 处没有守护进程的套接字" in result.stderr
     assert "（提示：taogpud 在运行吗？" in result.stderr
 
 
 def test_the_relays_own_errors_follow_accept_language(
-    provider: FakeProvider, relayd: testing.RunningDaemon
+    provider: FakeProvider, relayd: RunningDaemon
 ) -> None:
     """A 401 from the relay in zh-CN for a client asking for it (as new-api does), English for
     one that does not; the code and the header that names it stay the same."""
@@ -248,10 +248,10 @@ def test_a_backend_that_cannot_start_is_refused_in_chinese_at_a_terminal(tmp_pat
     are in zh-CN (the reason itself, from the driver, may stay English); the exit status of a
     host that cannot run it."""
     # the embedded seed's backend (CUDA, GPU 0); a file needs one key to be a file
-    pair = testing.write_pair(tmp_path, {}, {"runtime": {"thread_num": 4}})
+    pair = write_pair(tmp_path, {}, {"runtime": {"thread_num": 4}})
     command = [sys.executable, "-m", "taogpud", *pair.flags(), "--state-dir", str(tmp_path / "s")]
     command += ["--socket", str(tmp_path / "t.sock")]
-    env = testing.same_code_env({**os.environ, **ZH, "TAOGPUD_LANG": ""})
+    env = same_code_env({**os.environ, **ZH, "TAOGPUD_LANG": ""})
     main, child = pty.openpty()
     proc = subprocess.Popen(command, stdin=child, stdout=child, stderr=child, env=env)
     os.close(child)

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import start_daemon
 from pydantic import SecretStr
 from test_channel import ping, settings_for
 from test_ray_executor import RAY_CONFIG, _end_leftovers, _pids_naming, needs_ray, ray_env
 
 from taogpud.provider.channel import Scrubber
+from taogpud.testing import start_daemon
 from taogpud.testing.fake_provider import Reply, fake_provider
 
 KEY = "sk-tgd-children-0123456789abcdef"

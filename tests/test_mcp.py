@@ -18,7 +18,6 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_types import CallToolResult
 
-from taogpud import testing
 from taogpud.agents.results import (
     MAX_LOG_CHARS,
     MAX_LOG_LINES,
@@ -27,7 +26,7 @@ from taogpud.agents.results import (
     output_tail,
 )
 from taogpud.client import ApiError, Client
-from taogpud.testing import RunningDaemon
+from taogpud.testing import RunningDaemon, ctl_command, ctl_env, taogpuctl
 from tests.test_access_users import User, as_user, shared_daemon, users, value
 from tests.test_access_users import pytestmark as needs_real_users
 
@@ -40,8 +39,8 @@ Scenario = Callable[[ClientSession], Awaitable[Any]]
 
 def server_parameters(daemon: RunningDaemon) -> StdioServerParameters:
     """`taogpuctl --socket S mcp` with this checkout's code, as an agent's config starts it."""
-    command = testing.ctl_command(daemon.socket_path)
-    env = testing.ctl_env({"XDG_STATE_HOME": str(daemon.home / "agent-state")})  # its logs
+    command = ctl_command(daemon.socket_path)
+    env = ctl_env({"XDG_STATE_HOME": str(daemon.home / "agent-state")})  # its logs
     return StdioServerParameters(command=command[0], args=[*command[1:], "mcp"], env=env)
 
 
@@ -231,9 +230,7 @@ def test_mcp_without_the_sdk_names_the_extra(daemon: RunningDaemon, tmp_path: An
     blocker = tmp_path / "mcp"
     blocker.mkdir()
     (blocker / "__init__.py").write_text("raise ImportError('no module named mcp (test)')\n")
-    done = testing.taogpuctl(
-        "mcp", socket_path=daemon.socket_path, env={"PYTHONPATH": str(tmp_path)}
-    )
+    done = taogpuctl("mcp", socket_path=daemon.socket_path, env={"PYTHONPATH": str(tmp_path)})
     assert done.returncode == 2, done.stderr
     assert "taogpud[mcp]" in done.stderr and "Traceback" not in done.stderr
 

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RunningDaemon, start_relay
+from conftest import start_relay
 from test_mcp_registration import taogpuctl_on_path
 from test_real_tools import CLAUDE_CODE_VERSION, TURN_TIMEOUT_S, clean_env, tool_binary
 
+from taogpud.testing import RunningDaemon
 from taogpud.testing.fake_provider import (
     FakeProvider,
     Reply,

@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import RunningDaemon
 from test_real_tools import CLAUDE_CODE_VERSION, CODEX_VERSION, tool_binary
 
-from taogpud import testing
 from taogpud.agents.registration import SERVER_NAME, claude_code_lines, server_entry
+from taogpud.testing import RunningDaemon, ctl_env
 
 
 def env_for(home: Path) -> dict[str, str]:
@@ -127,7 +126,7 @@ def taogpuctl_on_path(folder: Path) -> dict[str, str]:
     """An environment whose PATH has a `taogpuctl` that runs this checkout's code."""
     folder.mkdir()
     script = folder / "taogpuctl"
-    python_path = testing.ctl_env()["PYTHONPATH"]
+    python_path = ctl_env()["PYTHONPATH"]
     command = f"PYTHONPATH={shlex.quote(python_path)} exec {shlex.quote(sys.executable)}"
     script.write_text(f'#!/bin/sh\n{command} -m taogpud.cli "$@"\n')
     script.chmod(0o755)

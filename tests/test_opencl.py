@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import RunningDaemon
 
 from taogpud.backends.opencl import probe as opencl_probe
 from taogpud.client import ApiError, Client
+from taogpud.testing import RunningDaemon
 
 pytestmark = pytest.mark.xdist_group("opencl")  # one worker: the daemons share the PoCL cache
 

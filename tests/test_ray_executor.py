@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import RunningDaemon, start_daemon
 from traces import most_running
 
 from taogpud.arrayfiles import images
@@ -33,7 +32,7 @@ from taogpud.config import diff, load, needs_restart
 from taogpud.config.ray import restart_only, serves_client_memory
 from taogpud.daemon.lifecycle import EXIT_MAY_PASS_LATER
 from taogpud.errors import ConfigError
-from taogpud.testing import ClientProcess, Pair, wait_until, write_pair
+from taogpud.testing import ClientProcess, Pair, RunningDaemon, start_daemon, wait_until, write_pair
 
 pytestmark = [
     pytest.mark.slow,  # a local Ray instance: tens of seconds to start

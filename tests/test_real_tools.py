@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODELS, RunningDaemon, start_relay
+from conftest import MODELS, start_relay
 from conftest import RELAY_KEY as KEY
 from test_relay import relay_lines
 
+from taogpud.testing import RunningDaemon
 from taogpud.testing.fake_provider import (
     FakeProvider,
     Reply,

@@ -20,9 +20,9 @@ import httpx
 import openai
 import pytest
 from conftest import RELAY_KEY as KEY
-from conftest import RunningDaemon, start_relay, token_of, unix_get
+from conftest import start_relay, token_of, unix_get
 
-from taogpud.testing import wait_until
+from taogpud.testing import RunningDaemon, wait_until
 from taogpud.testing.fake_provider import (
     FakeProvider,
     Reply,

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import RunningDaemon, start_relay, token_of
+from conftest import start_relay, token_of
 
-from taogpud.testing import wait_until
+from taogpud.testing import RunningDaemon, wait_until
 from taogpud.testing.fake_provider import FakeProvider
 
 FLOOD = 300

@@ -10,8 +10,8 @@ import http.client
 import json
 
 import pytest
-from conftest import RunningDaemon
 
+from taogpud.testing import RunningDaemon
 from taogpud.testing.fake_provider import FakeProvider, Reply
 
 UTF8 = "naïve ✓ 東京".encode()

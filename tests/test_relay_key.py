@@ -18,11 +18,12 @@ import httpx
 import openai
 import pytest
 from conftest import RELAY_KEY as KEY
-from conftest import RunningDaemon, token_of
+from conftest import token_of
 from pydantic import SecretStr
 
 from taogpud.provider.channel import Scrubber
 from taogpud.relay.scrub import MARK, KeyBytes
+from taogpud.testing import RunningDaemon
 from taogpud.testing.fake_provider import (
     FakeProvider,
     Reply,

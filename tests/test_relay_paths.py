@@ -13,8 +13,8 @@ import socket
 from collections.abc import Callable
 
 import pytest
-from conftest import RunningDaemon
 
+from taogpud.testing import RunningDaemon
 from taogpud.testing.fake_provider import FakeProvider
 
 OUTSIDE = [

@@ -17,9 +17,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import MODELS, RunningDaemon, start_relay, token_of, unix_get
+from conftest import MODELS, start_relay, token_of, unix_get
 from test_relay import _CLIENTS, anthropic_tcp, assert_no_key, kept, relay_lines
 
+from taogpud.testing import RunningDaemon
 from taogpud.testing.fake_provider import (
     FakeProvider,
     Reply,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from taogpud.client import DaemonUnreachable
-from tests.conftest import RunningDaemon
+from taogpud.testing import RunningDaemon
 from tests.test_opencl import opencl_config, opencl_settings, requires_opencl
 
 WARM_TIMEOUT_S = 300  # PoCL builds every kernel at warm-up: minutes on a busy 2-core host

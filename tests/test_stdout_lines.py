@@ -12,9 +12,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from conftest import RunningDaemon
-
-from taogpud.testing import wait_until
+from taogpud.testing import RunningDaemon, wait_until
 
 PRINTING_PLUGIN = """
 from pydantic import BaseModel, ConfigDict

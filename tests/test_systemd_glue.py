@@ -21,13 +21,12 @@ from typing import Any
 
 import pytest
 import structlog
-from conftest import CPU_CONFIG, CPU_SETTINGS, RunningDaemon
 
 from taogpud.client import Client
 from taogpud.host import systemd
 from taogpud.observability import journal, trace
 from taogpud.observability import logging as tlog
-from taogpud.testing import write_pair
+from taogpud.testing import CPU_CONFIG, CPU_SETTINGS, RunningDaemon, write_pair
 
 SECRET = "tt-sk-glue-5e3a9c71d4"
 

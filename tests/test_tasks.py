@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import RunningDaemon
 from structlog.testing import capture_logs
 
 from taogpud import tasks
@@ -26,6 +25,7 @@ from taogpud.backends.cuda.backend import _device_problem, probe_cuda
 from taogpud.errors import BackendUnavailable, InvalidParams, UnknownTask
 from taogpud.tasks import JobCancelled, TaskContext, TaskOutput
 from taogpud.tasks.warmup import backend_for, warm
+from taogpud.testing import RunningDaemon
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SIZED_TASKS = ("vector_add", "saxpy", "reduce_sum", "fft", "sort")

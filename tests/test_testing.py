@@ -3,6 +3,7 @@ and a daemon started through it leaves nothing behind."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import gc
 import json
@@ -20,9 +21,26 @@ from pathlib import Path
 import pytest
 
 import taogpud
-from taogpud import testing
 from taogpud.config import load
 from taogpud.daemon.lifecycle import loop_factory
+from taogpud.testing import (
+    CPU_CONFIG,
+    HarnessError,
+    InProcessDaemon,
+    RunningDaemon,
+    cpu_pair,
+    ctl_env,
+    in_process,
+    new_home,
+    parse_trace,
+    remove_home,
+    start_daemon,
+    start_in_process,
+    to_toml,
+    wait_until,
+    whole_lines,
+    write_pair,
+)
 
 # Run in a fresh interpreter where importing pytest fails, as in a bench or a script.
 WITHOUT_PYTEST = "import sys; sys.modules['pytest'] = sys.modules['_pytest'] = None\n"
@@ -87,7 +105,7 @@ def test_running_leaves_no_process_no_socket_and_no_home() -> None:
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert len(seen["pids"]) >= 3, seen  # the daemon and its two CPU workers at least
-    testing.wait_until(lambda: not any(map(alive, seen["pids"])), "every process to be gone")
+    wait_until(lambda: not any(map(alive, seen["pids"])), "every process to be gone")
     assert seen["exit"] == 0  # a drain, not the kill -9 after the timeout
     assert seen["socket_left"] is False  # the daemon removed its socket as it stopped
     assert not Path(seen["home"]).exists()
@@ -96,23 +114,23 @@ def test_running_leaves_no_process_no_socket_and_no_home() -> None:
 @pytest.mark.process
 def test_stop_kills_a_daemon_that_does_not_drain_in_time() -> None:
     """A daemon frozen with SIGSTOP ignores SIGTERM: stop() waits its timeout, then kill -9."""
-    home = testing.new_home()
+    home = new_home()
     try:
-        daemon = testing.start_daemon(home, None, None)
+        daemon = start_daemon(home, None, None)
         os.kill(daemon.proc.pid, signal.SIGSTOP)
         started = time.monotonic()
         assert daemon.stop(timeout_s=0.5) == -signal.SIGKILL
         assert time.monotonic() - started >= 0.5
     finally:
-        testing.remove_home(home)
+        remove_home(home)
 
 
 def test_write_pair_writes_what_the_loader_reads(tmp_path: Path) -> None:
     """Mappings are serialised as JSON and TOML, strings written as they are; `load` reads both."""
-    settings, config = testing.cpu_pair(config={"scheduling": {"max_concurrent_tasks": 3}})
-    pair = testing.write_pair(tmp_path / "a", settings, config)
+    settings, config = cpu_pair(config={"scheduling": {"max_concurrent_tasks": 3}})
+    pair = write_pair(tmp_path / "a", settings, config)
     assert load(*pair, environ={}).config.scheduling.max_concurrent_tasks == 3
-    as_text = testing.write_pair(tmp_path / "b", json.dumps(settings), testing.to_toml(config))
+    as_text = write_pair(tmp_path / "b", json.dumps(settings), to_toml(config))
     assert as_text.settings.read_text() == pair.settings.read_text()
     assert as_text.config.read_text() == pair.config.read_text()
     assert pair.flags() == ["--settings", str(pair.settings), "--config", str(pair.config)]
@@ -120,15 +138,15 @@ def test_write_pair_writes_what_the_loader_reads(tmp_path: Path) -> None:
 
 def test_cpu_pair_merges_overrides_without_changing_the_defaults() -> None:
     """Overrides land table by table; CPU_CONFIG itself is untouched."""
-    _, config = testing.cpu_pair(config={"runtime": {"thread_num": 4}})
+    _, config = cpu_pair(config={"runtime": {"thread_num": 4}})
     assert config["runtime"] == {"device_type": "cpu", "thread_num": 4, "cpu_devices": 2}
-    assert testing.CPU_CONFIG["runtime"]["thread_num"] == 1
+    assert CPU_CONFIG["runtime"]["thread_num"] == 1
 
 
 def test_wait_until_names_what_never_happened() -> None:
     """A condition that stays false: HarnessError (an AssertionError) naming it, once late."""
     with pytest.raises(AssertionError, match=r"never happened within 0\.05 s: the sky to fall"):
-        testing.wait_until(lambda: False, "the sky to fall", timeout_s=0.05)
+        wait_until(lambda: False, "the sky to fall", timeout_s=0.05)
 
 
 def test_taogpuctl_drops_the_key_and_the_control_variables(
@@ -137,7 +155,7 @@ def test_taogpuctl_drops_the_key_and_the_control_variables(
     """A child started by ctl_env never inherits TAOTOKEN_API_KEY or TAOGPUD_SOCKET; `env` wins."""
     monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-never-in-a-child")
     monkeypatch.setenv("TAOGPUD_SOCKET", "/nowhere.sock")
-    child = testing.ctl_env({"EXTRA": "1"})
+    child = ctl_env({"EXTRA": "1"})
     assert "TAOTOKEN_API_KEY" not in child and "TAOGPUD_SOCKET" not in child
     assert child["EXTRA"] == "1"
 
@@ -185,7 +203,7 @@ def test_children_run_the_code_the_harness_imported(monkeypatch: pytest.MonkeyPa
     monkeypatch.delenv("PYTHONPATH", raising=False)
     done = subprocess.run(
         [sys.executable, "-c", "import taogpud; print(taogpud.__file__)"],
-        cwd="/", env=testing.ctl_env(), capture_output=True, text=True, timeout=60, check=True,
+        cwd="/", env=ctl_env(), capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert Path(done.stdout.strip()) == Path(taogpud.__file__)
 
@@ -195,10 +213,10 @@ def test_a_line_still_being_written_is_not_read_yet() -> None:
     CI run read `{"method":"GET",...,"event":"api.request` and failed on its JSON). Only whole
     lines are read: the rest is there at the next read."""
     written = '{"event":"job.succeeded"}\n{"method":"GET","event":"api.req'
-    assert testing.parse_trace(written) == [{"event": "job.succeeded"}]
-    assert testing.whole_lines(written) == '{"event":"job.succeeded"}\n'
-    assert testing.whole_lines(written + 'uest"}\n') == written + 'uest"}\n'
-    assert testing.whole_lines("") == ""
+    assert parse_trace(written) == [{"event": "job.succeeded"}]
+    assert whole_lines(written) == '{"event":"job.succeeded"}\n'
+    assert whole_lines(written + 'uest"}\n') == written + 'uest"}\n'
+    assert whole_lines("") == ""
 
 
 def process_wide() -> dict[str, object]:
@@ -225,7 +243,7 @@ def test_an_in_process_daemon_serves_and_leaves_the_process_as_it_was() -> None:
     with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop's pipe, once a process
         runner.run(asyncio.sleep(0))
     before = process_wide()
-    with testing.in_process() as daemon:
+    with in_process() as daemon:
         with daemon.client() as client:
             job = client.run("noop", {})
             workers = [w["pid"] for w in client.status()["workers"]]
@@ -241,7 +259,7 @@ def test_an_in_process_daemon_serves_and_leaves_the_process_as_it_was() -> None:
 
 
 def test_an_in_process_start_that_fails_says_why_and_frees_the_next(
-    daemon_factory: Callable[..., testing.RunningDaemon],
+    daemon_factory: Callable[..., RunningDaemon],
 ) -> None:
     """A start refused on a state directory a daemon process holds raises HarnessError with
     the daemon's reason; the next in-process daemon then starts (the first let go of it all)."""
@@ -249,14 +267,56 @@ def test_an_in_process_start_that_fails_says_why_and_frees_the_next(
     home = held.home.parent / "second"
     home.mkdir()
     (home / "state").symlink_to(held.state_dir)  # its own socket, the held state directory
-    with pytest.raises(testing.HarnessError, match="StateDirLocked"):
-        testing.start_in_process(home)
-    with testing.in_process() as daemon:
+    with pytest.raises(HarnessError, match="StateDirLocked"):
+        start_in_process(home)
+    with in_process() as daemon:
         assert daemon.healthy()
 
 
-def test_one_in_process_daemon_at_a_time(inprocess_daemon: testing.InProcessDaemon) -> None:
+def test_one_in_process_daemon_at_a_time(inprocess_daemon: InProcessDaemon) -> None:
     """Logging is the process's: a second in-process daemon while one runs is refused."""
-    with pytest.raises(testing.HarnessError, match="one in-process daemon at a time"):
-        testing.start_in_process(testing.new_home())
+    with pytest.raises(HarnessError, match="one in-process daemon at a time"):
+        start_in_process(new_home())
     assert inprocess_daemon.healthy()
+
+
+HARNESS_NAMES = {name for name in vars(sys.modules["taogpud.testing"]) if name[0] != "_"}
+
+
+def harness_imports_elsewhere(source: str) -> list[str]:
+    """The imports in `source` that reach the harness another way than
+    `from taogpud.testing import NAME`: `from taogpud import testing`, `import
+    taogpud.testing`, or a harness name taken from conftest or from another test module."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and "taogpud.testing" in [a.name for a in node.names]:
+            found.append(f"line {node.lineno}: import taogpud.testing")
+        if not isinstance(node, ast.ImportFrom) or node.level:
+            continue
+        module, names = node.module or "", [alias.name for alias in node.names]
+        if module == "taogpud" and "testing" in names:
+            found.append(f"line {node.lineno}: from taogpud import testing")
+        elif module.split(".")[-1].startswith(("conftest", "test_")):
+            borrowed = sorted(set(names) & HARNESS_NAMES)
+            found += [f"line {node.lineno}: {name} from {module}" for name in borrowed]
+    return found
+
+
+def test_tests_import_the_harness_one_way() -> None:
+    """Every test module takes the harness `from taogpud.testing import …`, and the check
+    itself finds each of the other ways (the three that were in use)."""
+    tests = Path(__file__).parent
+    elsewhere = {
+        path.name: found
+        for path in sorted(tests.glob("*.py"))
+        if (found := harness_imports_elsewhere(path.read_text()))
+    }
+    assert elsewhere == {}
+    other_ways = (
+        "from taogpud import testing\n"
+        "from conftest import RunningDaemon\n"
+        "from tests.conftest import start_daemon\n"
+        "from tests.test_cli import Ctl, json_out\n"
+        "import taogpud.testing\n"
+    )
+    assert len(harness_imports_elsewhere(other_ways)) == 5
