@@ -240,6 +240,7 @@ def devices_st(draw: st.DrawFn) -> list[Device]:
 jobs_st = st.builds(
     Job,
     estimate_bytes=st.integers(0, 4 * GIB),
+    reserve_cap=st.booleans(),
     device=st.none() | st.integers(0, 8),
     affinity=st.none() | st.sampled_from(["a", "b"]),
 )
@@ -262,7 +263,8 @@ def _decide(
 def test_never_over_a_cap(
     job: Job, devices: list[Device], rules: Rules, running: int, cursor: int, keys: dict[str, int]
 ) -> None:
-    """A job placed is under the global cap, on a free slot, within the device's memory cap."""
+    """A job placed is under the global cap, on a free slot, within the device's memory cap
+    (what it needs there: its estimate, or the whole cap for a program without --mem)."""
     decision = _decide(job, devices, rules, running, cursor, keys)
     if decision.position is None:
         return
@@ -270,7 +272,8 @@ def test_never_over_a_cap(
     assert running < rules.max_concurrent_tasks
     assert device.free > 0
     assert (
-        device.cap_bytes is None or device.reserved_bytes + job.estimate_bytes <= device.cap_bytes
+        device.cap_bytes is None
+        or device.reserved_bytes + job.need_bytes(device) <= device.cap_bytes
     )
 
 
