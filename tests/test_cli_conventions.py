@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from taogpud import __version__
-from taogpud.cli.conventions import FULL_ID_LENGTH, short_ids
+from taogpud.cli.conventions import short_ids
 from taogpud.cli.words import humanize, remember
+from taogpud.client.ids import FULL_ID_LENGTH
 from taogpud.jobs.records import new_job_id
 from taogpud.testing import Ctl, InProcessDaemon, taogpuctl
 from tests.test_cli import assert_one_error_line, json_out

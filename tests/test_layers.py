@@ -46,6 +46,9 @@ RULES = [
     ("taogpud.relay", ("taogpud.api", "taogpud.cli")),
     ("taogpud.daemon", ("taogpud.api",)),
     ("taogpud.host.unix_socket", ("taogpud.api", "starlette", "fastapi", "uvicorn")),
+    # `taogpuctl mcp` serves its tools through the client, as taogpuctl does: what both use
+    # (a job id's prefix, the evidence's nvidia-smi table) sits below them, never in cli/
+    ("taogpud.agents", ("taogpud.cli",)),
     ("taogpud.doors", ("taogpud.api", "taogpud.daemon", "taogpud.relay", "starlette", "fastapi")),
 ]
 

@@ -210,7 +210,7 @@ def test_evidence_sits_beside_the_nvidia_smi_query_that_shows_it() -> None:
     """A CUDA job's NVML facts, each paired with the nvidia-smi query `taogpuctl show
     --evidence` prints beside it (the same table), facts without one paired with None."""
     from taogpud.agents.results import evidence_facts
-    from taogpud.cli.guide import NVIDIA_SMI
+    from taogpud.observability.nvml import NVIDIA_SMI
 
     record = {
         "backend": "cuda",

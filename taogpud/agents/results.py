@@ -13,7 +13,6 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from taogpud.cli.guide import NVIDIA_SMI  # the table `taogpuctl show --evidence` prints
 from taogpud.observability import nvml
 from taogpud.wire import FINISHED_STATES, DeviceJson, JobJson, StatusJson, TaskJson
 
@@ -181,7 +180,8 @@ def evidence_facts(job: Job) -> tuple[list[dict[str, Any]], str]:
         return [], "no NVML evidence yet: the job has not run"
     if not evidence:
         return [], f"no NVML evidence: the job ran on {job['backend']}, not a CUDA GPU"
-    facts = [{"key": k, "value": v, "nvidia_smi": NVIDIA_SMI.get(k)} for k, v in evidence.items()]
+    smi = nvml.NVIDIA_SMI  # the table `taogpuctl show --evidence` prints
+    facts = [{"key": k, "value": v, "nvidia_smi": smi.get(k)} for k, v in evidence.items()]
     return facts, "what NVML saw while the job ran; each fact's nvidia-smi query shows it too"
 
 

@@ -29,6 +29,7 @@ from pydantic import Field
 from taogpud import __version__, wire
 from taogpud.agents import results
 from taogpud.client import ApiError, Client, DaemonUnreachable, NotInGroup
+from taogpud.client.ids import resolve_id
 from taogpud.client.stream import stream_lines
 from taogpud.errors import CliError
 from taogpud.observability.trace_ring import RING_LINES
@@ -342,6 +343,4 @@ def read_gpu_status(client: Client) -> results.GpuStatus:
 
 def full_id(client: Client, given: str) -> str:
     """A job id from a prefix, as taogpuctl takes one."""
-    from taogpud.cli.conventions import resolve_id
-
     return resolve_id(client, given)

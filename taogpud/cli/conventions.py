@@ -4,7 +4,7 @@
 - `--version` (every tool);
 - `taogpuctl completion bash|zsh|fish` prints the completion script (kubectl, gh, docker);
 - a job id may be shortened to any unique prefix (git, docker); an ambiguous one is an error
-  listing the candidates;
+  listing the candidates (taogpud/client/ids.py: the MCP tools take one too);
 - exit 124 when a wait gave up with the job still running (as timeout(1) does), so a script
   can tell "not finished yet" from "the job failed" (1).
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Any
@@ -24,12 +23,8 @@ from typer.core import TyperOption
 
 from taogpud import __version__
 from taogpud.cli.hot import COMPLETE_VAR as COMPLETE_VAR  # noqa: PLC0414 (named here too)
-from taogpud.client import ApiError, Client
-from taogpud.errors import AmbiguousId
 
-FULL_ID_LENGTH = 17  # jobs.new_job_id(): 6 random hex + 11 hex of milliseconds
 SHORT_ID_LENGTH = 6  # what tables show (docker's 12, git's 7: 24 random bits here)
-_HEX = re.compile(r"^[0-9a-f]+$")
 
 # typer's own completion scripts and the classes that answer them: its public module imports
 # them without re-exporting them by name (so, for mypy, Any); `import typer` imports it anyway
@@ -107,28 +102,11 @@ def completion_command(
 # --- job ids -----------------------------------------------------------------------------
 
 
-def resolve_id(client: Client, given: str) -> str:
-    """The full job id for `given`: itself when the daemon knows it, else the one job whose id
-    starts with it. Unknown → the daemon's job_not_found; several → AmbiguousId."""
-    try:
-        client.get(given)
-    except ApiError as exc:
-        if exc.code != "job_not_found" or not _could_be_prefix(given):
-            raise
-        matches = [str(job["id"]) for job in client.list_jobs(limit=10_000)]
-        candidates = sorted(job_id for job_id in matches if job_id.startswith(given))
-        if not candidates:
-            raise
-        if len(candidates) > 1:
-            raise AmbiguousId(given, candidates) from None
-        return candidates[0]
-    return given
-
-
 def short_ids(ids: Sequence[str]) -> dict[str, str]:
     """Each id's short form among `ids`: its first SHORT_ID_LENGTH characters, or as many
     more as set it apart from the others shown (as git abbreviates). A prefix shared with a
-    job not shown is still refused as ambiguous by resolve_id, never taken for the wrong one."""
+    job not shown is still refused as ambiguous by resolve_id (client/ids.py), never taken
+    for the wrong one."""
     ordered = sorted(set(ids))
     shared = [_common_length(a, b) for a, b in itertools.pairwise(ordered)]
     lengths = [max([0, *shared[max(i - 1, 0) : i + 1]]) + 1 for i in range(len(ordered))]
@@ -142,7 +120,3 @@ def _common_length(a: str, b: str) -> int:
     return next(
         (n for n, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
     )
-
-
-def _could_be_prefix(given: str) -> bool:
-    return 0 < len(given) < FULL_ID_LENGTH and bool(_HEX.match(given))

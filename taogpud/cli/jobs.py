@@ -10,7 +10,7 @@ import typer
 from taogpud.cli import guide as cli_guide
 from taogpud.cli import words as cli_words
 from taogpud.cli.context import connect
-from taogpud.cli.conventions import resolve_id, short_ids
+from taogpud.cli.conventions import short_ids
 from taogpud.cli.inputs import build_params, upload_inputs
 from taogpud.cli.options import JsonFlag, ParamOption, SeedOption, SizeOption
 from taogpud.cli.output import (
@@ -26,6 +26,7 @@ from taogpud.cli.output import (
 )
 from taogpud.cli.report import finish_waited, report_job
 from taogpud.client import Job
+from taogpud.client.ids import resolve_id
 from taogpud.errors import EXIT_FAILED, EXIT_OK, CliError
 from taogpud.i18n import _
 

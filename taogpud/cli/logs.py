@@ -12,9 +12,9 @@ import typer
 
 from taogpud import wire
 from taogpud.cli.context import connect
-from taogpud.cli.conventions import resolve_id
 from taogpud.cli.output import emit_line
 from taogpud.cli.program_run import follow_log
+from taogpud.client.ids import resolve_id
 
 # a job line's fields shown in `logs`, in this order, after its time and event
 LOG_FIELDS: tuple[str, ...] = ("status", "task", "backend", "device", "fallback", "queue_ms")

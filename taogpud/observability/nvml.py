@@ -23,6 +23,18 @@ from taogpud.host.install_hints import install_hint
 
 T = TypeVar("T")
 
+# a job's evidence key (backends/cuda/evidence.py) → the nvidia-smi query that reads the same
+# fact on the host: `taogpuctl show --evidence` and the MCP tools print them side by side
+NVIDIA_SMI = {
+    "gpu_uuid": "nvidia-smi --query-gpu=uuid --format=csv,noheader",
+    "pci_bus_id": "nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader",
+    "pid_seen_on_gpu": "nvidia-smi --query-compute-apps=pid,used_memory --format=csv",
+    "gpu_pids": "nvidia-smi --query-compute-apps=pid --format=csv,noheader",
+    "utilization_peak_percent": "nvidia-smi --query-gpu=utilization.gpu --format=csv -lms 100",
+    "energy_j": "nvidia-smi --query-gpu=total_energy_consumption --format=csv",
+    "xid_errors": "journalctl -k | grep -i xid  (or: dmesg | grep -i xid)",
+}
+
 
 @dataclass(frozen=True)
 class GpuProcess:
