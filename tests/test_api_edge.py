@@ -16,8 +16,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from taogpud.api.edge import CLIENT_GONE, ApiEdge
 from taogpud.errors import BodyTooLarge
-from taogpud.host.unix_socket import PEER_KEY
-from taogpud.jobs.records import Peer
+from taogpud.host.unix_socket import PEER_KEY, PeerCred
 from taogpud.observability import trace
 from taogpud.observability.logging import set_request_trace
 
@@ -60,7 +59,7 @@ def scope_for(path: str, headers: list[tuple[bytes, bytes]]) -> Scope:
         "method": "POST",
         "path": path,
         "headers": headers,
-        "state": {PEER_KEY: Peer(pid=1, uid=1234, gid=1234)},
+        "state": {PEER_KEY: PeerCred(pid=1, uid=1234, gid=1234)},
     }
 
 

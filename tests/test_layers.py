@@ -8,12 +8,13 @@ host/environ.py; the OpenCL check is the doctor's, doctor/opencl.py); the client
 pool (pool/interface.py) names no executor's workers; placement stays pure (nothing of
 taogpud, no asyncio), and the core under the API (the scheduler, the pool, the relay, the
 daemon) never imports it: what they share with it, the Unix socket and SO_PEERCRED, is a leaf
-of the standard library (taogpud/host/unix_socket.py).
+of the standard library (taogpud/host/unix_socket.py), as all of host/ and wire.py are.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,11 @@ RULES = [
     # `taogpuctl mcp` serves its tools through the client, as taogpuctl does: what both use
     # (a job id's prefix, the evidence's nvidia-smi table) sits below them, never in cli/
     ("taogpud.agents", ("taogpud.cli",)),
-    ("taogpud.doors", ("taogpud.api", "taogpud.daemon", "taogpud.relay", "starlette", "fastapi")),
+    # one policy under every listener: it counts a connection's PeerCred, not a job's Peer
+    (
+        "taogpud.doors",
+        ("taogpud.api", "taogpud.daemon", "taogpud.relay", "taogpud.jobs", "starlette", "fastapi"),
+    ),
 ]
 
 # The two modules above the API: the composition step builds the app and hands the `.shm`
@@ -116,6 +121,33 @@ def test_no_module_imports_a_layer_above_it(layer: str, forbidden: tuple[str, ..
         for line, name in imported_names(path)
         if any(_is_under(name, prefix) for prefix in forbidden)
         and name not in SERVES_THE_API.get(module_name(path), ())
+    ]
+    assert offences == []
+
+
+# The leaves every room leans on: the standard library and, of taogpud, these alone. The host's
+# glue hands up plain values (a connection's PeerCred), which the rooms above build their own
+# models from (jobs.records.Peer.of), never the other way.
+STANDARD_LIBRARY_ONLY = {
+    "taogpud.host": ("taogpud.host", "taogpud.wire", "taogpud.errors", "taogpud.i18n"),
+    "taogpud.wire": ("taogpud.wire",),
+}
+
+
+def _is_standard_library(name: str) -> bool:
+    return name.split(".", maxsplit=1)[0] in sys.stdlib_module_names
+
+
+@pytest.mark.parametrize(
+    ("leaf", "allowed"), STANDARD_LIBRARY_ONLY.items(), ids=list(STANDARD_LIBRARY_ONLY)
+)
+def test_a_leaf_imports_the_standard_library_alone(leaf: str, allowed: tuple[str, ...]) -> None:
+    """Every import of `leaf`'s modules is the standard library's or one of `allowed`."""
+    offences = [
+        f"{path.relative_to(PACKAGE_ROOT.parent)}:{line} imports {name}"
+        for path in modules_under(leaf)
+        for line, name in imported_names(path)
+        if not _is_standard_library(name) and not any(_is_under(name, p) for p in allowed)
     ]
     assert offences == []
 

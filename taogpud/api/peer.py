@@ -13,4 +13,4 @@ from taogpud.jobs.records import Peer
 
 
 def peer_of(request: Request) -> Peer:
-    return peer_in(request.scope)
+    return Peer.of(peer_in(request.scope))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from taogpud.config import ServerSection
 from taogpud.doors.noise import Noise
-from taogpud.jobs.records import Peer
+from taogpud.host.unix_socket import PeerCred
 
 Caps = Callable[[], ServerSection]
 
@@ -58,7 +58,7 @@ class Ticket:
 
     guard: ConnectionGuard
     door: Door
-    peer: Peer
+    peer: PeerCred
     released: bool = field(default=False)
 
     def release(self) -> None:
@@ -77,7 +77,7 @@ class ConnectionGuard:
         self._open: Counter[int | None] = Counter()
         self.total = 0
 
-    def admit(self, peer: Peer, door: Door) -> Ticket | None:
+    def admit(self, peer: PeerCred, door: Door) -> Ticket | None:
         """A ticket, or None (logged as a summary) when a cap is reached."""
         caps = self.caps()
         total_cap = min(caps.max_connections, self._fd_cap)
@@ -107,7 +107,7 @@ class ConnectionGuard:
         if self._open[None] <= 0:
             del self._open[None]
         self._open[uid] += 1
-        ticket.peer = Peer(uid=uid)
+        ticket.peer = PeerCred(uid=uid)
         return True
 
     def release(self, ticket: Ticket) -> None:

@@ -2,12 +2,13 @@
 
 - `bind_unix_socket`: 0660, group taogpu where that group exists, renamed into place once
   listening (nobody sees the path with the wrong mode), never stolen from a live daemon.
-- `read_peer`: SO_PEERCRED of one connection. The API's HTTP protocol class reads it once per
-  connection and adds it to the app state uvicorn copies into every request's
-  `scope["state"]` (ASGI gives an application no socket); `peer_in(scope)` reads it back.
+- `read_peer`: SO_PEERCRED of one connection, a `PeerCred`. The API's HTTP protocol class
+  reads it once per connection and adds it to the app state uvicorn copies into every
+  request's `scope["state"]` (ASGI gives an application no socket); `peer_in(scope)` reads it
+  back. A job's submitter (jobs.records.Peer, the API's model) is built from it there.
 
 A leaf: the daemon, the `.shm` socket, the relay and the API all use it, and it imports
-nothing of theirs.
+nothing of theirs (test_layers.py: the standard library alone).
 """
 
 from __future__ import annotations
@@ -19,14 +20,21 @@ import socket
 import struct
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-from taogpud.jobs.records import Peer
+from typing import Any, NamedTuple
 
 SOCKET_GROUP = "taogpu"
 BACKLOG = 1024
 MAX_PATH_BYTES = 107  # sun_path is 108 bytes with the terminating NUL
 PEER_KEY = "taogpud_peer"  # scope["state"][PEER_KEY]
+
+
+class PeerCred(NamedTuple):
+    """Who is at the other end of a connection (SO_PEERCRED); None each where the socket is
+    not a Unix one."""
+
+    pid: int | None = None
+    uid: int | None = None
+    gid: int | None = None
 
 
 def bind_unix_socket(path: Path) -> socket.socket:
@@ -68,15 +76,15 @@ def _remove_stale(path: Path) -> None:
     )
 
 
-def read_peer(sock: socket.socket | None) -> Peer:
+def read_peer(sock: socket.socket | None) -> PeerCred:
     if sock is None or sock.family != socket.AF_UNIX:
-        return Peer()
+        return PeerCred()
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
-    return Peer(pid=pid, uid=uid, gid=gid)
+    return PeerCred(pid=pid, uid=uid, gid=gid)
 
 
-def peer_in(scope: Mapping[str, Any]) -> Peer:
-    """The caller recorded in an ASGI scope's state; an unknown Peer() if none was."""
+def peer_in(scope: Mapping[str, Any]) -> PeerCred:
+    """The caller recorded in an ASGI scope's state; an unknown PeerCred() if none was."""
     peer = scope.get("state", {}).get(PEER_KEY)
-    return peer if isinstance(peer, Peer) else Peer()
+    return peer if isinstance(peer, PeerCred) else PeerCred()

@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from taogpud.host.unix_socket import PeerCred
+
 # The states are the wire's (the client reads them too); the `as` re-exports them from here.
 from taogpud.wire import JobState as JobState  # noqa: PLC0414
 
@@ -40,6 +42,11 @@ class Peer(BaseModel):
     pid: int | None = None
     uid: int | None = None
     gid: int | None = None
+
+    @classmethod
+    def of(cls, cred: PeerCred) -> Peer:
+        """The submitter a connection's SO_PEERCRED names (host/unix_socket.py reads it)."""
+        return cls(pid=cred.pid, uid=cred.uid, gid=cred.gid)
 
 
 PROGRAM_TASK = "program"  # a job that is a user's own program under a lease (docs/programs.md)

@@ -255,7 +255,7 @@ class _Connection:
 
     def __init__(self, server: ShmServer, sock: socket.socket, ticket: Ticket) -> None:
         self.server, self.sock, self.ticket = server, sock, ticket
-        self.peer: Peer = ticket.peer
+        self.peer = Peer.of(ticket.peer)  # the submitter of this connection's jobs
         sock.setblocking(False)
         self.deadline = Deadline(self._timed_out)
         self.deadline.arm(self._caps().head_timeout_s, "head_timeout")  # the first message
