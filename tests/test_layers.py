@@ -47,6 +47,9 @@ RULES = [
     ("taogpud.relay", ("taogpud.api", "taogpud.cli")),
     ("taogpud.daemon", ("taogpud.api",)),
     ("taogpud.host.unix_socket", ("taogpud.api", "starlette", "fastapi", "uvicorn")),
+    # what taogpud says about itself writes lines and serves collectors it is handed: a job's
+    # line is the jobs' (jobs/trace_line.py), the daemon's collector the daemon's
+    ("taogpud.observability", ("taogpud.jobs", "taogpud.daemon", "taogpud.api", "taogpud.relay")),
     # `taogpuctl mcp` serves its tools through the client, as taogpuctl does: what both use
     # (a job id's prefix, the evidence's nvidia-smi table) sits below them, never in cli/
     ("taogpud.agents", ("taogpud.cli",)),

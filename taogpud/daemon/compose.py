@@ -25,6 +25,7 @@ from taogpud.api.models import job_request_from
 from taogpud.arrayfiles import images
 from taogpud.arrayfiles.store import ArrayStore, array_budget_bytes, upload_quota_bytes
 from taogpud.config.ray import serves_client_memory
+from taogpud.daemon.metrics import DaemonCollector
 from taogpud.daemon.reload import Reloader
 from taogpud.daemon.state import DaemonState, DaemonStatus, Limits
 from taogpud.doors import Doors
@@ -82,7 +83,7 @@ def compose(
     listeners opened by the lifecycle."""
     state, reloader = _build_state(snapshot, options, notifier)
     relay = Relay(lambda: state.status.snapshot, TokenStore(options.state_dir / RELAY_TOKENS_FILE))
-    registry = metrics_registry(state, RelayCollector(relay.use))
+    registry = metrics_registry(DaemonCollector(state), RelayCollector(relay.use))
     app = create_app(state, relay, registry)
     return Services(state, reloader, relay, app, _shm_server(state))
 

@@ -41,6 +41,7 @@ from taogpud.jobs.records import (
 )
 from taogpud.jobs.runqueue import RunQueue
 from taogpud.jobs.store import JobStore, Tell
+from taogpud.jobs.trace_line import job_line
 from taogpud.observability import metrics, trace
 from taogpud.pool import protocol as msg
 from taogpud.pool.interface import Pool, Worker
@@ -213,7 +214,7 @@ class Scheduler:
 
     def _trace(self, job: JobRecord) -> None:
         """The job's trace line as it stands, written once the store has committed it."""
-        self.store.tell(trace.job_line(job), Tell.TRACE, job.id)
+        self.store.tell(job_line(job), Tell.TRACE, job.id)
 
     # -- placement ------------------------------------------------------------------------
 

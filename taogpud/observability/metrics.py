@@ -1,5 +1,7 @@
 """Prometheus metrics, computed from the daemon's state when scraped (nothing on the hot path
-but JobTimes.observe: a bisect and three additions when a job finishes).
+but JobTimes.observe: a bisect and three additions when a job finishes). Each room brings its
+collector (the daemon's, daemon/metrics.py; the relay's, relay/metrics.py): this knows none
+of them, and reads of a job only what `TimedJob` says.
 
 The names (packaging/grafana/taogpud.json charts them; tests/test_metrics.py checks each of its
 queries against a live scrape):
@@ -17,21 +19,24 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from taogpud.daemon.state import DaemonState
-    from taogpud.jobs.records import JobRecord
+
+class TimedJob(Protocol):
+    """What JobTimes reads of a finished job (a jobs.records.JobRecord is one)."""
+
+    task: str
+    backend: str | None
+    fallback: bool
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+
 
 # Upper bounds (s). Queue: from a free slot's ~1 ms to a backlog's minutes. Run: tiny jobs
 # take ~1 ms on a warm worker, GPU jobs up to their timeout.
@@ -72,7 +77,7 @@ class JobTimes:
         self.queue: dict[tuple[str, str, str], Buckets] = {}
         self.run: dict[tuple[str, str, str], Buckets] = {}
 
-    def observe(self, job: JobRecord) -> None:
+    def observe(self, job: TimedJob) -> None:
         if job.started_at is None or job.finished_at is None:
             return  # never ran (cancelled in the queue, refused): no run, no finished wait
         key = (job.task, job.backend or "none", "true" if job.fallback else "false")
@@ -92,52 +97,15 @@ class JobTimes:
             yield family
 
 
-class DaemonCollector:
-    def __init__(self, daemon: DaemonState) -> None:
-        self.daemon = daemon
-
-    def collect(self) -> Iterator[Metric]:
-        scheduler = self.daemon.scheduler
-        yield _gauge("taogpud_jobs_running", "jobs running now", scheduler.running_total)
-        yield _gauge("taogpud_jobs_queued", "jobs waiting for a slot", scheduler.queued)
-        yield _gauge(
-            "taogpud_max_concurrent_tasks", "the global cap", scheduler.policy.max_concurrent_tasks
-        )
-        yield _gauge(
-            "taogpud_config_generation", "config generation in force", self.daemon.status.generation
-        )
-        finished = CounterMetricFamily(
-            "taogpud_jobs_finished", "finished jobs", labels=["task", "backend", "status"]
-        )
-        for (task, backend, status), count in scheduler.finished_counts.items():
-            finished.add_metric([task, backend, status], count)
-        yield finished
-        verdicts = CounterMetricFamily(
-            "taogpud_program_verdicts",
-            "what NVML showed of programs: gpu_memory_exceeded, never_used_gpu, unassigned_gpu",
-            labels=["code"],
-        )
-        for code, count in scheduler.programs.verdicts.items():
-            verdicts.add_metric([code], count)
-        yield verdicts
-        workers = GaugeMetricFamily(
-            "taogpud_worker_up", "1 if the worker is warm", labels=["device"]
-        )
-        for worker in self.daemon.pool.workers:
-            workers.add_metric([worker.label], 1.0 if worker.state.value == "warm" else 0.0)
-        yield workers
-        yield from scheduler.job_times.families()
-
-
-def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
 
 
-def metrics_registry(daemon: DaemonState, *others: Collector) -> CollectorRegistry:
-    """The daemon's collector and those of its other rooms (the relay's), built once at
+def metrics_registry(*collectors: Collector) -> CollectorRegistry:
+    """The rooms' collectors (the daemon's, daemon/metrics.py; the relay's), built once at
     start (daemon/compose.py); each scrape reads them afresh."""
     registry = CollectorRegistry()
-    for collector in (DaemonCollector(daemon), *others):
+    for collector in collectors:
         registry.register(collector)
     return registry
 

@@ -1,7 +1,5 @@
-"""One trace line per job state change: the proof of where each job ran.
-
-A job that ran on the CPU because CUDA could not start is logged at WARNING with
-its fallback reason, every time: a fallback is never silent.
+"""One trace line per job state change: the proof of where each job ran. What a job's line
+says (its fields, its level) is the jobs' own (jobs/trace_line.py); this writes lines.
 
 A job's line goes out only once the job store has committed the change it tells (the
 scheduler hands it to JobStore.tell (Tell.TRACE), with its fields and timestamp taken at the
@@ -37,52 +35,18 @@ from typing import Any
 
 import structlog
 
-from taogpud.jobs.records import JobRecord, JobState
 from taogpud.observability.logging import get_logger, write_lines
 
 log = get_logger("taogpud.jobs")
 
 
-def job_fields(job: JobRecord) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "job_id": job.id,
-        "task": job.task,
-        "status": job.status.value,
-        "backend": job.backend,
-        "device": job.device,
-        "device_uuid": job.device_uuid,
-        "fallback": job.fallback,
-        "queue_ms": _round(job.queue_ms),
-        "run_ms": _round(job.run_ms),
-        "uid": job.peer.uid,
-        "gid": job.peer.gid,
-    }
-    if job.fallback:
-        fields["fallback_reason"] = job.fallback_reason
-    if job.timings:
-        fields.update({k: _round(v) for k, v in job.timings.items()})
-    if job.error is not None:
-        fields["error_code"] = job.error.code
-        fields["error"] = job.error.message
-    if job.worker_pid is not None:
-        fields["worker_pid"] = job.worker_pid
-    if job.evidence:  # cuda: what NVML saw while the job ran (backends/cuda/evidence.py)
-        fields["evidence"] = job.evidence
-    if job.node_id is not None:  # executor "ray": the node beside the device
-        fields["node_id"], fields["node_hostname"] = job.node_id, job.node_hostname
-    return fields
-
-
-def job_line(job: JobRecord) -> Callable[[], None]:
-    """The job's line as it stands now (its fields and timestamp taken here), logged when
-    called: the scheduler has the store call it once a commit holds the change it tells
-    (JobStore.tell, Tell.TRACE), so the trace never says what a restart would not find."""
-    level = (
-        "warning" if job.fallback or job.status in (JobState.failed, JobState.timed_out) else "info"
-    )
-    fields = job_fields(job)
+def line(level: str, event: str, fields: dict[str, Any]) -> Callable[[], None]:
+    """`event` with `fields` as they stand now (its timestamp taken here), logged when called:
+    the scheduler has the job store call a job's (jobs/trace_line.py) once a commit holds the
+    change it tells (JobStore.tell, Tell.TRACE), so the trace never says what a restart would
+    not find."""
     fields["_at"] = time.time()
-    return functools.partial(_defer, level, f"job.{job.status.value}", fields)
+    return functools.partial(_defer, level, event, fields)
 
 
 _pending: list[tuple[str, str, dict[str, Any]]] = []  # (level, event, fields), oldest first
@@ -147,7 +111,3 @@ def flush() -> None:
     if lines:
         lines.append(b"")
         write_lines(b"\n".join(lines))  # never blocks the loop, never raises (logging.py)
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
