@@ -32,6 +32,9 @@ RULES = [
         "taogpud.client",
         ("taogpud.arrayfiles", "taogpud.api", "taogpud.daemon", "taogpud.jobs", "taogpud.pool"),
     ),
+    # the client's memory is the client's to use: client/ calls memfd/client.py, handing it
+    # its socket and itself as what the HTTP fallback needs (memfd.client.OverHttp)
+    ("taogpud.memfd", ("taogpud.client",)),
     # what the scheduler sees of a pool, never one executor's workers
     (
         "taogpud.pool.interface",

@@ -404,7 +404,9 @@ class Client:
             if self._shared_arrays is None:
                 from taogpud.memfd.client import SharedArrays
 
-                self._shared_arrays = SharedArrays(self, self.shared_memory_bytes)
+                unix = self.transport if isinstance(self.transport, UnixHTTPConnection) else None
+                http_socket = unix.socket_path if unix is not None else None
+                self._shared_arrays = SharedArrays(self, http_socket, self.shared_memory_bytes)
             return self._shared_arrays
 
     # --- connection -----------------------------------------------------------------------

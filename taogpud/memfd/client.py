@@ -6,7 +6,7 @@
 
 On this host the client creates one memfd (`os.memfd_create`), allocates its pages, seals
 its size, maps it, and hands the descriptor to the daemon once per connection over
-`<socket>.shm` (shm_wire.py); an array is then named by its offset, shape and dtype, and
+`<socket>.shm` (protocol.py); an array is then named by its offset, shape and dtype, and
 the worker maps the same pages, so an array made with `empty()` costs no copy at all and
 any other array one memcpy in. Outputs come back as ndarrays over the same memory. Where
 descriptors cannot pass (no `.shm` socket: another host, an older daemon; a client whose
@@ -35,14 +35,13 @@ import os
 import socket
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from taogpud.client.http import UnixHTTPConnection
 from taogpud.errors import job_failed, refusal
 from taogpud.memfd import protocol
+from taogpud.wire import ArrayJson, JobJson
 
-if TYPE_CHECKING:
-    from taogpud.client import Client, Job
+Job = JobJson  # a job record as the daemon answers it
 
 DEFAULT_SIZE = 1 << 30  # address space reserved; pages are allocated when handed out
 ALIGN = 4096  # blocks start on a page: the worker maps from a page boundary
@@ -172,11 +171,34 @@ class Computation:
         return self._outputs
 
 
-class SharedArrays:
-    """A client's shared memory and its connection to the daemon's `.shm` socket."""
+class OverHttp(Protocol):
+    """What the fallback asks of the client over HTTP (taogpud.client.Client is one)."""
 
-    def __init__(self, client: Client, size: int = DEFAULT_SIZE) -> None:
+    def upload_array(self, array_or_npy_bytes: Any) -> ArrayJson: ...
+
+    def run(
+        self,
+        task: str,
+        params: dict[str, Any] | None = None,
+        *,
+        inputs: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+        keep_outputs: bool = False,
+    ) -> JobJson: ...
+
+    def download_output(self, job_id: str, name: str) -> bytes: ...
+
+
+class SharedArrays:
+    """A client's shared memory and its connection to the daemon's `.shm` socket.
+
+    `http_socket` is the daemon's HTTP socket, whose `.shm` socket sits beside it; None (a
+    client whose transport is no Unix socket) leaves the HTTP fallback alone, through `client`.
+    """
+
+    def __init__(self, client: OverHttp, http_socket: str | None, size: int = DEFAULT_SIZE) -> None:
         self.client = client
+        self._http_socket = http_socket
         self.sock: socket.socket | None = None
         self.arena: Arena | None = None
         self._size = size
@@ -191,10 +213,9 @@ class SharedArrays:
         self._connect()
 
     def _connect(self) -> None:
-        transport = self.client.transport
-        if not isinstance(transport, UnixHTTPConnection):
+        if self._http_socket is None:
             return  # no socket beside it to pass descriptors over: the HTTP body it is
-        path = protocol.socket_path_for(transport.socket_path)
+        path = protocol.socket_path_for(self._http_socket)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(str(path))
