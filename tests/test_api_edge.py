@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from taogpud.api.edge import CLIENT_GONE, ApiEdge
 from taogpud.errors import BodyTooLarge
 from taogpud.host.unix_socket import PEER_KEY, PeerCred
 from taogpud.observability import trace
-from taogpud.observability.logging import set_request_trace
+from taogpud.observability.logging import set_level, set_request_trace
 
 JSON_LIMIT, UPLOAD_LIMIT = 100, 10_000
 
@@ -129,6 +129,16 @@ def test_a_chunked_body_is_counted_and_stopped_past_the_limit() -> None:
     assert seen.calls == 1 and seen.body == chunks[0]
 
 
+@pytest.fixture
+def debug_level() -> Iterator[None]:
+    """An answered request's line is a debug one, not even made below that level (the edge
+    asks first): these tests set the level rather than inherit whatever another test left."""
+    set_level("debug")
+    yield
+    set_level("info")
+
+
+@pytest.mark.usefixtures("debug_level")
 def test_the_request_line_is_written_after_the_answer_with_its_fields() -> None:
     """One api.request line per request, written after the answer, once the edge holds no
     request (with its job's lines): method, path, status, duration_ms and the caller's uid."""
@@ -152,6 +162,7 @@ def test_the_request_line_is_written_after_the_answer_with_its_fields() -> None:
     assert line["duration_ms"] >= 0
 
 
+@pytest.mark.usefixtures("debug_level")
 def test_lines_wait_while_another_request_is_in_hand() -> None:
     """A request answered while another is still held leaves its line to the timer, or to
     the moment the last one is answered: the daemon is busy, and lines go in batches."""
