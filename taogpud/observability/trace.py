@@ -20,8 +20,10 @@ whatever an earlier answer showed.
 
 Measured again for issue 36 (bench/ab.py, this tree against one whose lines are written at
 once, two rounds at a load of 20–28): the p50 7.9% and the daemon's CPU per job 7.5% lower
-with the deferral, under the 10% a second way must earn, so it is due to go, with the flush
-calls in api/edge.py, api/trace.py and the lifecycle and the tests that lean on it.
+with the deferral. Kept for that: the tiny-job p50 is the one goal measured against Ray's
+warm actor, and it stands at 0.80-0.88 of Ray's (bench/results/refactor-guard.md), so 8% is
+most of the margin. Its cost to a reader is the flush calls in api/edge.py, api/trace.py and
+the lifecycle; bench/results/speed-paths-ab.md has the run.
 """
 
 from __future__ import annotations
