@@ -1,6 +1,6 @@
 """Issue 36's guard: the three ratios a pure refactor must hold, measured in one run.
 
-    python -m bench.refactor_guard --label before [--rounds 5] [--shm-repeats 7]
+    python -m bench.refactor_guard --label before [--rounds 5] [--shm-repeats 7] [--tree DIR]
 
 - the tiny-job p50 with 1 client, taogpud's Python client against Ray local's warm actor;
 - jobs/s with 8 clients, the same two;
@@ -12,7 +12,9 @@ reversed each round, the same job counts), with only these two systems; the shar
 lanes are bench/shm_path.py's, only memcpy, the two end-to-end lanes and Ray's. Each run
 appends a section, headed by its label and commit, to bench/results/refactor-guard.md: run
 it before a refactor and after it, on the same host, and compare the ratios, not the
-absolute numbers (a shared host moves those).
+absolute numbers (a shared host moves those). With --tree, taogpud (client and daemon) comes
+from DIR's taogpud/ and this bench from this checkout: before and after alternate in one
+session, so the host's load meets both alike (a shell loop, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import taogpud
 from bench import dispatch, host, shm_path
 from bench.daemon_under_test import Client, running
 from bench.dispatch import CLIENTS, DispatchResult
@@ -38,6 +43,8 @@ REPO = Path(__file__).resolve().parent.parent
 # Ray's workers are interpreters of their own: they find bench.peers through PYTHONPATH.
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
+# py-spy beside this interpreter (the venv's), else on PATH.
+PY_SPY = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
 RESULTS = REPO / "bench" / "results" / "refactor-guard.md"
 SHM_SIZES_MIB = [64, 512]
 RAY_LANE = "Ray: put a, put b, actor add, get"
@@ -62,20 +69,58 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="dispatch rounds (≥ 2)")
     parser.add_argument("--shm-repeats", type=int, default=7, help="warm rounds of the lanes")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the file appended to")
+    parser.add_argument("--tree", type=Path, help="a checkout whose taogpud/ is measured")
     args = parser.parse_args()
+    if args.tree is not None:
+        _import_from(args.tree)
     _exit_on_sigterm()
     load_before, started = host.load_average(), time.monotonic()
     print("== tiny-job dispatch: taogpud and Ray's warm actor", flush=True)
     rows = dispatch.measure(args.rounds, False, [_taogpud, _ray_actor]).rows
     print("== shared-memory path: taogpud and Ray", flush=True)
-    shm = _shm_rows(args.shm_repeats)
+    shm, daemon_source = _shm_rows(args.shm_repeats)
     facts = _facts(args, load_before, host.load_average(), time.monotonic() - started)
+    facts.append(f"- taogpud imported from {_package_dir()}; the daemon ran {daemon_source}")
     section = "\n".join([*facts, "", *_dispatch_table(rows), "", *_shm_table(shm), ""])
     if not args.out.exists():
         args.out.write_text(HEADER)
     with args.out.open("a") as out:
         out.write("\n" + section)
     print(section)
+
+
+def _import_from(tree: Path) -> None:
+    """Run again with `tree`'s taogpud/ and this checkout's bench: a folder holding only a link
+    to that package goes first on PYTHONPATH, and -P keeps the working directory off sys.path.
+    The harness then starts the daemon from the link's target checkout (same_code_env)."""
+    package = (tree / "taogpud").resolve()
+    if _package_dir() == package:
+        return
+    shim = Path(tempfile.mkdtemp(prefix="tgd-guard-tree-", dir="/tmp"))
+    (shim / "taogpud").symlink_to(package, target_is_directory=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shim), str(REPO)])}
+    command = [sys.executable, "-P", "-m", "bench.refactor_guard", *sys.argv[1:]]
+    os.execve(sys.executable, command, env)
+
+
+def _package_dir() -> Path:
+    return Path(taogpud.__file__).resolve().parent
+
+
+def _daemon_source(pid: int) -> str:
+    """Where the running daemon's code lives, read from its own stack (py-spy dump): the
+    folder holding the taogpud/ of its first frame in taogpud, with that checkout's commit."""
+    done = subprocess.run(
+        [PY_SPY, "dump", "--full-filenames", "--pid", str(pid)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    for word in done.stdout.split():
+        if word.startswith("(/") and "/taogpud/" in word:
+            root = Path(word.strip("()").split("/taogpud/")[0])
+            return f"{root / 'taogpud'} ({_tree_commit(root)}, from py-spy dump of its stack)"
+    return f"unknown (py-spy dump: {done.stderr.strip()[-200:]})"
 
 
 def _exit_on_sigterm() -> None:
@@ -96,8 +141,8 @@ def _taogpud(result: DispatchResult, quick: bool) -> list[DispatchRow]:
 _ray_actor = dispatch.isolated_peer(RAY_ACTOR, ray_local.measure_actor, "ray")
 
 
-def _shm_rows(repeats: int) -> dict[int, dict[str, list[float]]]:
-    """bench/shm_path.py's run, on the lanes the guard compares."""
+def _shm_rows(repeats: int) -> tuple[dict[int, dict[str, list[float]]], str]:
+    """bench/shm_path.py's run, on the lanes the guard compares; where its daemon's code was."""
     rows: dict[int, dict[str, list[float]]] = {}
     with contextlib.ExitStack() as stack:
         actor = stack.enter_context(shm_path.ray_actor(max(SHM_SIZES_MIB)))
@@ -112,14 +157,17 @@ def _shm_rows(repeats: int) -> dict[int, dict[str, list[float]]]:
             finally:
                 for client in clients:
                     client.close()
-    return rows
+        source = _daemon_source(daemon.proc.pid)
+    return rows, source
 
 
 def _facts(args: argparse.Namespace, before: str, after: str, seconds: float) -> list[str]:
     command = f"python -m bench.refactor_guard --label {args.label} --rounds {args.rounds}"
     command += f" --shm-repeats {args.shm_repeats}"
+    command += "" if args.tree is None else f" --tree {args.tree.resolve().name}"
+    measured = "" if args.tree is None else f"taogpud/ of {_tree_commit(args.tree)}, bench of "
     return [
-        f"## {args.label}, {_commit()}",
+        f"## {args.label}, {measured}{_commit()}",
         "",
         f"- {host.now()}, `{command}`, {seconds / 60:.1f} min",
         f"- {host.description()}",
@@ -135,8 +183,15 @@ def _commit() -> str:
     return f"{head} (with uncommitted changes)" if dirty else head
 
 
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True)
+def _tree_commit(tree: Path) -> str:
+    """The checkout's HEAD, and whether its taogpud/ differs from it."""
+    head = _git("rev-parse", "--short", "HEAD", cwd=tree)
+    dirty = _git("status", "--porcelain", "--", "taogpud", cwd=tree)
+    return f"{head} (with uncommitted changes)" if dirty else head
+
+
+def _git(*args: str, cwd: Path = REPO) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True)
     return done.stdout.strip()
 
 
