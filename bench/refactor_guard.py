@@ -80,7 +80,8 @@ def main() -> None:
     print("== shared-memory path: taogpud and Ray", flush=True)
     shm, daemon_source = _shm_rows(args.shm_repeats)
     facts = _facts(args, load_before, host.load_average(), time.monotonic() - started)
-    facts.append(f"- taogpud imported from {_package_dir()}; the daemon ran {daemon_source}")
+    imported = _named(_package_dir().parent)
+    facts.append(f"- taogpud imported from {imported}; the daemon ran {daemon_source}")
     section = "\n".join([*facts, "", *_dispatch_table(rows), "", *_shm_table(shm), ""])
     if not args.out.exists():
         args.out.write_text(HEADER)
@@ -107,6 +108,11 @@ def _package_dir() -> Path:
     return Path(taogpud.__file__).resolve().parent
 
 
+def _named(checkout: Path) -> str:
+    """A checkout's taogpud/ by the checkout's folder name (results name no host paths)."""
+    return f"{checkout.name}/taogpud"
+
+
 def _daemon_source(pid: int) -> str:
     """Where the running daemon's code lives, read from its own stack (py-spy dump): the
     folder holding the taogpud/ of its first frame in taogpud, with that checkout's commit."""
@@ -119,7 +125,7 @@ def _daemon_source(pid: int) -> str:
     for word in done.stdout.split():
         if word.startswith("(/") and "/taogpud/" in word:
             root = Path(word.strip("()").split("/taogpud/")[0])
-            return f"{root / 'taogpud'} ({_tree_commit(root)}, from py-spy dump of its stack)"
+            return f"{_named(root)} ({_tree_commit(root)}, from py-spy dump of its stack)"
     return f"unknown (py-spy dump: {done.stderr.strip()[-200:]})"
 
 
