@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from taogpud.client.program import ProgramRun, Spawned
+from taogpud.client.program import ProgramRun
 from taogpud.errors import UnsupportedExecutor
 from taogpud.jobs.records import Peer
 from taogpud.programs import leases
@@ -407,59 +407,13 @@ def test_an_exit_reported_with_its_pid_keeps_the_exit_status(daemon: RunningDaem
     assert killed.job["program"]["pid"] and failed.job["program"]["pid"]
 
 
-# What a started program finds of its start: its process group, whether it ignores SIGPIPE
-# (the bit in the SigIgn mask the shell it starts as found in /proc; Python ignores SIGPIPE
-# itself), its descriptors above stderr, its cwd and its lease.
-INSPECT = """
-import json, os, signal, sys
-ignored = int(open(sys.argv[1]).read().split()[1], 16)
-print(json.dumps({
-    "own_group": os.getpgid(0) == os.getpid(),
-    "ignores_sigpipe": bool(ignored >> (signal.SIGPIPE - 1) & 1),
-    "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2),
-    "cwd": os.getcwd(),
-    "job": os.environ.get("TAOGPUD_JOB_ID"),
-}), file=open(sys.argv[2], "w"))
-"""
-SHELL_THEN_INSPECT = 'grep SigIgn /proc/$$/status > "$1"; exec "$3" -c "$4" "$1" "$2"'
-
-
-@pytest.mark.parametrize("where", ["here", "elsewhere"])
-def test_a_program_starts_as_popen_would_start_it(
-    daemon: RunningDaemon, tmp_path: Path, where: str
-) -> None:
-    """Started with posix_spawn (its cwd is the starter's) or Popen (another cwd), a
-    program gets the same: a process group of its own, SIGPIPE back to its default (Python
-    ignores it), none of the starter's descriptors, even an inheritable one, its cwd and its
-    lease's environment."""
-    cwd = str(Path.cwd()) if where == "here" else str(tmp_path)
-    report = tmp_path / "inspect.json"
-    reading, writing = os.pipe()
-    os.set_inheritable(writing, True)  # one a shell would pass on; Popen's close_fds does not
-    try:
-        with daemon.client() as client:
-            files = [str(tmp_path / "sigign"), str(report)]
-            argv = ["sh", "-c", SHELL_THEN_INSPECT, "sh", *files, sys.executable, INSPECT]
-            run = ProgramRun(client, argv, cwd=cwd, report_within_s=600.0)
-            outcome = run.run()
-    finally:
-        os.close(reading)
-        os.close(writing)
-    assert outcome.exit_status == 0 and outcome.job["status"] == "succeeded", outcome
-    assert isinstance(run.process, Spawned) == (where == "here")
-    found = json.loads(report.read_text())
-    assert found["own_group"] and not found["ignores_sigpipe"]
-    assert writing not in found["fds"] and reading not in found["fds"], found
-    assert (found["cwd"], found["job"]) == (cwd, outcome.job["id"])
-
-
 # A starter that follows its lease only after 600 s, of a program that leaves a child behind
 # at once: the orphan it reaps is what a cancel must still reach.
 REPO = Path(__file__).resolve().parent.parent
 ORPHAN_STARTER = """
 import sys
 from taogpud.client import Client
-from taogpud.client.program import ProgramRun, Spawned
+from taogpud.client.program import ProgramRun
 argv = ["sh", "-c", "sleep 600 & echo $! > orphan.pid; exit 0"]
 with Client(sys.argv[1]) as client:
     run = ProgramRun(client, argv, reap_descendants=True, follow_after_s=600.0)

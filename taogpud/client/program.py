@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import IO, Any, BinaryIO, NamedTuple, Protocol, TypeVar
+from typing import Any, BinaryIO, NamedTuple, TypeVar
 
 from taogpud.client import Client, Job
 from taogpud.errors import ApiError, DaemonUnreachable
@@ -42,22 +42,8 @@ FOLLOW_AFTER_S = 0.1  # a program running this long has its lease followed (Prog
 # request takes on such a host.
 REPORT_WITHIN_S = 0.01
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
-# Popen sets these back to their default in the child (restore_signals); posix_spawn too
-RESTORED_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 OnQueued = Callable[[LeaseJson], None]
 T = TypeVar("T")
-
-
-class Child(Protocol):
-    """The started program as ProgramRun uses it: a subprocess.Popen, or a Spawned."""
-
-    pid: int
-    stdout: IO[bytes] | None
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Its return code (-N: killed by signal N), once reaped; TimeoutExpired after
-        `timeout` while it runs."""
-        ...
 
 
 class Outcome(NamedTuple):
@@ -97,7 +83,7 @@ class ProgramRun:
         self.output = output
         self.on_output = on_output
         self.job: Job | None = None
-        self.process: Child | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.cancelled = False  # it was interrupted here (Ctrl-C): the job ends cancelled
 
     def run(self) -> Outcome:
@@ -158,7 +144,7 @@ class ProgramRun:
         return self._report(job_id, returncode, stopper)
 
     def _report_at_once(
-        self, job_id: str, process: Child, reader: threading.Thread | None
+        self, job_id: str, process: subprocess.Popen[bytes], reader: threading.Thread | None
     ) -> Outcome:
         """A program that ended within `report_within_s`: one report, its pid with its exit
         status (one request instead of two). It is left a zombie until the daemon has
@@ -171,7 +157,7 @@ class ProgramRun:
         process.wait()
         return outcome
 
-    def _wait(self, job_id: str, process: Child) -> tuple[int, Stopper | None]:
+    def _wait(self, job_id: str, process: subprocess.Popen[bytes]) -> tuple[int, Stopper | None]:
         """The program's return code. Its lease is followed (Stopper) once it has run
         `follow_after_s`: one that ends sooner costs no second connection, thread and
         long-poll (with 8 submitters, a third of the daemon's requests); a stop asked for
@@ -181,7 +167,7 @@ class ProgramRun:
         stopper = self._follow(job_id, process)
         return process.wait(), stopper
 
-    def _follow(self, job_id: str, process: Child) -> Stopper:
+    def _follow(self, job_id: str, process: subprocess.Popen[bytes]) -> Stopper:
         stopper = Stopper(self.client.socket_path, job_id, process)
         stopper.start()
         return stopper
@@ -237,7 +223,7 @@ class Stopper(threading.Thread):
     """Follows the lease while the program runs (a connection of its own): told to stop (a
     cancel, a timeout), it sends SIGTERM to the program's group, SIGKILL after the grace."""
 
-    def __init__(self, socket_path: str, job_id: str, process: Child) -> None:
+    def __init__(self, socket_path: str, job_id: str, process: subprocess.Popen[bytes]) -> None:
         super().__init__(name=f"taogpud-lease-{job_id}", daemon=True)
         self.socket_path, self.job_id, self.process = socket_path, job_id, process
         self.finished = threading.Event()  # set once the program and its descendants are gone
@@ -320,13 +306,11 @@ def _environment(lease: dict[str, str]) -> dict[bytes, bytes]:
 
 def _start(
     argv: list[str], env: dict[bytes, bytes], cwd: str, output: BinaryIO | None, *, piped: bool
-) -> Child:
+) -> subprocess.Popen[bytes]:
     """The program in a process group of its own (its children get what it gets); a
     terminal's input stays with the terminal's foreground group, so it reads /dev/null then.
     With `output`, or `piped` (one pipe, read by _read_output), its stdout and stderr go
     there together and its stdin is /dev/null."""
-    if output is None and not piped and _spawnable(argv, env, cwd):
-        return Spawned(argv, env)
     if output is not None or piped:
         return subprocess.Popen(
             argv,
@@ -339,57 +323,6 @@ def _start(
         )
     stdin = subprocess.DEVNULL if os.isatty(0) else None
     return subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, process_group=0)
-
-
-def _spawnable(argv: list[str], env: dict[bytes, bytes], cwd: str) -> bool:
-    """Whether posix_spawnp starts it as Popen would: it has no directory to change to (its
-    cwd is this process's) and finds the program on this process's PATH, which is the one
-    posix_spawnp searches (Popen searches the child's)."""
-    same_path = "/" in argv[0] or env.get(b"PATH") == os.environb.get(b"PATH")
-    return same_path and cwd == os.getcwd()  # noqa: PTH109 (a str, as the job holds it)
-
-
-class Spawned:
-    """A program started with os.posix_spawnp: half the starter's CPU of subprocess.Popen
-    for a short program (0.06 against 0.12 ms here), whose error pipe, Python-side
-    bookkeeping and fork-exec glue it skips. What Popen would have done is done here: its
-    own process group, /dev/null for input under a terminal, SIGPIPE and SIGXFSZ back to
-    their defaults, and no descriptor of this process passed on (close_fds)."""
-
-    def __init__(self, argv: list[str], env: dict[bytes, bytes]) -> None:
-        actions: list[tuple[Any, ...]] = [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable_fds()]
-        if os.isatty(0):
-            actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
-        self.argv = argv
-        self.stdout: IO[bytes] | None = None
-        self.returncode: int | None = None
-        self._reaping = threading.Lock()  # the Stopper's wait and the starter's, at once
-        self.pid = os.posix_spawnp(
-            argv[0], argv, env, file_actions=actions, setpgroup=0, setsigdef=RESTORED_SIGNALS
-        )
-
-    def wait(self, timeout: float | None = None) -> int:
-        unreaped = self.returncode is None
-        if timeout is not None and unreaped and not _ended_within(self.pid, timeout):
-            raise subprocess.TimeoutExpired(self.argv, timeout)
-        with self._reaping:
-            if self.returncode is None:
-                _, status = os.waitpid(self.pid, 0)
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-
-def _inheritable_fds() -> list[int]:
-    """This process's descriptors above stderr that a child would inherit (few: Python makes
-    its own non-inheritable; these came from whoever started it)."""
-    found = []
-    with os.scandir("/proc/self/fd") as entries:
-        fds = [int(entry.name) for entry in entries]
-    for fd in fds:
-        with contextlib.suppress(OSError):  # scandir's own, closed by now
-            if fd > 2 and os.get_inheritable(fd):
-                found.append(fd)
-    return found
 
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
