@@ -20,6 +20,7 @@ session, so the host's load meets both alike (a shell loop, docs/performance.md)
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import os
 import shutil
@@ -45,6 +46,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.g
 
 # py-spy beside this interpreter (the venv's), else on PATH.
 PY_SPY = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
+SHIM_PREFIX = "tgd-guard-tree-"
 RESULTS = REPO / "bench" / "results" / "refactor-guard.md"
 SHM_SIZES_MIB = [64, 512]
 RAY_LANE = "Ray: put a, put b, actor add, get"
@@ -73,6 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.tree is not None:
         _import_from(args.tree)
+    _remove_shim_at_exit()
     _exit_on_sigterm()
     load_before, started = host.load_average(), time.monotonic()
     print("== tiny-job dispatch: taogpud and Ray's warm actor", flush=True)
@@ -97,11 +100,18 @@ def _import_from(tree: Path) -> None:
     package = (tree / "taogpud").resolve()
     if _package_dir() == package:
         return
-    shim = Path(tempfile.mkdtemp(prefix="tgd-guard-tree-", dir="/tmp"))
+    shim = Path(tempfile.mkdtemp(prefix=SHIM_PREFIX, dir="/tmp"))
     (shim / "taogpud").symlink_to(package, target_is_directory=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shim), str(REPO)])}
     command = [sys.executable, "-P", "-m", "bench.refactor_guard", *sys.argv[1:]]
     os.execve(sys.executable, command, env)
+
+
+def _remove_shim_at_exit() -> None:
+    """The folder _import_from made goes when this run ends (the link only, not the tree)."""
+    link = Path(taogpud.__file__).parent
+    if link.is_symlink() and link.parent.name.startswith(SHIM_PREFIX):
+        atexit.register(shutil.rmtree, link.parent, True)
 
 
 def _package_dir() -> Path:
