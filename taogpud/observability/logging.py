@@ -309,7 +309,10 @@ def _write_trace_file(fd: int, line: bytes) -> None:
         os.write(fd, line + b"\n")
 
 
-def configure(level: str = "info", request_trace: bool = True) -> None:
+def configure(level: str = "info", request_trace: bool = True, *, for_process: bool = True) -> None:
+    """The one configuration. `for_process=False` (a daemon in a test's own process) leaves
+    loggers uncached: a cached one keeps this chain for good, and structlog.testing's
+    capture_logs, which swaps the chain for a while, no longer sees what it logs."""
     set_level(level)
     set_request_trace(request_trace)
     if _state.journal is not None:
@@ -331,7 +334,7 @@ def configure(level: str = "info", request_trace: bool = True) -> None:
             render,
         ],
         logger_factory=structlog.BytesLoggerFactory(_SinkFile()),  # type: ignore[arg-type]
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=for_process,
     )
     # Libraries that log through the standard library (uvicorn, asyncio) go to
     # stderr at WARNING: their messages are rare and journald keeps both streams.

@@ -39,6 +39,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import structlog
+
 from taogpud import config as config_files
 from taogpud.arrayfiles import images
 from taogpud.client import ApiError, Client, DaemonUnreachable
@@ -546,6 +548,7 @@ class InProcessDaemon(DaemonHandle):
 
 _IN_PROCESS = threading.Lock()  # held while an in-process daemon runs (logging is global)
 _STDLIB_HANDLER: list[logging.Handler] = []
+_STRUCTLOG_BEFORE: list[dict[str, Any]] = []
 
 
 def _process_logging(snapshot: config_files.ConfigSnapshot, trace_path: Path, err: Path) -> None:
@@ -554,7 +557,12 @@ def _process_logging(snapshot: config_files.ConfigSnapshot, trace_path: Path, er
     from workers, and the standard library's warnings in `err`."""
     trace_path.parent.mkdir(parents=True, exist_ok=True)
     err.parent.mkdir(parents=True, exist_ok=True)
-    tlog.configure(snapshot.settings.logging.level, snapshot.settings.logging.request_trace)
+    _STRUCTLOG_BEFORE.append(structlog.get_config())
+    tlog.configure(
+        snapshot.settings.logging.level,
+        snapshot.settings.logging.request_trace,
+        for_process=False,
+    )
     if unusable := tlog.set_trace_file(trace_path):
         raise HarnessError(f"the trace file cannot be written: {unusable}")
     tlog.set_secrets(*snapshot.secrets())
@@ -573,6 +581,8 @@ def _process_logging_back() -> None:
     tlog.set_secrets()
     tlog.set_level("info")
     tlog.set_request_trace(True)
+    while _STRUCTLOG_BEFORE:  # the chain the test process had (capture_logs swaps that one)
+        structlog.configure(**_STRUCTLOG_BEFORE.pop())
     while _STDLIB_HANDLER:
         handler = _STDLIB_HANDLER.pop()
         logging.getLogger().removeHandler(handler)
