@@ -8,6 +8,7 @@ What the daemon answers with (its `code` and HTTP status are the API's, docs/api
     ├── BackendUnavailable         backend_unavailable     503  the backend cannot start
     │   └── HostCannotRun          backend_unavailable     503  nor ever will here (no driver/CuPy)
     ├── ArrayStoreFull             array_store_full        507  no room for another array
+    ├── ArrayTooLarge              array_too_large         413  an array past the quota or budget
     ├── StateDiskFull              state_disk_full         507  the job store cannot be written
     ├── RegionError                bad_region              400  a client's memory is not as vetted
     ├── RequestError               invalid_request         400  a request is malformed
@@ -242,6 +243,14 @@ class KernelCompileError(InvalidParams):
 class ArrayStoreFull(TaogpudError):
     code = "array_store_full"
     http_status = 507
+
+
+class ArrayTooLarge(TaogpudError):
+    """An upload bigger than a user's whole quota or the whole budget: it never fits, however
+    long it waits, so it is the request's fault (413), not a lack of room now (507)."""
+
+    code = "array_too_large"
+    http_status = 413
 
 
 class RegionError(TaogpudError):

@@ -246,7 +246,7 @@ def test_uploads_evict_only_their_owners_pending_arrays(
     too_big = as_user(
         users["carol"], _client_call(sock, lambda c: c.upload_array(np.ones(2**19, np.float32)))
     )
-    assert too_big["api_error"][:2] == [507, "array_store_full"]
+    assert too_big["api_error"][:2] == [413, "array_too_large"]
     assert "quota of 1048576 bytes" in too_big["api_error"][2]
     status = value(as_user(users["carol"], _client_call(sock, lambda c: c.status())))
     arrays = status["arrays"]

@@ -16,7 +16,7 @@ import pytest
 from taogpud import wire
 from taogpud.arrayfiles import images
 from taogpud.arrayfiles.store import ArrayStore
-from taogpud.errors import ArrayStoreFull, BodyTooLarge
+from taogpud.errors import ArrayStoreFull, ArrayTooLarge, BodyTooLarge
 from taogpud.jobs.records import Peer
 from taogpud.testing import CPU_CONFIG, InProcessDaemon, deep_merge, to_toml
 
@@ -72,7 +72,7 @@ def test_an_array_past_the_quota_is_refused_with_the_numbers(store: ArrayStore) 
     async def body() -> AsyncIterator[bytes]:
         yield npy
 
-    with pytest.raises(ArrayStoreFull, match=f"quota of {2 * ARRAY_BYTES} bytes"):
+    with pytest.raises(ArrayTooLarge, match=f"quota of {2 * ARRAY_BYTES} bytes"):
         asyncio.run(store.upload(body(), 1 << 20, owner=ALICE))
 
 

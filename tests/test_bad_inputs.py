@@ -11,7 +11,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from taogpud.client import ApiError
-from taogpud.testing import RunningDaemon, start_daemon
+from taogpud.testing import InProcessDaemon, RunningDaemon, start_daemon
 from taogpud.wire import NPY_MAGIC
 
 
@@ -230,3 +230,16 @@ def test_generated_npy_headers_never_get_a_server_error(
     assert status < 500, body
     if status >= 400:
         assert set(body) == {"code", "message", "hint"}, body
+
+
+def test_an_array_past_the_whole_quota_is_the_requests_fault(
+    inprocess_factory: Callable[..., InProcessDaemon],
+) -> None:
+    """An upload bigger than a user's whole quota never fits, however long it waits: 413
+    array_too_large naming the quota, not the 507 of a store that is full for now."""
+    daemon = inprocess_factory(config={"memory": {"upload_quota_mb": 1}})
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1048576,), }"
+    status, body = upload_raw(daemon.socket_path, npy_with_header(header, bytes(4096)))
+    assert (status, body["code"]) == (413, "array_too_large"), body
+    assert "upload quota of 1048576 bytes" in body["message"]
+    assert "memory.upload_quota_mb" in body["hint"]

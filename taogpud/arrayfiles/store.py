@@ -36,6 +36,7 @@ from taogpud.arrayfiles.images import ArrayRef
 from taogpud.config import ConfigSnapshot
 from taogpud.errors import (
     ArrayStoreFull,
+    ArrayTooLarge,
     BadArray,
     BodyTooLarge,
     InvalidParams,
@@ -239,10 +240,16 @@ class ArrayStore:
     def _check_room(self, needed: int, owner_uid: int | None) -> None:
         quota = self.user_quota_bytes
         if needed > quota:
-            raise ArrayStoreFull(
+            raise ArrayTooLarge(
                 f"an array of {needed} bytes is larger than the upload quota of {quota} bytes "
                 "per user",
                 "split the input, or ask the administrator to raise memory.upload_quota_mb",
+            )
+        if needed > self.budget_bytes:
+            raise ArrayTooLarge(
+                f"an array of {needed} bytes is larger than the whole array budget of "
+                f"{self.budget_bytes} bytes",
+                "split the input, or ask the administrator to raise memory.array_budget_mb",
             )
         in_progress = self._reserved[owner_uid]
         if in_progress + needed > quota:
