@@ -47,7 +47,27 @@ def fuzz(socket_path: Path, examples_per_operation: int) -> FuzzReport:
             # an operation the document cannot describe (an Err) fails the run here
             operation = result.ok()  # type: ignore[union-attr]
             _fuzz_operation(http, operation, examples_per_operation, report)
+            _end_jobs_in_hand(http)
     return report
+
+
+def _end_jobs_in_hand(http: httpx.Client) -> None:
+    """Each operation starts with no job in hand. A program lease the fuzz was granted holds
+    its devices while its client (this process) lives, as a real starter's would, and a
+    cancel waits for that starter to stop it: the doctor's probes, fuzzed later, queued
+    behind them past this client's read timeout. So the fuzz ends them as a starter that
+    could not start its program does (POST …/exited not_started), and cancels the rest."""
+    for _ in range(20):  # a lease given up lets a queued program in: again until none is left
+        jobs = http.get(f"{BASE_URL}/v1/jobs", params={"limit": 500}).json()
+        left = [job for job in jobs if job["status"] in ("queued", "running")]
+        if not left:
+            return
+        for job in left:
+            if job["status"] == "running" and job["task"] == "program":
+                url = f"{BASE_URL}/v1/programs/{job['id']}/exited"
+                http.post(url, json={"not_started": "the fuzz never starts its programs"})
+            elif job["status"] == "queued":
+                http.post(f"{BASE_URL}/v1/jobs/{job['id']}/cancel")
 
 
 def _fuzz_operation(http: httpx.Client, operation: Any, examples: int, report: FuzzReport) -> None:
