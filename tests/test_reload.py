@@ -285,6 +285,7 @@ def test_rolling_restart_finishes_running_jobs_first(inprocess_daemon: InProcess
         assert ended and max(ended) < rolled
 
 
+@pytest.mark.slow  # a thousand jobs and twenty reloads: a soak, in make test, not the quick loop
 def test_twenty_reloads_during_a_thousand_jobs_lose_none(inprocess_daemon: InProcessDaemon) -> None:
     """1,000 jobs from 4 clients across 20 reloads (two of them rolling): all 1,000 succeed."""
     statuses: list[str] = []
