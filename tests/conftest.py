@@ -147,6 +147,16 @@ def _host_state_dir_untouched() -> Iterator[None]:
         pytest.fail(f"a daemon used {HOST_STATE_DIR} ({holder}): start daemons with --state-dir")
 
 
+def fill(folder: Path) -> Path:
+    """A file that takes every free byte of `folder`'s file system (until ENOSPC)."""
+    filler = folder / "filler"
+    with filler.open("wb") as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 65536)
+            out.flush()
+    return filler
+
+
 @contextlib.contextmanager
 def mounted_tmpfs(folder: Path, size_mb: int) -> Iterator[Path]:
     """A small tmpfs mounted at `folder`, for a real ENOSPC (CI runs as root; skipped with the

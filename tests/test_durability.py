@@ -4,7 +4,6 @@ a damaged store, a full disk, other users, idle connections and hostile requests
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import os
 import signal
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import mounted_tmpfs
+from conftest import fill, mounted_tmpfs
 
 from taogpud import wire
 from taogpud.arrayfiles import images
@@ -261,16 +260,6 @@ def test_what_waits_for_a_commit_waits_out_a_full_disk(small_state_dir: Path) ->
     assert before_the_commit == []
     assert while_full == ["first"]
     assert calls == ["first", "held", "last"]
-
-
-def fill(folder: Path) -> Path:
-    """A file that takes every free byte of `folder`'s file system (until ENOSPC)."""
-    filler = folder / "filler"
-    with filler.open("wb") as out, contextlib.suppress(OSError):
-        while True:
-            out.write(b"\0" * 65536)
-            out.flush()
-    return filler
 
 
 def test_each_telling_on_a_full_disk(small_state_dir: Path) -> None:

@@ -4,7 +4,6 @@ disk, a dead stdout pipe, a config written in two steps, relative paths."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pwd
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import mounted_tmpfs
+from conftest import fill, mounted_tmpfs
 
 from taogpud.client import ApiError
 from taogpud.daemon.state_lock import LOCK_NAME, lock_state_dir
@@ -371,16 +370,6 @@ def small_state_dir(daemon_home: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs the test mounts (CI runs as root; skipped with the reason elsewhere)."""
     with mounted_tmpfs(daemon_home / "small", 4) as mount:
         yield mount
-
-
-def fill(folder: Path) -> Path:
-    """Write a file until the file system says ENOSPC."""
-    filler = folder / "filler"
-    with filler.open("wb") as out, contextlib.suppress(OSError):
-        while True:
-            out.write(b"\0" * 65536)
-            out.flush()
-    return filler
 
 
 def test_a_full_disk_refuses_submits_and_loses_no_accepted_job(
