@@ -30,6 +30,7 @@ What the daemon answers with (its `code` and HTTP status are the API's, docs/api
     ├── OutputNotFound             output_not_found        404  the job kept no output of that name
     ├── NotPermitted               forbidden               403  the caller may not touch this job
     ├── Conflict                   conflict                409  not in this state (started twice)
+    │   └── LeaseRevoked           lease_revoked           409  a start told after its lease ended
     ├── Rejected                   too_large               413  the job can never fit a device
     ├── BodyTooLarge               body_too_large          413  a request body passed its limit
     ├── QueueFull                  queue_full              429  the bounded queue is full; retry
@@ -201,6 +202,13 @@ class UnsupportedExecutor(RequestError):
 class Conflict(TaogpudError):
     code = "conflict"
     http_status = 409
+
+
+class LeaseRevoked(Conflict):
+    """A program's start reported after its lease ended unstarted (a cancel, a timeout): its
+    starter must kill what it started (taogpud.client.program does)."""
+
+    code = "lease_revoked"
 
 
 class NotPermitted(TaogpudError):

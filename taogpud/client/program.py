@@ -8,7 +8,9 @@ with the lease's environment, report its pid and, once it is gone, how it ended.
 
 The daemon never starts it and holds no privilege over it (docs/programs.md): this process
 is its parent, stops it when the daemon asks (a cancel, a timeout: SIGTERM to its process
-group, SIGKILL after the grace), and forwards what `interrupt()` is given (Ctrl-C). With
+group, SIGKILL after the grace), and forwards what `interrupt()` is given (Ctrl-C). A start
+it reports after its lease was revoked (a cancel, a timeout that came first) is refused
+(409 lease_revoked): it kills the program's group at once and ends with the job. With
 `reap_descendants` it becomes their subreaper (prctl PR_SET_CHILD_SUBREAPER), so the lease
 ends only once the program's children are gone too.
 """
@@ -28,7 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, NamedTuple, TypeVar
 
 from taogpud.client import Client, Job
-from taogpud.errors import ApiError, DaemonUnreachable
+from taogpud.errors import ApiError, DaemonUnreachable, LeaseRevoked
 from taogpud.wire import LeaseJson
 
 STOP_GRACE_S = 5.0  # SIGTERM, then SIGKILL after this long
@@ -133,7 +135,10 @@ class ProgramRun:
         reader = self._read_output()
         if not self.reap_descendants and _ended_within(pid, self.report_within_s):
             return self._report_at_once(job_id, self.process, reader)
-        _retrying(lambda: self.client.program_started(job_id, pid))
+        try:
+            _retrying(lambda: self.client.program_started(job_id, pid))
+        except ApiError as exc:
+            return self._refused(job_id, exc, reader)
         returncode, stopper = self._wait(job_id, self.process)
         if self.reap_descendants:
             if stopper is None and _children_left():  # a stop must reach what runs on
@@ -153,9 +158,27 @@ class ProgramRun:
         returncode = _returncode_unreaped(process.pid)
         if reader is not None:
             reader.join()  # its output is shipped before its end is told
-        outcome = self._report(job_id, returncode, None, pid=process.pid)
+        try:
+            outcome = self._report(job_id, returncode, None, pid=process.pid)
+        except ApiError as exc:
+            return self._refused(job_id, exc, reader)
         process.wait()
         return outcome
+
+    def _refused(self, job_id: str, refusal: ApiError, reader: threading.Thread | None) -> Outcome:
+        """Its start refused as its lease was revoked (the job ended before the start was
+        told): the program is killed with its group, at once, and reaped; the outcome is the
+        job as it ended, and 1, as for a program cancelled before it started (`follow`)."""
+        if refusal.code != LeaseRevoked.code:
+            raise refusal
+        assert self.process is not None
+        _signal_group(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        if self.reap_descendants:
+            _reap_orphans()
+        if reader is not None:
+            reader.join()  # every descendant gone: the pipe has ended
+        return Outcome(_retrying(lambda: self.client.get(job_id)), 1)
 
     def _wait(self, job_id: str, process: subprocess.Popen[bytes]) -> tuple[int, Stopper | None]:
         """The program's return code. Its lease is followed (Stopper) once it has run

@@ -11,6 +11,12 @@ from taogpud.jobs import placement
 # A running job told to stop (cancel, timeout) gets this long before its worker is killed; a
 # program whose starter is gone, this long between its SIGTERM and its SIGKILL.
 CANCEL_GRACE_S = 5.0
+# A program lease revoked before its start was reported (a cancel, a timeout) ends its job at
+# once, but its starter may have started the program in the instant before it heard: the
+# devices stay held until that starter answers (its report refused) or exits, or this long at
+# most, so a hung starter (SIGSTOP) does not hold them for ever. A starter hung past it that
+# wakes and starts the program anyway is refused at its report and kills it (Programs.stop).
+REVOKE_GRACE_S = CANCEL_GRACE_S
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from taogpud.errors import Conflict, NotPermitted, RequestError
+from taogpud.errors import Conflict, LeaseRevoked, NotPermitted, RequestError
 from taogpud.jobs.access import check_access
-from taogpud.jobs.policy import CANCEL_GRACE_S, Policy
+from taogpud.jobs.policy import CANCEL_GRACE_S, REVOKE_GRACE_S, Policy
 from taogpud.jobs.records import (
     PROGRAM_TASK,
     JobErrorView,
@@ -69,11 +69,15 @@ class Lease:
     whole: bool = True  # every slot of its devices (no --share)
     client_gone: bool = False
     proof: proof.ProgramProof | None = None  # what NVML saw (a CUDA lease), once started
+    revoked: bool = False  # stopped before its start was reported: its job ended (Programs.stop)
+    grace: asyncio.TimerHandle | None = None  # a revoked lease's devices back at the latest
 
     def close(self) -> None:
         for watch in (self.client, self.program):
             if watch is not None:
                 watch.close()
+        if self.grace is not None:
+            self.grace.cancel()
 
 
 class Held(NamedTuple):
@@ -91,6 +95,7 @@ class Programs:
         self.granted = 0  # programs holding devices now (counted as running by the scheduler)
         self.verdicts: Counter[str] = Counter()  # proof.Verdict codes given, by code
         self._leases: dict[str, Lease] = {}  # every unfinished program: its lease, processes
+        self._revoked: dict[str, Lease] = {}  # ended unstarted, devices held still (stop)
         self._stop_reason: dict[str, JobState] = {}  # running program → cancelled | timed_out
         self._stop_errors: dict[str, JobErrorView] = {}  # a program stopped for what NVML saw
         self._lease_changes: dict[str, asyncio.Event] = {}  # set when a lease's phase changes
@@ -163,7 +168,7 @@ class Programs:
     def held(self) -> dict[int, Held]:
         """What the granted leases hold, by device index."""
         held: dict[int, Held] = {}
-        for lease in self._leases.values():
+        for lease in [*self._leases.values(), *self._revoked.values()]:
             for index, reserved in zip(lease.indexes, lease.reserved, strict=True):
                 total = held.get(index, Held())
                 held[index] = Held(
@@ -214,7 +219,11 @@ class Programs:
         """The starter's word that the program runs as `pid`: checked to be the caller's own
         process (its uid) and its descendant, then followed until it ends (unless `ended`:
         its exit comes with this word, exited(), and there is no end left to follow)."""
-        job, lease = self._granted_program(job_id, peer, "start the program of")
+        try:
+            job, lease = self._granted_program(job_id, peer, "start the program of")
+        except LeaseRevoked:
+            self._give_back(job_id)  # its starter has answered: it kills what it started
+            raise
         program = job.program
         assert program is not None
         if program.pid is not None:
@@ -234,6 +243,8 @@ class Programs:
     def _granted_program(self, job_id: str, peer: Peer, action: str) -> tuple[JobRecord, Lease]:
         job = self.jobs.get(job_id)
         check_access(job, peer, action)
+        if job.program is not None and job.program.pid is None and job.status.finished:
+            raise _revoked(job)
         lease = self._leases.get(job_id)
         if job.program is None or lease is None or job.status is not JobState.running:
             what = "a program" if job.program is not None else f"a {job.task} job, not a program"
@@ -251,7 +262,7 @@ class Programs:
         job = self.jobs.get(job_id)
         check_access(job, peer, "report the exit of")
         if job.status.finished:
-            return job
+            return self._exited_after_end(job, exit)
         if exit.pid is not None and (job.program is None or job.program.pid != exit.pid):
             self.started(job_id, exit.pid, peer, ended=True)
         if job.program is None or job.status is not JobState.running:
@@ -264,6 +275,16 @@ class Programs:
         self.jobs.dispatch()
         return job
 
+    def _exited_after_end(self, job: JobRecord, exit: ProgramExit) -> JobRecord:
+        """The word of a starter whose job has ended: a second one (a retry through a
+        restart) is ignored; a start told with it after its lease was revoked is refused.
+        Either way its starter has answered: a revoked lease's devices go back."""
+        self._give_back(job.id)
+        program = job.program
+        if exit.pid is not None and program is not None and program.pid is None:
+            raise _revoked(job)
+        return job
+
     # -- its processes, followed ----------------------------------------------------------
 
     def _watch(self, job_id: str, pid: int, start: int, *, client: bool) -> leases.Watch:
@@ -272,7 +293,11 @@ class Programs:
 
     def _client_gone(self, job_id: str) -> None:
         """The process that asked for the lease exited: a program it never started will not
-        be; one it started runs on under its lease (it is the user's) until it ends."""
+        be; one it started runs on under its lease (it is the user's) until it ends. Its
+        lease revoked already, it can start nothing there any more: the devices go back."""
+        if job_id in self._revoked:
+            self._give_back(job_id)
+            return
         job, lease = self.jobs.store.get(job_id), self._leases.get(job_id)
         if job is None or lease is None or job.status.finished:
             return
@@ -306,10 +331,15 @@ class Programs:
     # -- stop and end ---------------------------------------------------------------------
 
     def stop(self, job_id: str, reason: JobState) -> None:
-        """Ask the program's starter to stop it (SIGTERM, then SIGKILL after its grace); the
-        daemon signals it itself only where its starter is gone and it may."""
+        """Stop a granted program for `reason` (a cancel, a timeout, a verdict). Started (its
+        pid reported), its starter is asked to stop it (SIGTERM, then SIGKILL after its
+        grace); the daemon signals it itself only where its starter is gone and it may. Not
+        started yet, its lease is revoked (_revoke): the job ends at once."""
         job, lease = self.jobs.store.get(job_id), self._leases.get(job_id)
         if job is None or job.program is None or lease is None or job.program.stop:
+            return
+        if job.program.pid is None and job.status is JobState.running:
+            self._revoke(job, lease, reason)
             return
         self._stop_reason[job_id] = reason
         job.program.stop = reason.value
@@ -317,6 +347,23 @@ class Programs:
         self.changed(job_id)
         if lease.client_gone:
             self._signal_program(job_id, signal.SIGTERM)
+
+    def _revoke(self, job: JobRecord, lease: Lease, reason: JobState) -> None:
+        """End the job of a lease whose program was not reported started, for `reason`, now
+        (its starter may be hung, or never start one). Its starter may yet have started the
+        program in the instant before it heard: its report of that start is refused from
+        now (LeaseRevoked), and it kills the program. So the devices stay held (end) until
+        it can no longer start on them: it answered (that start or its exit refused, or it
+        said it never started one), it exited (_client_gone), or REVOKE_GRACE_S passed. A
+        device counted exclusive never gets a second program, but beside one whose starter
+        hung past the grace, until that starter's report is refused."""
+        program = job.program
+        assert program is not None and job.started_at is not None
+        program.stop, lease.revoked = reason.value, True
+        job.run_ms = (time.time() - job.started_at) * 1e3
+        self.jobs.finish(
+            job, reason, self._stop_errors.pop(job.id, None) or _unstarted(job, reason)
+        )
 
     def _signal_program(self, job_id: str, signum: int) -> None:
         lease = self._leases.get(job_id)
@@ -327,18 +374,35 @@ class Programs:
             loop.call_later(CANCEL_GRACE_S, self._signal_program, job_id, signal.SIGKILL)
 
     def end(self, job: JobRecord) -> None:
-        """A finished program's devices go back (its record keeps what it was given)."""
+        """A finished program's devices go back (its record keeps what it was given); those
+        of a revoked lease once its starter can no longer start on them (_revoke)."""
         lease = self._leases.pop(job.id, None)
         if lease is None:
             return
-        lease.close()
         if lease.proof is not None:
             job.evidence = lease.proof.evidence()
         self._stop_reason.pop(job.id, None)
         self._stop_errors.pop(job.id, None)
+        if lease.revoked and lease.indexes and not lease.client_gone:
+            self._revoked[job.id] = lease
+            lease.grace = asyncio.get_running_loop().call_later(
+                REVOKE_GRACE_S, self._give_back, job.id
+            )
+        else:
+            self._release(job.id, lease)
+
+    def _give_back(self, job_id: str) -> None:
+        """A revoked lease's starter can no longer start on its devices: they go back."""
+        lease = self._revoked.pop(job_id, None)
+        if lease is not None:
+            self._release(job_id, lease)
+            self.jobs.dispatch()
+
+    def _release(self, job_id: str, lease: Lease) -> None:
+        lease.close()
         if lease.indexes:
             self.granted -= 1
-        self.jobs.stopped(job.id, bool(lease.indexes))
+        self.jobs.stopped(job_id, bool(lease.indexes))
 
     # -- the proof (taogpud.programs.proof), from NVML samples ----------------------------
 
@@ -510,6 +574,22 @@ def caller(peer: Peer) -> tuple[int, int]:
 
 def _error(code: str, message: str, hint: str = "") -> JobErrorView:
     return JobErrorView(code=code, message=message, hint=hint)
+
+
+def _unstarted(job: JobRecord, reason: JobState) -> JobErrorView:
+    """Why a lease revoked before its program was reported started ended (Programs._revoke)."""
+    if reason is JobState.timed_out:
+        message = f"the lease ran past its timeout of {job.timeout_s} s before its program started"
+        return _error("timed_out", message, "raise --timeout, or check that its starter runs")
+    return _error(reason.value, f"{reason.value} before its program was reported started")
+
+
+def _revoked(job: JobRecord) -> LeaseRevoked:
+    return LeaseRevoked(
+        f"job {job.id} ended {job.status.value} before its program was reported started: its "
+        "lease is revoked, and its devices are no longer the program's",
+        "stop the program (taogpuctl and ProgramRun kill it themselves); submit it again",
+    )
 
 
 def _how_it_ended(exit: ProgramExit) -> str:

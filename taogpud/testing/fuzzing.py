@@ -52,22 +52,22 @@ def fuzz(socket_path: Path, examples_per_operation: int) -> FuzzReport:
 
 
 def _end_jobs_in_hand(http: httpx.Client) -> None:
-    """Each operation starts with no job in hand. A program lease the fuzz was granted holds
-    its devices while its client (this process) lives, as a real starter's would, and a
-    cancel waits for that starter to stop it: the doctor's probes, fuzzed later, queued
-    behind them past this client's read timeout. So the fuzz ends them as a starter that
-    could not start its program does (POST …/exited not_started), and cancels the rest."""
-    for _ in range(20):  # a lease given up lets a queued program in: again until none is left
-        jobs = http.get(f"{BASE_URL}/v1/jobs", params={"limit": 500}).json()
-        left = [job for job in jobs if job["status"] in ("queued", "running")]
-        if not left:
-            return
-        for job in left:
-            if job["status"] == "running" and job["task"] == "program":
-                url = f"{BASE_URL}/v1/programs/{job['id']}/exited"
-                http.post(url, json={"not_started": "the fuzz never starts its programs"})
-            elif job["status"] == "queued":
-                http.post(f"{BASE_URL}/v1/jobs/{job['id']}/cancel")
+    """Each operation starts with no job in hand: every queued job and every program is
+    cancelled (a running task ends on its own). A program lease the fuzz was granted (this
+    process its live client, which never starts anything) ends at once too, but its devices
+    stay held until its starter answers or REVOKE_GRACE_S passes (docs/programs.md, "A lease
+    never started"): the fuzz answers as that starter, that it never started one (POST
+    …/exited not_started), so they come back now, and the doctor's probes, fuzzed later, do
+    not wait out the grace behind them. One pass: a program placed meanwhile is ended too."""
+    jobs = http.get(f"{BASE_URL}/v1/jobs", params={"limit": 500}).json()
+    for job in jobs:
+        program = job["task"] == "program"
+        if not (job["status"] == "queued" or (program and job["status"] == "running")):
+            continue
+        http.post(f"{BASE_URL}/v1/jobs/{job['id']}/cancel")
+        if program:  # ended now, granted or not: the word gives a revoked lease back
+            url = f"{BASE_URL}/v1/programs/{job['id']}/exited"
+            http.post(url, json={"not_started": "the fuzz never starts its programs"})
 
 
 def _fuzz_operation(http: httpx.Client, operation: Any, examples: int, report: FuzzReport) -> None:
