@@ -11,6 +11,7 @@ longer.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import shutil
@@ -116,7 +117,7 @@ def inprocess_daemon(inprocess_factory: Callable[..., InProcessDaemon]) -> InPro
 # daemon is the in-process one), so a new test lands in the right tier with no marker of its
 # own. A test that starts one (or another long program: a nested pytest, the demo,
 # `python -m bench.…`) in its body says so itself with @pytest.mark.process.
-PROCESS_FIXTURES = {"daemon", "daemon_factory", "module_daemon"}
+PROCESS_FIXTURES = {"daemon", "daemon_factory", "module_daemon", "module_relayd"}
 INPROCESS_FIXTURES = {"inprocess_daemon", "inprocess_factory"}
 
 
@@ -203,7 +204,7 @@ def provider() -> Iterator[FakeProvider]:
         yield server
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def relay_provider_settings() -> dict[str, Any]:
     """The relay daemon's provider settings over start_relay's: a module overrides this
     fixture to change them for all its tests."""
@@ -218,6 +219,55 @@ def relayd(
 ) -> RunningDaemon:
     """A daemon holding RELAY_KEY whose relay listens on 127.0.0.1 and forwards to `provider`."""
     return start_relay(daemon_factory, provider.base_url, provider=relay_provider_settings)
+
+
+# A module whose relay tests change nothing another of them reads shares one relay daemon and
+# one provider: it overrides `relayd` and `provider` with `shared_relayd` and `shared_provider`.
+
+
+@pytest.fixture(scope="module")
+def module_provider() -> Iterator[FakeProvider]:
+    """The fake provider of a module's shared relay (tests take it as `shared_provider`)."""
+    with fake_provider(RELAY_KEY) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def module_relayd(
+    module_provider: FakeProvider, relay_provider_settings: dict[str, Any]
+) -> Iterator[RunningDaemon]:
+    """`relayd` once for a module (tests take it as `shared_relayd`); afterwards no log of
+    it may hold the key, as `daemon_home` checks."""
+    home = new_home()
+    try:
+        factory = functools.partial(start_daemon, home / "relay")
+        daemon = start_relay(factory, module_provider.base_url, provider=relay_provider_settings)
+        try:
+            yield daemon
+        finally:
+            daemon.stop(signal.SIGTERM, timeout_s=15)
+        leaks = key_leaks(home)
+    finally:
+        remove_home(home)
+    assert leaks == [], f"an API key was written to {leaks}"
+
+
+@pytest.fixture
+def shared_provider(module_provider: FakeProvider) -> FakeProvider:
+    """The module's provider as `provider` starts: nothing scripted or seen, keys checked."""
+    module_provider.reset()
+    module_provider.require_auth = True
+    return module_provider
+
+
+@pytest.fixture
+def shared_relayd(module_relayd: RunningDaemon, shared_provider: FakeProvider) -> RunningDaemon:
+    """The module's relay as a test finds a new one: holding no relay token (the caller's
+    revoked), its trace begun now, its provider reset. What it counts goes on (`relay
+    status`, /metrics, the summaries of refusals, which say the first of a kind at once and
+    then one line per 10 s): a test that reads those starts a relay of its own."""
+    assert unix_get(module_relayd, "DELETE", "/v1/relay/token").status_code == 200
+    return module_relayd.trace_from_now()
 
 
 def start_relay(

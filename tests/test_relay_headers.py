@@ -19,6 +19,17 @@ LATIN1 = "café".encode("latin-1")  # 0xE9 alone: not UTF-8
 
 
 @pytest.fixture
+def provider(shared_provider: FakeProvider) -> FakeProvider:
+    """The tests here read only their own answers: one relay and provider for them all."""
+    return shared_provider
+
+
+@pytest.fixture
+def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
+    return shared_relayd
+
+
+@pytest.fixture
 def listen(relayd: RunningDaemon) -> dict[str, str]:
     """The relay's answer to `relay token`: its TCP address and the caller's token."""
     with relayd.client() as client:

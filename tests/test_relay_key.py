@@ -34,10 +34,21 @@ from taogpud.testing.fake_provider import (
 BLANK = MARK.decode() + "*" * (len(KEY) - len(MARK))  # the key's place, as many bytes as it had
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def relay_provider_settings() -> dict[str, Any]:
     """No retries: each error status reaches the client from the provider's first answer."""
     return {"maxRetries": 0}
+
+
+@pytest.fixture
+def provider(shared_provider: FakeProvider) -> FakeProvider:
+    """The tests here read only their own answers: one relay and provider for them all."""
+    return shared_provider
+
+
+@pytest.fixture
+def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
+    return shared_relayd
 
 
 @pytest.fixture

@@ -36,6 +36,17 @@ OUTSIDE = [
 UNDER = ["/v1/models", "/v1/models/a%20b", "/v1/models/a..b", "/v1/files/..."]
 
 
+@pytest.fixture
+def provider(shared_provider: FakeProvider) -> FakeProvider:
+    """The tests here read only their own answers: one relay and provider for them all."""
+    return shared_provider
+
+
+@pytest.fixture
+def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
+    return shared_relayd
+
+
 class UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str) -> None:
         super().__init__("taogpud")

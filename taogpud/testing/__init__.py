@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import gc
 import json
 import logging
@@ -37,7 +38,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 import structlog
 
@@ -261,6 +262,8 @@ class DaemonHandle:
     bound to it, and the JSON trace it writes to `log_path`. RunningDaemon and
     InProcessDaemon each say whether it still runs and how it is stopped."""
 
+    trace_start = 0  # the byte of `log_path` this handle's trace begins at (trace_from_now)
+
     def __init__(self, home: Path, log_path: Path, err_path: Path) -> None:
         self.home = home
         self.socket_path = home / "taogpud.sock"
@@ -304,7 +307,19 @@ class DaemonHandle:
         """The daemon's trace as written so far, raw and in whole lines, every line deferred
         before now in it."""
         self._trace_barrier()
-        return whole_lines(self.log_path.read_text()) if self.log_path.exists() else ""
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as log:
+            log.seek(self.trace_start)
+            return whole_lines(log.read().decode())
+
+    def trace_from_now(self) -> Self:
+        """This daemon with its trace begun now: `events`, `stdout_text` and `wait_for_event`
+        of the copy leave out every line written before (a test that shares a daemon with
+        other tests reads its own lines only). The same daemon: stopping the copy stops it."""
+        view = copy.copy(self)
+        view.trace_start = self.trace_start + len(self.stdout_text().encode())
+        return view
 
     def _trace_barrier(self) -> None:
         """Job and request lines are written just after the daemon's current loop callback

@@ -41,7 +41,8 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     events: tuple[bytes, ...] | None = None  # an SSE stream instead of a body
-    event_delay_s: float = 0.0  # between two events
+    event_delay_s: float = 0.0  # after each event
+    end_delay_s: float = 0.0  # after the last event, before the stream's end (its last chunk)
     break_after: int | None = None  # drop the connection after this many events
     echo_auth: bool = False  # a 401 that repeats the credentials it got, as real ones do
     echo: bool = False  # @AUTH@ / @XKEY@ in body and events: the credentials; echo headers too
@@ -197,20 +198,26 @@ class FakeProvider:
     def __init__(self, expected_key: str | None) -> None:
         self._expected = None if expected_key is None else f"Bearer {expected_key}"
         self._expected_raw = expected_key
-        self.stream_ends: list[str] = []  # per stream: "complete" | "client_gone" | "broken"
-        self.script: list[Reply] = []
-        self.default = OK
-        self.require_auth = False  # True: a request without the expected key gets a 401
-        self.respond: Callable[[Seen], Reply] | None = None  # a reply per request, over script
-        self.ws_refuse: int | None = None  # a status: WebSocket upgrades refused with it
-        self.ws_words = 3  # words in each WebSocket response
-        self.ws_ends: list[str] = []  # per WebSocket session: how it ended
-        self.seen: list[Seen] = []
         self._lock = threading.Lock()
+        self.reset()
         self.server = _Server(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.server.block_on_close = False
         self.port = self.server.server_address[1]
+
+    def reset(self) -> None:
+        """As it started: no script, the default answers, nothing seen (a provider that the
+        tests of a module share is handed to each of them so)."""
+        with self._lock:
+            self.stream_ends: list[str] = []  # per stream: "complete" | "client_gone" | "broken"
+            self.script: list[Reply] = []
+            self.default = OK
+            self.require_auth = False  # True: a request without the expected key gets a 401
+            self.respond: Callable[[Seen], Reply] | None = None  # a reply per request, over script
+            self.ws_refuse: int | None = None  # a status: WebSocket upgrades refused with it
+            self.ws_words = 3  # words in each WebSocket response
+            self.ws_ends: list[str] = []  # per WebSocket session: how it ended
+            self.seen: list[Seen] = []
 
     @property
     def base_url(self) -> str:
@@ -405,6 +412,7 @@ class FakeProvider:
                         self._write_chunks(reply, event)
                         time.sleep(reply.event_delay_s)
                     else:
+                        time.sleep(reply.end_delay_s)
                         self.wfile.write(b"0\r\n\r\n")
                         self.wfile.flush()
                 except OSError:
