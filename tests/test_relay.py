@@ -35,6 +35,18 @@ from taogpud.testing.fake_provider import (
 _CLIENTS: list[openai.OpenAI | anthropic.Anthropic] = []
 
 
+@pytest.fixture
+def provider(shared_provider: FakeProvider) -> FakeProvider:
+    """The tests here that take `relayd` read only their own answers and trace lines: one
+    relay and provider for them all; a test that needs settings of its own starts a relay."""
+    return shared_provider
+
+
+@pytest.fixture
+def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
+    return shared_relayd
+
+
 @pytest.fixture(autouse=True)
 def _close_clients() -> Iterator[None]:
     """Every SDK client a test made is closed after it (their pools hold sockets)."""
@@ -81,6 +93,20 @@ def relay_lines(daemon: RunningDaemon, at_least: int = 1) -> list[dict[str, Any]
 def assert_no_key(*texts: Any) -> None:
     for text in texts:
         assert KEY not in str(text)
+
+
+def test_the_shared_relay_comes_to_each_test_as_new(
+    relayd: RunningDaemon, provider: FakeProvider, module_relayd: RunningDaemon
+) -> None:
+    """What the tests that share this module's relay rely on (conftest's shared_relayd): no
+    relay token held, the provider as new, and a trace that leaves out the lines before."""
+    assert unix_get(relayd, "GET", "/v1/relay/status").json()["has_token"] is False
+    assert (provider.seen, provider.script, provider.default) == ([], [], Reply())
+    openai_unix(relayd).models.list()
+    (line,) = relay_lines(relayd)  # this test's one request
+    assert line["path"] == "/v1/models" and provider.seen[-1].auth_matches
+    assert relayd.trace_from_now().events("relay.request") == []
+    assert module_relayd.events("relay.request")[-1] == line
 
 
 def test_openai_sdk_over_tcp_resolves_alias_and_sets_the_key(
@@ -433,10 +459,11 @@ def ctl(daemon: RunningDaemon, home: Any, *args: str) -> subprocess.CompletedPro
 
 @pytest.mark.slow
 def test_taogpuctl_relay_token_env_status_and_doctor(
-    relayd: RunningDaemon, provider: FakeProvider, tmp_path: Any
+    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider, tmp_path: Any
 ) -> None:
     """`relay token` keeps the token 0600; `relay env` prints lines an SDK works with;
     `relay status` shows the use; `doctor` passes the relay check end to end."""
+    relayd = start_relay(daemon_factory, provider.base_url)  # its use: this test's alone
     saved = ctl(relayd, tmp_path, "relay", "token")
     assert saved.returncode == 0, saved.stderr
     (path,) = (tmp_path / "taogpud").glob("relay-token@*")

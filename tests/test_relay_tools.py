@@ -18,9 +18,10 @@ import httpx
 import openai
 import pytest
 from conftest import MODELS, start_relay, token_of, unix_get
+from prometheus_client.parser import text_string_to_metric_families
 from test_relay import _CLIENTS, anthropic_tcp, assert_no_key, kept, relay_lines
 
-from taogpud.testing import RunningDaemon
+from taogpud.testing import RunningDaemon, wait_until
 from taogpud.testing.fake_provider import (
     FakeProvider,
     Reply,
@@ -35,6 +36,18 @@ def _close_clients() -> Iterator[None]:
     yield
     while _CLIENTS:
         _CLIENTS.pop().close()
+
+
+@pytest.fixture
+def provider(shared_provider: FakeProvider) -> FakeProvider:
+    """The tests here that take `relayd` read only their own answers and trace lines: one
+    relay and provider for them all; a test that needs settings of its own starts a relay."""
+    return shared_provider
+
+
+@pytest.fixture
+def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
+    return shared_relayd
 
 
 def ctl(daemon: RunningDaemon, home: Path, *args: str) -> Any:
@@ -279,10 +292,10 @@ def test_relay_env_never_revokes_a_working_token(relayd: RunningDaemon, tmp_path
 
 @pytest.mark.slow
 def test_the_token_file_is_per_daemon(
-    daemon_factory: Any, provider: FakeProvider, tmp_path: Path
+    relayd: RunningDaemon, daemon_factory: Any, provider: FakeProvider, tmp_path: Path
 ) -> None:
     """Two daemons, one user: each daemon's token is kept apart, and env prints its own."""
-    one = start_relay(daemon_factory, provider.base_url)
+    one = relayd
     two = start_relay(daemon_factory, provider.base_url)
     tokens = []
     for daemon in (one, two):
@@ -329,7 +342,7 @@ def test_hung_up_only_when_the_client_left_before_the_end(
 ) -> None:
     """A client that closes as soon as it has the stream's last event (data: [DONE]), before
     the provider's chunked end arrives, received it whole: hung_up false, its tokens counted."""
-    provider.default = Reply(events=openai_stream("m", words=1), event_delay_s=0.5)
+    provider.default = Reply(events=openai_stream("m", words=1), end_delay_s=0.5)
     token, base = token_of(relayd)
     with httpx.Client() as client:
         request = client.build_request(
@@ -350,14 +363,31 @@ def test_hung_up_only_when_the_client_left_before_the_end(
     assert line["tokens"] == {"input": 5, "output": 1, "total": 6}
 
 
+def refused_count(metrics: str) -> float:
+    """taogpud_relay_requests_total of the 401s without a uid in a /metrics page (0 if none)."""
+    counts = [
+        sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "taogpud_relay_requests_total"
+        and sample.labels == {"model": "-", "status": "401", "uid": ""}
+    ]
+    return sum(counts)
+
+
 def test_no_none_label_in_the_metrics(relayd: RunningDaemon) -> None:
     """A refused TCP request has no uid: its metrics carry uid="", never uid="None"."""
     _, base = token_of(relayd)
+
+    def metrics() -> str:
+        return unix_get(relayd, "GET", "/metrics").text
+
+    before = refused_count(metrics())  # the relay is shared: earlier tests' refusals
     assert httpx.get(base + "/v1/models").status_code == 401
-    relay_lines(relayd)
-    metrics = unix_get(relayd, "GET", "/metrics").text
-    assert "taogpud_relay_requests_total" in metrics and 'uid="None"' not in metrics
-    assert 'status="401",uid=""' in metrics
+    wait_until(lambda: refused_count(metrics()) > before, "the refusal counted in /metrics")
+    page = metrics()
+    assert "taogpud_relay_requests_total" in page and 'uid="None"' not in page
+    assert 'status="401",uid=""' in page and refused_count(page) == before + 1
 
 
 NAMED = [
@@ -433,7 +463,7 @@ def test_websocket_over_the_unix_socket(relayd: RunningDaemon, provider: FakePro
 
 
 def test_websocket_refusals_are_http_errors_in_the_one_shape(
-    relayd: RunningDaemon, provider: FakeProvider
+    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider
 ) -> None:
     """No token: 401; a provider without WebSocket: 426 upstream_no_websocket at once, so the
     client falls back to HTTP (never uvicorn's plain 500); the member's refusal traced, the
@@ -441,6 +471,7 @@ def test_websocket_refusals_are_http_errors_in_the_one_shape(
     from websockets.exceptions import InvalidStatus
     from websockets.sync.client import connect
 
+    relayd = start_relay(daemon_factory, provider.base_url)  # its refusals' summary: this test's
     token, base = token_of(relayd)
     url = base.replace("http://", "ws://") + "/v1/responses"
     with pytest.raises(InvalidStatus) as no_token, connect(url, open_timeout=30):
