@@ -85,11 +85,55 @@ def daemon(daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
     return daemon_factory()
 
 
+class SharedInProcess:
+    """The in-process daemon a module's tests share (`module_inprocess_daemon`), started at
+    the first test that takes it. One in-process daemon runs at a time, so a test that starts
+    its own (`inprocess_factory`) stops the shared one first; the next sharer starts another."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.daemon: InProcessDaemon | None = None
+        self.started = 0  # each start gets a state directory of its own
+
+    def get(self) -> InProcessDaemon:
+        if self.daemon is None:
+            self.daemon = start_in_process(self.home / f"m{self.started}")
+            self.started += 1
+        return self.daemon
+
+    def stop(self) -> None:
+        daemon, self.daemon = self.daemon, None
+        if daemon is not None:
+            daemon.stop(timeout_s=15)
+
+
+@pytest.fixture(scope="module")
+def shared_inprocess() -> Iterator[SharedInProcess]:
+    """The module's SharedInProcess: stopped, and its home gone, when the module's tests end."""
+    shared = SharedInProcess(new_home())
+    try:
+        yield shared
+        shared.stop()
+    finally:
+        remove_home(shared.home)
+
+
 @pytest.fixture
-def inprocess_factory(daemon_home: Path) -> Iterator[Callable[..., InProcessDaemon]]:
+def module_inprocess_daemon(shared_inprocess: SharedInProcess) -> InProcessDaemon:
+    """`module_daemon`'s in-process twin, for the same tests: those that change nothing
+    another test of the module reads (refusals, reads, jobs and arrays of their own by id).
+    While it runs (until the module's end), the process's logging is the daemon's."""
+    return shared_inprocess.get()
+
+
+@pytest.fixture
+def inprocess_factory(
+    daemon_home: Path, shared_inprocess: SharedInProcess
+) -> Iterator[Callable[..., InProcessDaemon]]:
     """`daemon_factory`'s twin for API and scheduling behaviour: the same daemon on the same
     files, in a thread of the test's process (taogpud.testing.InProcessDaemon), one at a
-    time; each is stopped afterwards, and a stop that left anything behind fails the test."""
+    time (the module's shared one is stopped first); each is stopped afterwards, and a stop
+    that left anything behind fails the test."""
     started: list[InProcessDaemon] = []
 
     def factory(
@@ -97,6 +141,7 @@ def inprocess_factory(daemon_home: Path) -> Iterator[Callable[..., InProcessDaem
         config: dict[str, Any] | None = None,
         wait_ready: bool = True,
     ) -> InProcessDaemon:
+        shared_inprocess.stop()
         daemon = start_in_process(daemon_home / f"i{len(started)}", settings, config, wait_ready)
         started.append(daemon)
         return daemon
@@ -118,7 +163,7 @@ def inprocess_daemon(inprocess_factory: Callable[..., InProcessDaemon]) -> InPro
 # own. A test that starts one (or another long program: a nested pytest, the demo,
 # `python -m bench.…`) in its body says so itself with @pytest.mark.process.
 PROCESS_FIXTURES = {"daemon", "daemon_factory", "module_daemon", "module_relayd"}
-INPROCESS_FIXTURES = {"inprocess_daemon", "inprocess_factory"}
+INPROCESS_FIXTURES = {"inprocess_daemon", "inprocess_factory", "module_inprocess_daemon"}
 
 
 def starts_a_process(fixtures: set[str]) -> bool:
@@ -186,6 +231,12 @@ def ctl(daemon: RunningDaemon) -> Ctl:
 def inprocess_ctl(inprocess_daemon: InProcessDaemon) -> Ctl:
     """taogpuctl aimed at the test's in-process daemon (taogpuctl itself is a process)."""
     return inprocess_daemon.ctl
+
+
+@pytest.fixture
+def module_inprocess_ctl(module_inprocess_daemon: InProcessDaemon) -> Ctl:
+    """taogpuctl aimed at the module's shared in-process daemon."""
+    return module_inprocess_daemon.ctl
 
 
 # --- the relay: a daemon whose relay forwards to a fake provider on 127.0.0.1 -----------------

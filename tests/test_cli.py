@@ -176,15 +176,15 @@ def test_config_validate_accepts_the_seed_pair(tmp_path: Path) -> None:
 
 
 def test_config_validate_checks_the_files_the_daemon_runs(
-    inprocess_ctl: Ctl, inprocess_daemon: Any
+    module_inprocess_ctl: Ctl, module_inprocess_daemon: Any
 ) -> None:
     """Without --settings/--config, the files the reachable daemon runs are checked (it
     checked /etc/taogpud's, whatever the daemon read)."""
-    result = inprocess_ctl("config", "validate", "--json")
+    result = module_inprocess_ctl("config", "validate", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
     checked = json_out(result)["files"]
-    assert str(inprocess_daemon.settings_path) in json.dumps(checked)
-    assert str(inprocess_daemon.config_path) in json.dumps(checked)
+    assert str(module_inprocess_daemon.settings_path) in json.dumps(checked)
+    assert str(module_inprocess_daemon.config_path) in json.dumps(checked)
 
 
 def test_config_validate_reports_each_error_as_file_key_message_fix(tmp_path: Path) -> None:
@@ -244,12 +244,12 @@ def test_config_show_offline_broken_pair_is_exit_2(tmp_path: Path) -> None:
     assert "config validate" in line
 
 
-# --- against a real daemon -----------------------------------------------------------------
+# --- against a real daemon: the module's one, each test reading its own jobs --------------
 
 
-def test_submit_wait_prints_device_and_backend(inprocess_ctl: Ctl) -> None:
+def test_submit_wait_prints_device_and_backend(module_inprocess_ctl: Ctl) -> None:
     """`submit vector_add --size 1000000 --wait` answers device=cpu:N backend=cpu, exit 0."""
-    result = inprocess_ctl("submit", "vector_add", "--size", "1000000", "--wait")
+    result = module_inprocess_ctl("submit", "vector_add", "--size", "1000000", "--wait")
     assert result.returncode == 0, result.stdout + result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("job "))
     assert " succeeded " in line
@@ -258,9 +258,9 @@ def test_submit_wait_prints_device_and_backend(inprocess_ctl: Ctl) -> None:
     assert "fallback=false" in line
 
 
-def test_submit_wait_json_has_every_contract_field(inprocess_ctl: Ctl) -> None:
+def test_submit_wait_json_has_every_contract_field(module_inprocess_ctl: Ctl) -> None:
     """`--wait --json`: one JSON object with id, task, status, backend, device, ... error."""
-    result = inprocess_ctl(
+    result = module_inprocess_ctl(
         *shlex.split("submit vector_add --size 1000 --param dtype=float64 --wait --json")
     )
     assert result.returncode == 0, result.stderr
@@ -271,31 +271,31 @@ def test_submit_wait_json_has_every_contract_field(inprocess_ctl: Ctl) -> None:
     assert job["result"]["size"] == 1000
 
 
-def test_submit_without_wait_prints_the_id(inprocess_ctl: Ctl) -> None:
+def test_submit_without_wait_prints_the_id(module_inprocess_ctl: Ctl) -> None:
     """Without --wait: the id alone on stdout, which `show` then finds."""
-    result = inprocess_ctl("submit", "noop")
+    result = module_inprocess_ctl("submit", "noop")
     assert result.returncode == 0, result.stderr
     job_id = result.stdout.strip()
-    shown = inprocess_ctl("show", job_id, "--json")
+    shown = module_inprocess_ctl("show", job_id, "--json")
     assert json_out(shown)["id"] == job_id
 
 
-def test_unknown_task_is_a_usage_error(inprocess_ctl: Ctl) -> None:
+def test_unknown_task_is_a_usage_error(module_inprocess_ctl: Ctl) -> None:
     """A submit the daemon rejects (unknown task) exits 2 with one line naming the task."""
-    result = inprocess_ctl("submit", "no_such_task", "--wait")
+    result = module_inprocess_ctl("submit", "no_such_task", "--wait")
     line = assert_one_error_line(result, 2)
     assert "no_such_task" in line
 
 
-def test_invalid_params_are_a_usage_error(inprocess_ctl: Ctl) -> None:
+def test_invalid_params_are_a_usage_error(module_inprocess_ctl: Ctl) -> None:
     """`--param size=-5` is refused by the task's params model: exit 2, one line."""
-    result = inprocess_ctl("submit", "vector_add", "--param", "size=-5")
+    result = module_inprocess_ctl("submit", "vector_add", "--param", "size=-5")
     assert "size" in assert_one_error_line(result, 2)
 
 
-def test_status_json_has_the_contract_fields(inprocess_ctl: Ctl) -> None:
+def test_status_json_has_the_contract_fields(module_inprocess_ctl: Ctl) -> None:
     """`status --json` has backend, fallback, running, queued, caps, generation and workers."""
-    result = inprocess_ctl("status", "--json")
+    result = module_inprocess_ctl("status", "--json")
     assert result.returncode == 0, result.stderr
     status = json_out(result)
     assert status.keys() >= STATUS_CONTRACT
@@ -303,39 +303,39 @@ def test_status_json_has_the_contract_fields(inprocess_ctl: Ctl) -> None:
     assert status["workers"]
 
 
-def test_status_human_shows_workers(inprocess_ctl: Ctl) -> None:
+def test_status_human_shows_workers(module_inprocess_ctl: Ctl) -> None:
     """Plain `status` names the backend, the upload room and quota, and one row per worker."""
-    result = inprocess_ctl("status")
+    result = module_inprocess_ctl("status")
     assert result.returncode == 0, result.stderr
     assert "backend cpu" in result.stdout
     assert "cpu:0" in result.stdout
     assert "yours pending 0.0/" in result.stdout and "(quota;" in result.stdout
 
 
-def test_config_status_json_has_generation_and_last_reload(inprocess_ctl: Ctl) -> None:
+def test_config_status_json_has_generation_and_last_reload(module_inprocess_ctl: Ctl) -> None:
     """`config status --json` has generation and last_reload {ok, errors}."""
-    result = inprocess_ctl("config", "status", "--json")
+    result = module_inprocess_ctl("config", "status", "--json")
     assert result.returncode == 0, result.stderr
     view = json_out(result)
     assert isinstance(view["generation"], int)
     assert {"ok", "errors"} <= view["last_reload"].keys()
 
 
-def test_config_show_asks_the_daemon(inprocess_ctl: Ctl) -> None:
+def test_config_show_asks_the_daemon(module_inprocess_ctl: Ctl) -> None:
     """`config show --json` without files prints the daemon's effective, redacted config."""
-    result = inprocess_ctl("config", "show", "--json")
+    result = module_inprocess_ctl("config", "show", "--json")
     assert result.returncode == 0, result.stderr
     assert isinstance(json_out(result), dict)
 
 
-def test_input_and_output_round_trip(inprocess_ctl: Ctl, tmp_path: Path) -> None:
+def test_input_and_output_round_trip(module_inprocess_ctl: Ctl, tmp_path: Path) -> None:
     """Uploaded a and b go through vector_add; the downloaded c equals a + b."""
     rng = np.random.default_rng(7)
     a, b = rng.random(1000, dtype=np.float32), rng.random(1000, dtype=np.float32)
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", b)
     inputs = ["--input", f"a={tmp_path / 'a.npy'}", "--input", f"b={tmp_path / 'b.npy'}"]
-    result = inprocess_ctl(
+    result = module_inprocess_ctl(
         "submit", "vector_add", *inputs, "--output", str(tmp_path / "out"), "--wait", "--json"
     )
     assert result.returncode == 0, result.stderr
@@ -343,73 +343,80 @@ def test_input_and_output_round_trip(inprocess_ctl: Ctl, tmp_path: Path) -> None
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "c.npy"), a + b)
 
 
-def test_result_downloads_one_output(inprocess_ctl: Ctl, tmp_path: Path) -> None:
+def test_result_downloads_one_output(module_inprocess_ctl: Ctl, tmp_path: Path) -> None:
     """`result ID -o FILE` saves the job's only output; without -o it prints the summary."""
     kept = ["--output", str(tmp_path / "kept")]
-    submitted = inprocess_ctl(*shlex.split("submit vector_add --size 100 --wait --json"), *kept)
+    submitted = module_inprocess_ctl(
+        *shlex.split("submit vector_add --size 100 --wait --json"), *kept
+    )
     job_id = json_out(submitted)["id"]
-    saved = inprocess_ctl("result", job_id, "-o", str(tmp_path / "c.npy"))
+    saved = module_inprocess_ctl("result", job_id, "-o", str(tmp_path / "c.npy"))
     assert saved.returncode == 0, saved.stderr
     assert np.load(tmp_path / "c.npy").shape == (100,)
-    summary = inprocess_ctl("result", job_id)
+    summary = module_inprocess_ctl("result", job_id)
     assert summary.returncode == 0
     assert "checksum" in summary.stdout
 
 
-def test_cancel_a_running_job(inprocess_ctl: Ctl) -> None:
+def test_cancel_a_running_job(module_inprocess_ctl: Ctl) -> None:
     """`cancel ID` of a long sleep exits 0; waiting on it then exits 1 with status cancelled."""
-    job_id = inprocess_ctl("submit", "sleep", "--param", "ms=60000").stdout.strip()
-    cancelled = inprocess_ctl("cancel", job_id, "--json")
+    job_id = module_inprocess_ctl("submit", "sleep", "--param", "ms=60000").stdout.strip()
+    cancelled = module_inprocess_ctl("cancel", job_id, "--json")
     assert cancelled.returncode == 0, cancelled.stderr
-    waited = inprocess_ctl("wait", job_id, "--timeout", "30", "--json")
+    waited = module_inprocess_ctl("wait", job_id, "--timeout", "30", "--json")
     assert waited.returncode == 1
     assert json_out(waited)["status"] == "cancelled"
 
 
-def test_wait_exit_codes(inprocess_ctl: Ctl) -> None:
+def test_wait_exit_codes(module_inprocess_ctl: Ctl) -> None:
     """`wait`: 0 for a succeeded job, 1 for a timed-out job, 124 for one still running."""
-    done = inprocess_ctl("submit", "noop").stdout.strip()
-    assert inprocess_ctl("wait", done).returncode == 0
-    timed_out = inprocess_ctl("submit", "sleep", "--param", "ms=30000", "--timeout", "0.2")
-    waited = inprocess_ctl("wait", timed_out.stdout.strip(), "--timeout", "30")
+    done = module_inprocess_ctl("submit", "noop").stdout.strip()
+    assert module_inprocess_ctl("wait", done).returncode == 0
+    timed_out = module_inprocess_ctl("submit", "sleep", "--param", "ms=30000", "--timeout", "0.2")
+    waited = module_inprocess_ctl("wait", timed_out.stdout.strip(), "--timeout", "30")
     assert waited.returncode == 1
     assert "timed_out" in waited.stdout
-    running = inprocess_ctl("submit", "sleep", "--param", "ms=30000").stdout.strip()
-    still = inprocess_ctl("wait", running, "--timeout", "0.3")
+    running = module_inprocess_ctl("submit", "sleep", "--param", "ms=30000").stdout.strip()
+    still = module_inprocess_ctl("wait", running, "--timeout", "0.3")
     assert still.returncode == 124
     assert "still" in still.stderr
     assert (
-        inprocess_ctl("cancel", running).returncode == 0
+        module_inprocess_ctl("cancel", running).returncode == 0
     )  # free the slot: the daemon drains on stop
 
 
-def test_unknown_job_id_is_a_usage_error(inprocess_ctl: Ctl) -> None:
+def test_unknown_job_id_is_a_usage_error(module_inprocess_ctl: Ctl) -> None:
     """`show` of an id the daemon does not know exits 2 with one line."""
-    assert_one_error_line(inprocess_ctl("show", "0000000000000000"), 2)
+    assert_one_error_line(module_inprocess_ctl("show", "0000000000000000"), 2)
 
 
-def test_list_tasks_and_devices(inprocess_ctl: Ctl) -> None:
+def test_list_tasks_and_devices(module_inprocess_ctl: Ctl) -> None:
     """`list` and `tasks` answer JSON lists holding the submitted job and sleep; `devices`
     holds the worker cpu:0 and the driver's answer (none here: `nvml` says why)."""
-    job = json_out(inprocess_ctl("submit", "noop", "--wait", "--json"))
-    listed = json_out(inprocess_ctl("list", "--json"))
+    job = json_out(module_inprocess_ctl("submit", "noop", "--wait", "--json"))
+    listed = json_out(module_inprocess_ctl("list", "--json"))
     assert job["id"] in {job["id"] for job in listed}
-    tasks = json_out(inprocess_ctl("tasks", "--json"))
+    tasks = json_out(module_inprocess_ctl("tasks", "--json"))
     assert {"vector_add", "sleep"} <= {task["name"] for task in tasks}
-    devices = json_out(inprocess_ctl("devices", "--json"))
+    devices = json_out(module_inprocess_ctl("devices", "--json"))
     assert "cpu:0" in {device["device"] for device in devices["workers"]}
     assert devices["nvml"] == "ok" or devices["gpus"] == []
-    human = inprocess_ctl("tasks")
+    human = module_inprocess_ctl("tasks")
     assert "vector_add" in human.stdout
 
 
 @pytest.mark.skipif(nvml.inventory().available, reason="this host has an NVIDIA driver")
-def test_devices_on_a_driverless_host_says_so_then_lists_the_workers(inprocess_ctl: Ctl) -> None:
+def test_devices_on_a_driverless_host_says_so_then_lists_the_workers(
+    module_inprocess_ctl: Ctl,
+) -> None:
     """The real no-driver path: NVML's LibraryNotFound is one line, then the workers' table."""
-    result = inprocess_ctl("devices")
+    result = module_inprocess_ctl("devices")
     assert result.returncode == 0, result.stderr
     assert "NVIDIA driver: none found (no NVIDIA driver on this host" in result.stdout
     assert "cpu:0" in result.stdout
+
+
+# --- last, on a daemon of their own (starting one stops the module's shared one) ----------
 
 
 def test_fallback_is_loud(inprocess_factory: Callable[..., Any]) -> None:

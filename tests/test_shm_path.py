@@ -67,17 +67,10 @@ class Raw:
 
 
 @pytest.fixture
-def raw(inprocess_daemon: InProcessDaemon) -> Iterator[Raw]:
-    connection = Raw(inprocess_daemon)
-    yield connection
-    connection.close()
-
-
-@pytest.fixture
-def shared_raw(module_daemon: RunningDaemon) -> Iterator[Raw]:
-    """A connection to the module's one daemon, for the refusals: a refused handover leaves
-    nothing another test reads (the tests of limits, quotas and descriptors take `raw`)."""
-    connection = Raw(module_daemon)
+def raw(module_inprocess_daemon: InProcessDaemon) -> Iterator[Raw]:
+    """A connection of its own to the module's daemon: the tests on it change nothing another
+    test reads (refusals, and jobs on their own connection's memory)."""
+    connection = Raw(module_inprocess_daemon)
     yield connection
     connection.close()
 
@@ -93,8 +86,10 @@ def submit(inputs: dict[str, Any], output: dict[str, int] | None = None) -> dict
 # -- the numpy-first client ------------------------------------------------------------------
 
 
-def test_compute_runs_on_arrays_in_the_clients_memory(inprocess_daemon: InProcessDaemon) -> None:
-    with inprocess_daemon.client() as client:
+def test_compute_runs_on_arrays_in_the_clients_memory(
+    module_inprocess_daemon: InProcessDaemon,
+) -> None:
+    with module_inprocess_daemon.client() as client:
         a = client.empty(100_000, "float32")
         a[:] = np.arange(100_000, dtype=np.float32)
         b = np.full(100_000, 2.0, np.float32)  # not in the shared memory: copied in once
@@ -109,30 +104,19 @@ def test_compute_runs_on_arrays_in_the_clients_memory(inprocess_daemon: InProces
 
 
 def test_frozen_inputs_go_in_a_sealed_memfd_and_the_record_says_so(
-    inprocess_daemon: InProcessDaemon,
+    module_inprocess_daemon: InProcessDaemon,
 ) -> None:
-    with inprocess_daemon.client() as client:
+    with module_inprocess_daemon.client() as client:
         a = np.arange(1000, dtype=np.float64)  # the job's dtype is the inputs' (one rule)
         out = client.compute("vector_add", {"dtype": "float64"}, frozen=True, a=a, b=a)
         np.testing.assert_array_equal(out["c"], 2 * a)
         assert out.job["memory"]["handover"] == "sealed"
 
 
-def test_without_the_shm_socket_compute_falls_back_to_http(
-    inprocess_daemon: InProcessDaemon,
-) -> None:
-    protocol.socket_path_for(inprocess_daemon.socket_path).unlink()  # as over another host's socket
-    with inprocess_daemon.client() as client:
-        a = np.arange(10, dtype=np.float32)
-        out = client.compute("vector_add", a=a, b=a)
-        np.testing.assert_array_equal(out["c"], 2 * a)
-        assert out.job["memory"] is None and not client._shared().local
-
-
 def test_outputs_larger_than_their_region_fail_the_job_naming_the_bytes(
-    inprocess_daemon: InProcessDaemon,
+    module_inprocess_daemon: InProcessDaemon,
 ) -> None:
-    with inprocess_daemon.client() as client:
+    with module_inprocess_daemon.client() as client:
         a = client.empty(1 << 20, "float32")
         with pytest.raises(ApiError) as caught:
             client.compute("vector_add", a=a, b=a, out_bytes=4096)
@@ -140,10 +124,10 @@ def test_outputs_larger_than_their_region_fail_the_job_naming_the_bytes(
 
 
 def test_vector_add_computes_its_output_in_the_clients_memory(
-    inprocess_daemon: InProcessDaemon,
+    module_inprocess_daemon: InProcessDaemon,
 ) -> None:
     """The task writes c where the client reads it (numpy's out=): no copy follows."""
-    with inprocess_daemon.client() as client:
+    with module_inprocess_daemon.client() as client:
         a = client.empty(1 << 16, "float32")
         a[:] = 1.5
         out = client.compute("vector_add", a=a, b=a)
@@ -160,10 +144,10 @@ def test_vector_add_computes_its_output_in_the_clients_memory(
 
 
 def test_a_task_that_makes_its_own_output_is_copied_in_and_says_so(
-    inprocess_daemon: InProcessDaemon,
+    module_inprocess_daemon: InProcessDaemon,
 ) -> None:
     """sort makes its output itself (xp.sort has no out=): copied in, and the record says so."""
-    with inprocess_daemon.client() as client:
+    with module_inprocess_daemon.client() as client:
         x = np.array([3, 1, 2], np.float32)
         out = client.compute("sort", x=x)
         np.testing.assert_array_equal(out["sorted"], [1, 2, 3])
@@ -172,9 +156,9 @@ def test_a_task_that_makes_its_own_output_is_copied_in_and_says_so(
 
 
 def test_outputs_over_http_are_files_and_name_no_placement(
-    inprocess_daemon: InProcessDaemon,
+    module_inprocess_daemon: InProcessDaemon,
 ) -> None:
-    with inprocess_daemon.client() as client:
+    with module_inprocess_daemon.client() as client:
         job = client.run("vector_add", {"size": 16}, keep_outputs=True)
         assert job["outputs"][0]["written"] is None and job["outputs"][0]["offset"] is None
 
@@ -183,10 +167,10 @@ def test_outputs_over_http_are_files_and_name_no_placement(
 
 
 def test_two_computes_in_flight_on_one_connection_are_both_right(
-    inprocess_daemon: InProcessDaemon,
+    module_inprocess_daemon: InProcessDaemon,
 ) -> None:
     """Answers are matched by request id: the job that ends first is answered first."""
-    with inprocess_daemon.client() as client:
+    with module_inprocess_daemon.client() as client:
         a = client.empty(4096, "float32")
         a[:] = 1
         slow = client.begin_compute("sleep", {"ms": 1500})
@@ -212,10 +196,10 @@ def test_two_computes_in_flight_on_one_connection_are_both_right(
 
 
 def test_a_client_past_the_limit_waits_for_a_place_instead_of_being_refused(
-    inprocess_daemon: InProcessDaemon,
+    module_inprocess_daemon: InProcessDaemon,
 ) -> None:
     """begin_compute blocks once max_in_flight jobs wait; every job then runs, none refused."""
-    with inprocess_daemon.client() as client:
+    with module_inprocess_daemon.client() as client:
         x = client.empty(256, "float32")
         x[:] = 1
         jobs = [
@@ -265,53 +249,53 @@ def test_more_jobs_in_flight_than_allowed_are_refused_clearly(raw: Raw) -> None:
 # -- refusals, each in the one error shape -------------------------------------------------------
 
 
-def test_a_region_outside_the_memory_is_refused(shared_raw: Raw) -> None:
-    assert shared_raw.attach(1 << 20)["memory"]["size"] == 1 << 20
-    answer = shared_raw.ask(submit({"a": region(1 << 20, [1]), "b": region(0, [1])}))
+def test_a_region_outside_the_memory_is_refused(raw: Raw) -> None:
+    assert raw.attach(1 << 20)["memory"]["size"] == 1 << 20
+    answer = raw.ask(submit({"a": region(1 << 20, [1]), "b": region(0, [1])}))
     assert answer["error"]["code"] == "region_outside_memory"
     assert "outside the memory of 1048576 bytes" in answer["error"]["message"]
-    output = shared_raw.ask(
+    output = raw.ask(
         submit({"a": region(0, [1]), "b": region(0, [1])}, {"offset": 0, "nbytes": 2 << 20})
     )
     assert output["error"]["code"] == "region_outside_memory"
 
 
-def test_a_size_or_dtype_that_disagrees_is_refused(shared_raw: Raw) -> None:
-    shared_raw.attach()
-    wrong_size = shared_raw.ask(submit({"a": region(0, [4], nbytes=8), "b": region(0, [4])}))
+def test_a_size_or_dtype_that_disagrees_is_refused(raw: Raw) -> None:
+    raw.attach()
+    wrong_size = raw.ask(submit({"a": region(0, [4], nbytes=8), "b": region(0, [4])}))
     assert wrong_size["error"]["code"] == "region_mismatch"
     assert "8 bytes disagree with shape [4] of <f4 (16 bytes)" in wrong_size["error"]["message"]
     for dtype in ("|O", "nonsense", "V8"):
-        answer = shared_raw.ask(submit({"a": region(0, [4], dtype), "b": region(0, [4])}))
+        answer = raw.ask(submit({"a": region(0, [4], dtype), "b": region(0, [4])}))
         assert answer["error"]["code"] == "region_mismatch", dtype
         assert set(answer["error"]) == {"code", "message", "hint"}
 
 
-def test_a_descriptor_that_is_not_a_memfd_is_refused(shared_raw: Raw) -> None:
+def test_a_descriptor_that_is_not_a_memfd_is_refused(raw: Raw) -> None:
     with tempfile.TemporaryFile() as file:
-        answer = shared_raw.ask({"op": "attach"}, [file.fileno()])
+        answer = raw.ask({"op": "attach"}, [file.fileno()])
     assert answer["error"]["code"] == "not_memfd"
     read_end, write_end = os.pipe()
-    answer = shared_raw.ask({"op": "attach"}, [read_end])
+    answer = raw.ask({"op": "attach"}, [read_end])
     os.close(read_end), os.close(write_end)
     assert answer["error"]["code"] == "not_memfd" and "pipe:" in answer["error"]["message"]
 
 
-def test_memory_whose_size_is_not_sealed_is_refused(shared_raw: Raw) -> None:
-    answer = shared_raw.attach(seals=0)  # it could shrink under a worker and fault it
+def test_memory_whose_size_is_not_sealed_is_refused(raw: Raw) -> None:
+    answer = raw.attach(seals=0)  # it could shrink under a worker and fault it
     assert answer["error"]["code"] == "not_sealed"
     assert "F_SEAL_SHRINK|F_SEAL_GROW" in answer["error"]["message"]
 
 
-def test_a_sealed_handover_that_is_not_write_sealed_is_refused(shared_raw: Raw) -> None:
-    shared_raw.attach()
+def test_a_sealed_handover_that_is_not_write_sealed_is_refused(raw: Raw) -> None:
+    raw.attach()
     fd = memfd(4096)  # size-sealed only: the client could still change the "frozen" input
     message = {**submit({"a": region(0, [4]), "b": region(0, [4])}), "sealed": True}
-    answer = shared_raw.ask(message, [fd])
+    answer = raw.ask(message, [fd])
     os.close(fd)
     assert answer["error"]["code"] == "not_sealed" and "F_SEAL_WRITE" in answer["error"]["message"]
     fd = memfd(4096, FROZEN)
-    answer = shared_raw.ask(message, [fd])
+    answer = raw.ask(message, [fd])
     os.close(fd)
     assert (
         answer["job"]["status"] == "succeeded" and answer["job"]["memory"]["handover"] == "sealed"
@@ -319,7 +303,7 @@ def test_a_sealed_handover_that_is_not_write_sealed_is_refused(shared_raw: Raw) 
 
 
 def test_regions_of_pages_the_client_never_allocated_are_refused(
-    inprocess_daemon: InProcessDaemon,
+    module_inprocess_daemon: InProcessDaemon,
 ) -> None:
     """A worker touching pages the client never allocated would allocate them itself, charged
     to the service (measured: 384 MiB of a client's untouched memory landed in the daemon's
@@ -327,7 +311,11 @@ def test_regions_of_pages_the_client_never_allocated_are_refused(
     output alike, in a frozen memfd too; the same job on allocated pages runs. Before,
     each ran, on pages the worker allocated."""
     inputs = {"a": region(0, [4]), "b": region(4096, [4])}
-    sparse, allocated, partly = Raw(inprocess_daemon), Raw(inprocess_daemon), Raw(inprocess_daemon)
+    sparse, allocated, partly = (
+        Raw(module_inprocess_daemon),
+        Raw(module_inprocess_daemon),
+        Raw(module_inprocess_daemon),
+    )
     try:
         sparse.attach(1 << 20, allocated=False)
         answer = sparse.ask(submit(inputs))
@@ -511,14 +499,6 @@ def test_another_users_memory_is_never_reachable(daemon: RunningDaemon) -> None:
     assert secret_view == b"mine"
 
 
-def test_the_shm_socket_is_bound_like_the_daemons(inprocess_daemon: InProcessDaemon) -> None:
-    shm_socket = protocol.socket_path_for(inprocess_daemon.socket_path)
-    assert stat.S_ISSOCK(shm_socket.stat().st_mode)
-    assert stat.S_IMODE(shm_socket.stat().st_mode) == 0o660
-    inprocess_daemon.stop()
-    assert not shm_socket.exists()
-
-
 def test_a_queued_job_on_client_memory_is_interrupted_by_a_restart(daemon_factory: Any) -> None:
     daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 1}})
     with daemon.client() as client:
@@ -542,15 +522,38 @@ def test_a_queued_job_on_client_memory_is_interrupted_by_a_restart(daemon_factor
         again.stop()
 
 
-def test_an_unknown_op_and_a_broken_frame_are_answered_in_the_error_shape(shared_raw: Raw) -> None:
-    assert shared_raw.ask({"op": "steal"})["error"]["code"] == "invalid_request"
-    odd_id = shared_raw.ask({"op": "attach", "id": [1]})  # an id must be a number or a string
+def test_an_unknown_op_and_a_broken_frame_are_answered_in_the_error_shape(raw: Raw) -> None:
+    assert raw.ask({"op": "steal"})["error"]["code"] == "invalid_request"
+    odd_id = raw.ask({"op": "attach", "id": [1]})  # an id must be a number or a string
     assert odd_id["error"]["code"] == "invalid_request" and "id" not in odd_id
     fd = memfd(4096)
-    answer = shared_raw.ask({"op": "steal"}, [fd])  # a descriptor no step takes is closed, not kept
+    answer = raw.ask({"op": "steal"}, [fd])  # a descriptor no step takes is closed, not kept
     os.close(fd)
     assert answer["error"]["code"] == "invalid_request"
-    shared_raw.sock.sendall(len(b"[1]").to_bytes(4, "big") + b"[1]")
-    answer = protocol.receive(shared_raw.sock)
+    raw.sock.sendall(len(b"[1]").to_bytes(4, "big") + b"[1]")
+    answer = protocol.receive(raw.sock)
     assert answer["error"]["message"] == "a message must be a JSON object"
-    assert shared_raw.sock.recv(1) == b""  # then it hung up
+    assert raw.sock.recv(1) == b""  # then it hung up
+
+
+# -- last, each on a daemon of its own: it stops the module's shared one (one in-process daemon
+# runs at a time), and these change what another test would read
+
+
+def test_without_the_shm_socket_compute_falls_back_to_http(
+    inprocess_daemon: InProcessDaemon,
+) -> None:
+    protocol.socket_path_for(inprocess_daemon.socket_path).unlink()  # as over another host's socket
+    with inprocess_daemon.client() as client:
+        a = np.arange(10, dtype=np.float32)
+        out = client.compute("vector_add", a=a, b=a)
+        np.testing.assert_array_equal(out["c"], 2 * a)
+        assert out.job["memory"] is None and not client._shared().local
+
+
+def test_the_shm_socket_is_bound_like_the_daemons(inprocess_daemon: InProcessDaemon) -> None:
+    shm_socket = protocol.socket_path_for(inprocess_daemon.socket_path)
+    assert stat.S_ISSOCK(shm_socket.stat().st_mode)
+    assert stat.S_IMODE(shm_socket.stat().st_mode) == 0o660
+    inprocess_daemon.stop()
+    assert not shm_socket.exists()
