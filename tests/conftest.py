@@ -11,7 +11,6 @@ longer.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import secrets
 import shutil
@@ -38,8 +37,8 @@ from taogpud.testing import (
 from taogpud.testing.fake_provider import FakeProvider, fake_provider
 
 
-@pytest.fixture
-def daemon_home() -> Iterator[Path]:
+@contextlib.contextmanager
+def checked_home() -> Iterator[Path]:
     """A short folder for daemons (sun_path); afterwards no log in it may hold a given API key."""
     home = new_home()
     yield home
@@ -48,9 +47,10 @@ def daemon_home() -> Iterator[Path]:
     assert leaks == [], f"an API key was written to {leaks}"
 
 
-@pytest.fixture
-def daemon_factory(daemon_home: Path) -> Iterator[Callable[..., RunningDaemon]]:
-    """Start daemons with setting/config overrides merged over the CPU pair; stops them all."""
+@contextlib.contextmanager
+def factory_in(daemon_home: Path) -> Iterator[Callable[..., RunningDaemon]]:
+    """Start daemons under `daemon_home` with setting/config overrides merged over the CPU
+    pair; stops them all."""
     started: list[RunningDaemon] = []
 
     def factory(
@@ -68,6 +68,28 @@ def daemon_factory(daemon_home: Path) -> Iterator[Callable[..., RunningDaemon]]:
     yield factory
     for daemon in started:
         daemon.stop(signal.SIGTERM, timeout_s=15)
+
+
+@pytest.fixture
+def daemon_home() -> Iterator[Path]:
+    """A short folder for daemons (sun_path); afterwards no log in it may hold a given API key."""
+    with checked_home() as home:
+        yield home
+
+
+@pytest.fixture
+def daemon_factory(daemon_home: Path) -> Iterator[Callable[..., RunningDaemon]]:
+    """Start daemons with setting/config overrides merged over the CPU pair; stops them all."""
+    with factory_in(daemon_home) as factory:
+        yield factory
+
+
+@pytest.fixture(scope="module")
+def module_daemon_factory() -> Iterator[Callable[..., RunningDaemon]]:
+    """`daemon_factory` for daemons that the tests of a module share (each with settings of
+    its own): stopped after the module's last test, their logs then checked for keys."""
+    with checked_home() as home, factory_in(home) as factory:
+        yield factory
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +184,7 @@ def inprocess_daemon(inprocess_factory: Callable[..., InProcessDaemon]) -> InPro
 # daemon is the in-process one), so a new test lands in the right tier with no marker of its
 # own. A test that starts one (or another long program: a nested pytest, the demo,
 # `python -m bench.…`) in its body says so itself with @pytest.mark.process.
-PROCESS_FIXTURES = {"daemon", "daemon_factory", "module_daemon", "module_relayd"}
+PROCESS_FIXTURES = {"daemon", "daemon_factory", "module_daemon", "module_daemon_factory"}
 INPROCESS_FIXTURES = {"inprocess_daemon", "inprocess_factory", "module_inprocess_daemon"}
 
 
@@ -285,22 +307,13 @@ def module_provider() -> Iterator[FakeProvider]:
 
 @pytest.fixture(scope="module")
 def module_relayd(
-    module_provider: FakeProvider, relay_provider_settings: dict[str, Any]
-) -> Iterator[RunningDaemon]:
-    """`relayd` once for a module (tests take it as `shared_relayd`); afterwards no log of
-    it may hold the key, as `daemon_home` checks."""
-    home = new_home()
-    try:
-        factory = functools.partial(start_daemon, home / "relay")
-        daemon = start_relay(factory, module_provider.base_url, provider=relay_provider_settings)
-        try:
-            yield daemon
-        finally:
-            daemon.stop(signal.SIGTERM, timeout_s=15)
-        leaks = key_leaks(home)
-    finally:
-        remove_home(home)
-    assert leaks == [], f"an API key was written to {leaks}"
+    module_daemon_factory: Callable[..., RunningDaemon],
+    module_provider: FakeProvider,
+    relay_provider_settings: dict[str, Any],
+) -> RunningDaemon:
+    """`relayd` once for a module (tests take it as `shared_relayd`)."""
+    base_url = module_provider.base_url
+    return start_relay(module_daemon_factory, base_url, provider=relay_provider_settings)
 
 
 @pytest.fixture

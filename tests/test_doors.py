@@ -53,8 +53,9 @@ def users() -> dict[str, User]:
     return make_users()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def provider() -> Iterator[FakeProvider]:
+    """What the relay door forwards to (no test here reads what it was sent)."""
     with fake_provider(KEY) as server:
         yield server
 
@@ -78,10 +79,19 @@ def doorsd(daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider)
     return _start(daemon_factory, provider.base_url, SERVER)
 
 
+@pytest.fixture(scope="module")
+def module_quickd(
+    module_daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider
+) -> RunningDaemon:
+    """The same, with one-second head and body timeouts, for the tests here that flood
+    nothing (a flood's summary lines come up to 10 s after it): they share it."""
+    return _start(module_daemon_factory, provider.base_url, SHORT_CLOCKS)
+
+
 @pytest.fixture
-def quickd(daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider) -> RunningDaemon:
-    """The same, with one-second head and body timeouts."""
-    return _start(daemon_factory, provider.base_url, SHORT_CLOCKS)
+def quickd(module_quickd: RunningDaemon) -> RunningDaemon:
+    """module_quickd, its trace begun at the test's start."""
+    return module_quickd.trace_from_now()
 
 
 # -- finding the doors -----------------------------------------------------------------------
@@ -120,12 +130,12 @@ def listening_inodes(pid: int) -> set[int]:
     return held & listening
 
 
-def test_every_listening_socket_is_a_registered_door(doorsd: RunningDaemon) -> None:
+def test_every_listening_socket_is_a_registered_door(quickd: RunningDaemon) -> None:
     """What /proc shows the daemon listening on is exactly what its door registry lists:
     the control socket, the `.shm` socket and the relay's TCP port."""
-    doors = registered_doors(doorsd)
+    doors = registered_doors(quickd)
     assert sorted(d["name"] for d in doors) == ["control", "relay", "shm"]
-    assert {d["inode"] for d in doors} == listening_inodes(doorsd.proc.pid)
+    assert {d["inode"] for d in doors} == listening_inodes(quickd.proc.pid)
     kinds = {d["name"]: d["kind"] for d in doors}
     assert kinds == {"control": "http", "relay": "http", "shm": "shm"}
 
@@ -340,10 +350,10 @@ def test_an_endless_head_is_cut_at_every_door(
 def test_a_slow_body_is_cut_at_every_door(users: dict[str, User], quickd: RunningDaemon) -> None:
     """A body (or `.shm` message) begun and never finished: the door hangs up once
     body_timeout_s has passed, with 408 body_timeout where HTTP can still say it; the
-    first message never sent at all: closed at head_timeout_s."""
+    first message never sent at all: closed at head_timeout_s (both clocks run at once)."""
     token = relay_token(quickd)
     for door in registered_doors(quickd):
-        with connect(door) as sock:
+        with connect(door) as idle, connect(door) as sock:
             if door["kind"] == "http":
                 sock.sendall(post_head(door, 100, token) + b'{"task": ')
                 status, body = http_answer(read_until_closed(sock))
@@ -351,7 +361,6 @@ def test_a_slow_body_is_cut_at_every_door(users: dict[str, User], quickd: Runnin
             else:
                 sock.sendall(struct.pack(">I", 100) + b'{"op": ')
                 assert read_until_closed(sock) == b""
-        with connect(door) as idle:
             assert read_until_closed(idle) == b""  # nothing sent: the head's clock
         members_job_runs(quickd, users["carol"])
     timeouts = quickd.events("door.body_timeout")

@@ -28,6 +28,12 @@ from taogpud.agents.registration import SERVER_NAME, claude_code_lines, server_e
 from taogpud.testing import RunningDaemon, ctl_env
 
 
+@pytest.fixture
+def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
+    """One relay for the tests here: each writes and reads files of its own under tmp_path."""
+    return shared_relayd
+
+
 def env_for(home: Path) -> dict[str, str]:
     """A user whose config files (relay token, Codex's, OpenClaw's) all live under `home`."""
     return {

@@ -25,11 +25,25 @@ FLOOD = 300
 MARK = "doors-flood-marker"
 
 
+@pytest.fixture
+def provider(shared_provider: FakeProvider) -> FakeProvider:
+    """The tests here that take `relayd` read only their own answers and trace lines: one
+    relay and provider for them all; the flood, whose summary lines come up to 10 s later,
+    and tests that need settings of their own start a relay."""
+    return shared_provider
+
+
+@pytest.fixture
+def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
+    return shared_relayd
+
+
 def test_a_flood_of_unauthenticated_requests_is_summarised_not_traced(
-    relayd: RunningDaemon,
+    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider
 ) -> None:
     """300 requests without a token (and preflights among them): all 401, but the log has at
     most two summary lines for them (counted), and no line names their path or User-Agent."""
+    relayd = start_relay(daemon_factory, provider.base_url)
     _, base = token_of(relayd)
     headers = {"user-agent": f"{MARK}-agent"}
     with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
