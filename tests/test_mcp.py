@@ -37,6 +37,14 @@ TOOLS = {"gpu_status", "run_task", "run_program", "job", "job_logs", "cancel_job
 Scenario = Callable[[ClientSession], Awaitable[Any]]
 
 
+@pytest.fixture
+def daemon(module_daemon: RunningDaemon) -> RunningDaemon:
+    """One daemon for the module, its trace begun at each test's start: the tests here run
+    and read jobs of their own by id and their own trace lines (gpu_status, which reads the
+    counts, starts a daemon of its own)."""
+    return module_daemon.trace_from_now()
+
+
 def server_parameters(daemon: RunningDaemon) -> StdioServerParameters:
     """`taogpuctl --socket S mcp` with this checkout's code, as an agent's config starts it."""
     command = ctl_command(daemon.socket_path)
@@ -99,9 +107,12 @@ def test_the_tools_are_listed_with_their_schemas(daemon: RunningDaemon) -> None:
     assert tools["run_program"].input_schema["required"] == ["argv"]
 
 
-def test_gpu_status_gives_the_devices_backend_and_caps(daemon: RunningDaemon) -> None:
+def test_gpu_status_gives_the_devices_backend_and_caps(
+    daemon_factory: Callable[..., RunningDaemon],
+) -> None:
     """gpu_status: one entry per device (name, UUID, memory, running, health) matching the
     daemon's own answers, the backend, no fallback, the caps and the task names."""
+    daemon = daemon_factory()
     status = structured(call(daemon, "gpu_status", {}))
     with daemon.client() as client:
         devices, tasks = client.devices(), client.tasks()
@@ -138,7 +149,7 @@ def test_run_task_waits_no_longer_than_its_bound(daemon: RunningDaemon) -> None:
     """wait_s=0 answers at once with the job still queued or running, and says how to follow
     it; the job goes on and finishes."""
     run = structured(
-        call(daemon, "run_task", {"task": "sleep", "params": {"ms": 3000}, "wait_s": 0})
+        call(daemon, "run_task", {"task": "sleep", "params": {"ms": 1500}, "wait_s": 0})
     )
     assert run["finished"] is False and run["status"] in ("queued", "running")
     assert run["id"] in run["note"] and "job" in run["note"]
