@@ -7,15 +7,20 @@ round, so that each meets the same stretches of a shared host): 8 submitter proc
 `true` back to back for `--seconds`, through the Python client (ProgramRun, a slot of the
 CPU pair each: `--share`, 1 MiB) or through task-spooler (8 slots). A tree is measured in a
 process of its own with that tree first on PYTHONPATH (this file run there with --one), so
-the daemon it starts and the client its submitters use are that tree's. The daemon's CPU a
-program is its user + system time (/proc, every thread) over the window, divided by the
-programs finished in it. On a shared host only the numbers of one run compare: the medians
-over the rounds are the result.
+the daemon it starts and the client its submitters use are that tree's. The server's CPU a
+program (the daemon's, or task-spooler's server's) is the time its threads ran over the
+window (/proc/PID/task/*/schedstat), divided by the programs finished in it; beside it, the
+shares of the window it ran and it waited to run (runnable, on the run queue): a server that
+ran or waited to run all the window long was what bounded the rate. The submitters' own
+CPU and their children's (`true`; for tsp, the `tsp` clients and the `true` each runs)
+complete the program's CPU. On a shared host only the numbers of one run compare: the
+medians over the rounds are the result.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -31,10 +36,11 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
 SUBMITTERS = 8
+PROC = Path("/proc")
 SETTLE_S = 2.0  # the submitters start together this long after they are spawned
 CONFIG = {"backend": {"cuda": {"stream_count": 4}}}  # CPU slots: 2 devices × 4
-# One submitter: `true` back to back from START to END (time.time()); prints how many ended
-# and its own CPU seconds over them (user + system; not its children's: `true`, `tsp`).
+# One submitter: `true` back to back from START to END (time.time()); prints how many ended,
+# its own CPU seconds over them (user + system) and its children's (`true`, `tsp`: waited for).
 SUBMITTER = """
 import os, subprocess, sys, time
 way, start, end = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
@@ -53,15 +59,15 @@ while time.time() < end:
     run()
     done += time.time() <= end
 after = os.times()
-print(done, after.user + after.system - cpu.user - cpu.system)
+children = after.children_user + after.children_system - cpu.children_user - cpu.children_system
+print(done, after.user + after.system - cpu.user - cpu.system, children)
 """
 Numbers = dict[str, Any]
 
 
-def submit_for(way: str, seconds: float, env: dict[str, str], watch_pid: int | None) -> Numbers:
-    """SUBMITTERS processes of `way` (a socket path, or "tsp") for `seconds`."""
-    from bench.procs import cpu_s
-
+def submit_for(way: str, seconds: float, env: dict[str, str], server: int | None) -> Numbers:
+    """SUBMITTERS processes of `way` (a socket path, or "tsp") for `seconds`; `server`: the
+    pid of the process that serves them (None: a warm-up, not measured)."""
     start = time.time() + SETTLE_S
     end = start + seconds
     command = [sys.executable, "-c", SUBMITTER, way, str(start), str(end)]
@@ -70,19 +76,20 @@ def submit_for(way: str, seconds: float, env: dict[str, str], watch_pid: int | N
         for _ in range(SUBMITTERS)
     ]
     time.sleep(max(0.0, start - time.time()))
-    cpu_before = cpu_s(watch_pid) if watch_pid else 0.0
+    ran_before, waited_before = scheduled_s(server) if server else (0.0, 0.0)
     time.sleep(max(0.0, end - time.time()))
-    cpu_after = cpu_s(watch_pid) if watch_pid else 0.0
+    ran_after, waited_after = scheduled_s(server) if server else (0.0, 0.0)
     said = [p.communicate()[0].split() for p in submitters]
-    programs = sum(int(count) for count, _ in said)
-    found: Numbers = {
+    programs = max(sum(int(count) for count, _, _ in said), 1)
+    return {
         "programs_per_s": programs / seconds,
         "programs": programs,
-        "submitter_ms_per_program": sum(float(cpu) for _, cpu in said) / max(programs, 1) * 1e3,
+        "server_ms_per_program": (ran_after - ran_before) / programs * 1e3,
+        "server_running": (ran_after - ran_before) / seconds,  # shares of the window
+        "server_waiting": (waited_after - waited_before) / seconds,
+        "submitter_ms_per_program": sum(float(cpu) for _, cpu, _ in said) / programs * 1e3,
+        "children_ms_per_program": sum(float(cpu) for _, _, cpu in said) / programs * 1e3,
     }
-    if watch_pid:
-        found["daemon_ms_per_program"] = (cpu_after - cpu_before) / max(programs, 1) * 1e3
-    return found
 
 
 def one_tree(seconds: float) -> Numbers:
@@ -96,18 +103,45 @@ def one_tree(seconds: float) -> Numbers:
 
 
 @contextmanager
-def task_spooler() -> Iterator[dict[str, str]]:
-    """A task-spooler server of its own with SUBMITTERS slots: the environment to reach it."""
+def task_spooler() -> Iterator[tuple[dict[str, str], int]]:
+    """A task-spooler server of its own with SUBMITTERS slots: the environment to reach it,
+    and its pid."""
     if shutil.which("tsp") is None:
         sys.exit("task-spooler is missing: apt-get install task-spooler (its binary is tsp)")
     folder = Path(tempfile.mkdtemp(prefix="tgd-tsp-"))
     env = {**os.environ, "TS_SOCKET": str(folder / "socket"), "TMPDIR": str(folder)}
     subprocess.run(["tsp", "-S", str(SUBMITTERS)], env=env, check=True)
     try:
-        yield env
+        yield env, _tsp_server(env["TS_SOCKET"])
     finally:
         subprocess.run(["tsp", "-K"], env=env, check=False)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def scheduled_s(pid: int) -> tuple[float, float]:
+    """Seconds the process's threads have run, and waited to run while runnable (on the run
+    queue: /proc/PID/task/TID/schedstat), so far. Here, not in bench/procs.py: this file runs
+    with the measured tree's `bench` first on the path (measure_tree)."""
+    ran = waited = 0
+    with contextlib.suppress(OSError):
+        for task in (PROC / str(pid) / "task").iterdir():
+            with contextlib.suppress(OSError):
+                fields = (task / "schedstat").read_text().split()
+                ran, waited = ran + int(fields[0]), waited + int(fields[1])
+    return ran / 1e9, waited / 1e9
+
+
+def _tsp_server(socket_path: str) -> int:
+    """The pid of the task-spooler server on `socket_path` (it runs on, detached, after the
+    `tsp` that started it; its environment names the socket)."""
+    marker = f"TS_SOCKET={socket_path}\0".encode()
+    for entry in PROC.iterdir():
+        with contextlib.suppress(OSError):
+            if (entry / "comm").read_text().strip() == "tsp" and marker in (
+                entry / "environ"
+            ).read_bytes():
+                return int(entry.name)
+    raise RuntimeError(f"no task-spooler server found for {socket_path}")
 
 
 def measure_tree(tree: Path, seconds: float) -> Numbers:
@@ -120,38 +154,60 @@ def measure_tree(tree: Path, seconds: float) -> Numbers:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+WAYS = ("base", "new", "tsp -f")
+SHARES = (  # the second table's columns: (heading, key, format)
+    ("server ms", "server_ms_per_program", "{:.2f}"),
+    ("server running", "server_running", "{:.0%}"),
+    ("server waiting to run", "server_waiting", "{:.0%}"),
+    ("submitters ms", "submitter_ms_per_program", "{:.2f}"),
+    ("their children ms", "children_ms_per_program", "{:.2f}"),
+    ("all ms", "all_ms_per_program", "{:.2f}"),
+)
+
+
 def report(rows: list[Numbers], started: str) -> str:
+    """Programs/s by round, then where a program's CPU went (medians over the rounds)."""
     lines = [
         f"`python -m bench.programs_ab`, started {started}: 8 submitters of `true`, "
-        "programs/s (the daemon's ms of CPU a program; the submitters' own, `true` and "
-        "`tsp` apart).",
+        "programs/s (the server's ms of CPU a program; the share of the window it ran or "
+        "waited to run: near 100%, the server bounded the rate).",
         "",
         "| round | load 1 min | base | new | tsp -f |",
         "|---|---|---:|---:|---:|",
     ]
     for number in sorted({row["round"] for row in rows}):
         of = {row["way"]: row for row in rows if row["round"] == number}
-        cells = [_cell(of[way]) for way in ("base", "new", "tsp -f")]
+        cells = [_cell(of[way]) for way in WAYS]
         lines.append(f"| {number} | {of['base']['load']:.1f} | " + " | ".join(cells) + " |")
-    medians = [_median(rows, way) for way in ("base", "new", "tsp -f")]
-    lines.append("| **median** | | " + " | ".join(medians) + " |")
+    medians = [f"**{_median(rows, way, 'programs_per_s'):,.0f}**" for way in WAYS]
+    lines += ["| **median** | | " + " | ".join(medians) + " |", ""]
+    lines += [
+        "CPU a program, ms, and the server's wait (medians over the rounds; the server is the "
+        "daemon, or task-spooler's; the submitters' children are `true`, or `tsp -f` and its "
+        "`true`):",
+        "",
+        "| way | " + " | ".join(heading for heading, _, _ in SHARES) + " |",
+        "|---|" + "---:|" * len(SHARES),
+    ]
+    for way in WAYS:
+        cells = [form.format(_median(rows, way, key)) for _, key, form in SHARES]
+        lines.append(f"| {way} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def _cell(row: Numbers) -> str:
-    cpu = row.get("daemon_ms_per_program")
-    daemon = f"{cpu:.2f}; " if cpu is not None else ""
-    return f"{row['programs_per_s']:,.0f} ({daemon}{row['submitter_ms_per_program']:.2f})"
+    return (
+        f"{row['programs_per_s']:,.0f} ({row['server_ms_per_program']:.2f}; "
+        f"{row['server_running'] + row['server_waiting']:.0%})"
+    )
 
 
-def _median(rows: list[Numbers], way: str) -> str:
+def _median(rows: list[Numbers], way: str, key: str) -> float:
     mine = [row for row in rows if row["way"] == way]
-    rate = statistics.median(row["programs_per_s"] for row in mine)
-    client = statistics.median(row["submitter_ms_per_program"] for row in mine)
-    if way == "tsp -f":
-        return f"**{rate:,.0f} ({client:.2f})**"
-    cpu = statistics.median(row["daemon_ms_per_program"] for row in mine)
-    return f"**{rate:,.0f} ({cpu:.2f}; {client:.2f})**"
+    if key == "all_ms_per_program":
+        parts = ("server_ms_per_program", "submitter_ms_per_program", "children_ms_per_program")
+        return statistics.median(sum(float(row[part]) for part in parts) for row in mine)
+    return statistics.median(float(row[key]) for row in mine)
 
 
 def main() -> None:
@@ -168,11 +224,11 @@ def main() -> None:
     base, new = (tree.resolve() for tree in args.trees)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows: list[Numbers] = []
-    with task_spooler() as tsp_env:
+    with task_spooler() as (tsp_env, tsp_server):
         ways = {
             "base": lambda: measure_tree(base, args.seconds),
             "new": lambda: measure_tree(new, args.seconds),
-            "tsp -f": lambda: submit_for("tsp", args.seconds, tsp_env, None),
+            "tsp -f": lambda: submit_for("tsp", args.seconds, tsp_env, tsp_server),
         }
         for number in range(1, args.rounds + 1):
             order = list(ways) if number % 2 else list(reversed(ways))
