@@ -34,7 +34,7 @@ from taogpud.jobs.records import (
     ProgramView,
     new_job_id,
 )
-from taogpud.jobs.store import JobStore
+from taogpud.jobs.store import JobStore, Tell
 from taogpud.observability import trace
 from taogpud.observability.nvml import GpuDevice, Xid
 from taogpud.pool.interface import Worker
@@ -237,7 +237,8 @@ class Programs:
             lease.program = self._watch(job_id, pid, process.start, client=False)
         lease.proof = self._proof_for(job)
         self.jobs.store.save(job)
-        trace.log.info("program.started", job_id=job_id, pid=pid, devices=program.devices)
+        said = {"job_id": job_id, "pid": pid, "devices": list(program.devices)}
+        self.jobs.store.tell(trace.line("info", "program.started", said), Tell.TRACE, job_id)
         return job
 
     def _granted_program(self, job_id: str, peer: Peer, action: str) -> tuple[JobRecord, Lease]:
