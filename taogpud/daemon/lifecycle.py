@@ -150,6 +150,7 @@ class Daemon:
         await self._shutdown(services, listeners)
         for task in background:
             task.cancel()
+        state.scheduler.programs.close()
         state.store.close()
         self.exit_hooks_safe = state.pool.exit_hooks_safe
         return 0

@@ -62,7 +62,7 @@ class Lease:
     """An unfinished program's bookkeeping: its client while it waits, then the devices it
     holds and its process. Its record (JobRecord.program) is what the store keeps."""
 
-    client: leases.Watch | None = None  # the process that asked and starts the program
+    client: tuple[int, int] | None = None  # the process that asked (pid, start): followed
     program: leases.Watch | None = None  # the program, once its starter reported it
     indexes: list[int] = field(default_factory=list)  # the devices held (empty while queued)
     reserved: list[int] = field(default_factory=list)  # bytes reserved on each
@@ -73,9 +73,8 @@ class Lease:
     grace: asyncio.TimerHandle | None = None  # a revoked lease's devices back at the latest
 
     def close(self) -> None:
-        for watch in (self.client, self.program):
-            if watch is not None:
-                watch.close()
+        if self.program is not None:
+            self.program.close()
         if self.grace is not None:
             self.grace.cancel()
 
@@ -98,6 +97,7 @@ class Programs:
         self._revoked: dict[str, Lease] = {}  # ended unstarted, devices held still (stop)
         self._stop_reason: dict[str, JobState] = {}  # running program → cancelled | timed_out
         self._stop_errors: dict[str, JobErrorView] = {}  # a program stopped for what NVML saw
+        self._clients = leases.Watches(self._client_gone)  # the leases' clients, each once
         self._lease_changes: dict[str, asyncio.Event] = {}  # set when a lease's phase changes
         self._log_growth: dict[str, asyncio.Event] = {}  # set when a log grows or its job ends
 
@@ -127,7 +127,7 @@ class Programs:
             program=program,
         )
         self.jobs.store.add(job)
-        self._leases[job.id] = Lease(self._watch(job.id, client_pid, client_start, client=True))
+        self._leases[job.id] = Lease(self._follow_client(job.id, client_pid, client_start))
         return job
 
     def grant(self, job: JobRecord, workers: list[Worker]) -> None:
@@ -234,7 +234,7 @@ class Programs:
         process = _callers_process(pid, peer)
         program.pid, program.pid_start = pid, process.start
         if not ended:
-            lease.program = self._watch(job_id, pid, process.start, client=False)
+            lease.program = self._watch(job_id, pid, process.start)
         lease.proof = self._proof_for(job)
         self.jobs.store.save(job)
         said = {"job_id": job_id, "pid": pid, "devices": list(program.devices)}
@@ -288,9 +288,15 @@ class Programs:
 
     # -- its processes, followed ----------------------------------------------------------
 
-    def _watch(self, job_id: str, pid: int, start: int, *, client: bool) -> leases.Watch:
-        gone = self._client_gone if client else self._program_gone
-        return leases.Watch(pid, start, functools.partial(gone, job_id))
+    def _watch(self, job_id: str, pid: int, start: int) -> leases.Watch:
+        """The program's process, followed until it ends."""
+        return leases.Watch(pid, start, functools.partial(self._program_gone, job_id))
+
+    def _follow_client(self, job_id: str, pid: int, start: int) -> tuple[int, int]:
+        """The lease's client, followed (with its other leases: leases.Watches) until it
+        exits or the lease ends (_release)."""
+        self._clients.follow(pid, start, job_id)
+        return pid, start
 
     def _client_gone(self, job_id: str) -> None:
         """The process that asked for the lease exited: a program it never started will not
@@ -399,7 +405,16 @@ class Programs:
             self._release(job_id, lease)
             self.jobs.dispatch()
 
+    def close(self) -> None:
+        """The daemon stops: its pidfds are closed (a restart follows the processes again,
+        recover), no lease ends for it."""
+        self._clients.close()
+        for lease in (*self._leases.values(), *self._revoked.values()):
+            lease.close()
+
     def _release(self, job_id: str, lease: Lease) -> None:
+        if lease.client is not None:
+            self._clients.let_go(*lease.client, job_id)
         lease.close()
         if lease.indexes:
             self.granted -= 1
@@ -477,24 +492,13 @@ class Programs:
         client_alive = leases.alive(program.client_pid, program.client_start)
         program_alive = leases.alive(program.pid, program.pid_start)
         if job.status is JobState.queued and client_alive:
-            self._leases[job.id] = Lease(self._rewatch(job, client=True))
+            self._leases[job.id] = Lease(self._follow_client(job.id, *_client_of(job)))
             self.jobs.move(job, JobState.queued)
         elif job.status is JobState.running and (client_alive or program_alive):
             self._adopt(job, client_alive)
         else:
             self._leases[job.id] = Lease()
             self._end_unadopted(job)
-
-    def _rewatch(self, job: JobRecord, *, client: bool) -> leases.Watch:
-        program = job.program
-        assert program is not None
-        pid, start = (
-            (program.client_pid, program.client_start)
-            if client
-            else (program.pid, program.pid_start)
-        )
-        assert pid is not None and start is not None
-        return self._watch(job.id, pid, start, client=client)
 
     def _adopt(self, job: JobRecord, client_alive: bool) -> None:
         """Hold a running program's devices again, and follow its processes as before."""
@@ -508,9 +512,10 @@ class Programs:
         )
         self._leases[job.id] = lease
         if client_alive:
-            lease.client = self._rewatch(job, client=True)
+            lease.client = self._follow_client(job.id, *_client_of(job))
         if program.pid is not None:  # gone already: its watch says so, its starter reports
-            lease.program = self._rewatch(job, client=False)
+            assert program.pid_start is not None
+            lease.program = self._watch(job.id, program.pid, program.pid_start)
             lease.proof = self._proof_for(job)
         if program.stop:
             self._stop_reason[job.id] = JobState(program.stop)
@@ -619,6 +624,14 @@ def _callers_process(pid: int, peer: Peer) -> leases.Process:
             "report the program from the process that started it (or one of its parents)",
         )
     return process
+
+
+def _client_of(job: JobRecord) -> tuple[int, int]:
+    """The process that asked for the job's lease: its pid and start time."""
+    program = job.program
+    assert program is not None and program.client_pid is not None
+    assert program.client_start is not None
+    return program.client_pid, program.client_start
 
 
 def _program_pids(job: JobRecord, lease: Lease, children: dict[int, list[int]]) -> set[int]:
