@@ -1,5 +1,6 @@
 """Nothing lost: restarts (clean and kill -9), retries, outputs and inputs across restarts,
-a damaged store, a full disk, other users, idle connections and hostile requests."""
+a full disk, other users, idle connections and hostile requests (a damaged store and a job
+retried after kill -9: test_durability_faults)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,18 @@ NOBODY = 65534
 
 def terminal_states(client: Client, job_ids: list[str]) -> list[str]:
     return [client.wait(job_id, timeout_s=60)["status"] for job_id in job_ids]
+
+
+@pytest.fixture(scope="module")
+def module_daemon(module_daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
+    """conftest's (one daemon for the tests that act only on their own jobs, arrays and
+    connections), with the per-uid connection cap raised past the thousand idle connections
+    of one of them (all from one uid: tests/test_limits.py has the caps)."""
+    return module_daemon_factory(config={"server": {"max_connections_per_uid": 1100}})
+
+
+# Its tests run on one worker, so that it starts once.
+SHARED = pytest.mark.xdist_group("durability_module_daemon")
 
 
 # -- restarts --------------------------------------------------------------------------------
@@ -99,32 +112,18 @@ def test_an_end_a_client_was_shown_is_what_a_restart_finds(
     assert not [e for e in again.events("job.running") if e["job_id"] == job["id"]]
 
 
-def test_job_with_retries_runs_again_after_a_restart(daemon: RunningDaemon) -> None:
-    """A job running at kill -9 that allows retries runs again and succeeds; attempts=1."""
-    with daemon.client() as client:
-        job = client.submit("sleep", {"ms": 1500}, max_retries=1)
-    daemon.wait_running(job["id"])
-    daemon.stop(signal.SIGKILL)
-    again = daemon.restart()
-    try:
-        with again.client() as client:
-            finished = client.wait(job["id"], timeout_s=30)
-    finally:
-        again.stop()
-    assert finished["status"] == "succeeded"
-    assert finished["attempts"] == 1
-
-
-def test_job_with_retries_survives_a_worker_crash(daemon: RunningDaemon) -> None:
+@SHARED
+def test_job_with_retries_survives_a_worker_crash(module_daemon: RunningDaemon) -> None:
     """kill -9 of the worker: a job with max_retries=1 runs again elsewhere and succeeds."""
+    daemon = module_daemon
     with daemon.client() as client:
         job = client.submit("sleep", {"ms": 1500}, max_retries=1)
-        running = daemon.wait_running(job["id"])
-        os.kill(running["worker_pid"], signal.SIGKILL)
+        ran = daemon.wait_running(job["id"])
+        os.kill(ran["worker_pid"], signal.SIGKILL)
         finished = client.wait(job["id"], timeout_s=30)
     assert finished["status"] == "succeeded"
     assert finished["attempts"] == 1
-    assert finished["worker_pid"] != running["worker_pid"]
+    assert finished["worker_pid"] != ran["worker_pid"]
 
 
 def test_outputs_and_queued_inputs_survive_a_restart(
@@ -153,23 +152,6 @@ def test_outputs_and_queued_inputs_survive_a_restart(
     assert kept.shape == (1000,)
     assert ran["status"] == "succeeded"
     np.testing.assert_array_equal(c, a + b)
-
-
-def test_damaged_store_is_moved_aside(daemon_factory: Callable[..., RunningDaemon]) -> None:
-    """A store that is not SQLite is kept aside, a fresh one starts, and the log says where."""
-    daemon = daemon_factory()
-    daemon.stop()
-    store = daemon.state_dir / "jobs.sqlite3"
-    store.write_bytes(b"this is not a database" * 100)
-    again = daemon.restart()
-    try:
-        with again.client() as client:
-            assert client.run("noop")["status"] == "succeeded"
-    finally:
-        again.stop()
-    damaged = again.events("store.damaged")[0]
-    assert Path(damaged["moved_to"]).read_bytes().startswith(b"this is not a database")
-    assert "fresh store" in damaged["hint"]
 
 
 def test_store_prunes_by_age_and_count(tmp_path: Path) -> None:
@@ -332,13 +314,18 @@ def as_nobody(daemon: RunningDaemon, code: str) -> subprocess.CompletedProcess[s
         f"os.setgroups([]); os.setgid({NOBODY}); os.setuid({NOBODY})\n"
         f"client = Client({str(daemon.socket_path)!r})\n{code}"
     )
-    return subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
-    )
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+        )
+    finally:
+        daemon.socket_path.chmod(0o660)  # as the daemon made it (the daemon is shared)
 
 
-def test_other_users_may_not_touch_a_job(daemon: RunningDaemon) -> None:
+@SHARED
+def test_other_users_may_not_touch_a_job(module_daemon: RunningDaemon) -> None:
     """uid 65534 may not cancel root's job or read its outputs; its own job records its uid."""
+    daemon = module_daemon
     with daemon.client() as client:
         job = client.run("vector_add", {"size": 100}, keep_outputs=True)
     result = as_nobody(
@@ -361,12 +348,11 @@ print(client.run("noop")["peer"]["uid"])
 # -- overload and hostile clients ------------------------------------------------------------
 
 
-def test_a_thousand_idle_connections_do_not_block_others(
-    daemon_factory: Callable[..., RunningDaemon],
-) -> None:
+@SHARED
+def test_a_thousand_idle_connections_do_not_block_others(module_daemon: RunningDaemon) -> None:
     """1,000 connections that send nothing, one that sent half a request: others are served.
-    (All from one uid, so its cap is raised past them: tests/test_limits.py has the caps.)"""
-    daemon = daemon_factory(config={"server": {"max_connections_per_uid": 1100}})
+    (All from one uid, so its cap is raised past them: module_daemon.)"""
+    daemon = module_daemon
     idle = []
     try:
         for _ in range(1000):
@@ -410,8 +396,10 @@ def status_of(answer: bytes) -> int:
     return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1") else 0
 
 
-def test_hand_made_bad_requests_get_answers_and_harm_nothing(daemon: RunningDaemon) -> None:
+@SHARED
+def test_hand_made_bad_requests_get_answers_and_harm_nothing(module_daemon: RunningDaemon) -> None:
     """Truncated bodies, wrong content types, huge headers, invalid UTF-8: 4xx, daemon serves on."""
+    daemon = module_daemon
     body = b'{"task": "noop"}'
     head = b"POST /v1/jobs HTTP/1.1\r\nhost: x\r\n"
     truncated = head + b"content-type: application/json\r\ncontent-length: 100\r\n\r\n" + body
@@ -430,22 +418,28 @@ def test_hand_made_bad_requests_get_answers_and_harm_nothing(daemon: RunningDaem
         assert client.run("noop")["status"] == "succeeded"
 
 
-def test_a_submit_cut_off_midway_is_no_job(daemon: RunningDaemon) -> None:
+@SHARED
+def test_a_submit_cut_off_midway_is_no_job(module_daemon: RunningDaemon) -> None:
     """A body that parses as a job but is shorter than its Content-Length (the client hung up)
     submits nothing."""
+    daemon = module_daemon
     body = b'{"task": "noop"}'
+    with daemon.client() as client:
+        before = [j["id"] for j in client.list_jobs()]  # other tests' jobs (newest first)
     head = b"POST /v1/jobs?wait_s=1 HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
     raw_exchange(daemon, head + b"content-length: 100\r\n\r\n" + body, close_early=True)
     with daemon.client() as client:
         # The hang-up reached the daemon before this job did; the job's round trip through a
         # worker gives its loop time to have acted on it.
         job = client.run("noop")
-        assert [j["id"] for j in client.list_jobs()] == [job["id"]]
+        assert [j["id"] for j in client.list_jobs()] == [job["id"], *before]
 
 
-def test_an_upload_cut_off_midway_leaves_nothing_behind(daemon: RunningDaemon) -> None:
+@SHARED
+def test_an_upload_cut_off_midway_leaves_nothing_behind(module_daemon: RunningDaemon) -> None:
     """A client that announces a 4 MiB .npy and hangs up after 1 MiB: the half-filled image
     is removed from /dev/shm, and the next upload and job run as usual."""
+    daemon = module_daemon
 
     def daemons_images() -> set[Path]:
         return set(images.SHM_DIR.glob(f"{images.PREFIX}{images.namespace_of(daemon.state_dir)}.*"))

@@ -1,6 +1,9 @@
 """Nothing lost, proven with real faults on a real daemon: kill -9 with a retryable job
-running, a job outliving the drain, a second daemon on the same state directory, a full
-disk, a dead stdout pipe, a config written in two steps, relative paths."""
+running, a job outliving the drain, a second daemon on the same state directory, a damaged
+store, a full disk, a dead stdout pipe, a config written in two steps, relative paths.
+
+A scenario several tests read (a kill -9 and its restart, a drain, a damaged store) runs
+once, in a module-scoped fixture; each test asserts its own part of it."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from conftest import fill, mounted_tmpfs
@@ -25,12 +28,13 @@ from conftest import fill, mounted_tmpfs
 from taogpud.client import ApiError
 from taogpud.daemon.state_lock import LOCK_NAME, lock_state_dir
 from taogpud.errors import StateDirNotOurs
-from taogpud.jobs.store import WRITE_RETRY_S as STORE_RETRY_S
 from taogpud.jobs.store import JobStore
 from taogpud.testing import (
     CPU_CONFIG,
     RunningDaemon,
     cpu_pair,
+    ctl_command,
+    ctl_env,
     daemon_command,
     deep_merge,
     start_daemon,
@@ -51,16 +55,26 @@ def job_events(daemon: RunningDaemon, event: str, job_id: str) -> list[dict[str,
     return [e for e in daemon.events(event) if e.get("job_id") == job_id]
 
 
-def test_kill_9_with_a_retryable_job_queues_it_once_and_runs_it_once(
-    daemon_factory: Callable[..., RunningDaemon],
-) -> None:
-    """One slot, a max_retries=1 job running at kill -9: the restart comes up (once), the job
-    runs once more and succeeds, with one job.running and one job.succeeded for its id."""
-    daemon = daemon_factory(config=ONE_SLOT)
-    with daemon.client() as client:
-        job = client.submit("sleep", {"ms": 1500}, max_retries=1)
-    daemon.wait_running(job["id"])
-    daemon.stop(signal.SIGKILL)
+class KilledRetryable(NamedTuple):
+    """One slot, a max_retries=1 job running at kill -9, then a restart until it ended."""
+
+    again: RunningDaemon  # the restart (stopped): its trace
+    job_id: str
+    finished: dict[str, Any]  # the job as the restart's wait answered it
+    status: dict[str, Any]  # the restart's status once the job ended
+
+
+@pytest.fixture(scope="module")
+def killed_retryable(module_daemon_factory: Callable[..., RunningDaemon]) -> KilledRetryable:
+    """The scenario two tests read: one slot, a 1.5 s job with max_retries=1, kill -9 once it
+    runs, a restart, the job waited for."""
+    daemon = module_daemon_factory(config=ONE_SLOT)
+    try:
+        with daemon.client() as client:
+            job = client.submit("sleep", {"ms": 1500}, max_retries=1)
+        daemon.wait_running(job["id"])
+    finally:
+        daemon.stop(signal.SIGKILL)
     again = daemon.restart()
     try:
         with again.client() as client:
@@ -68,87 +82,121 @@ def test_kill_9_with_a_retryable_job_queues_it_once_and_runs_it_once(
             status = client.status()
     finally:
         again.stop()
+    return KilledRetryable(again, job["id"], finished, status)
+
+
+@pytest.mark.xdist_group("killed_retryable")  # one worker, so the scenario runs once
+def test_job_with_retries_runs_again_after_a_restart(killed_retryable: KilledRetryable) -> None:
+    """A job running at kill -9 that allows retries runs again and succeeds; attempts=1."""
+    assert killed_retryable.finished["status"] == "succeeded"
+    assert killed_retryable.finished["attempts"] == 1
+
+
+@pytest.mark.xdist_group("killed_retryable")
+def test_kill_9_with_a_retryable_job_queues_it_once_and_runs_it_once(
+    killed_retryable: KilledRetryable,
+) -> None:
+    """One slot, a max_retries=1 job running at kill -9: the restart comes up (once), the job
+    runs once more and succeeds, with one job.running and one job.succeeded for its id."""
+    again, job_id, finished, status = killed_retryable
     assert finished["status"] == "succeeded"
     assert finished["attempts"] == 1
-    assert len(job_events(again, "job.running", job["id"])) == 1
-    assert len(job_events(again, "job.succeeded", job["id"])) == 1
+    assert len(job_events(again, "job.running", job_id)) == 1
+    assert len(job_events(again, "job.succeeded", job_id)) == 1
     assert again.events("store.recovered")[0]["queued"] == 1
     assert status["queued"] == 0
 
 
-def test_a_job_outliving_the_drain_stays_interrupted(
-    daemon_factory: Callable[..., RunningDaemon],
-) -> None:
+class OutlivedDrain(NamedTuple):
+    """A daemon stopped by SIGTERM (drain_timeout_s 1) while two 3 s jobs ran, one without
+    retries (`lone`) and one with max_retries=1 (`retryable`), then started again."""
+
+    first: RunningDaemon  # the run that drained (stopped): its trace
+    lone_id: str
+    retryable_id: str
+    lone_after: dict[str, Any]  # `lone` as the restart shows it
+    retryable_done: dict[str, Any]  # `retryable` as the restart's wait answered it
+    ctl_wait: subprocess.CompletedProcess[str]  # `taogpuctl wait retryable --json`, from
+    # before the stop until it exited
+
+
+@pytest.fixture(scope="module")
+def outlived_drain(
+    module_daemon_factory: Callable[..., RunningDaemon],
+) -> Iterator[OutlivedDrain]:
+    """The scenario three tests read (level debug, for job.finish_dropped): both jobs
+    running, `taogpuctl wait` started on the retryable one, SIGTERM, a restart, the retryable
+    one waited for."""
+    daemon = module_daemon_factory(
+        settings={"logging": {"level": "debug"}}, config={"scheduling": {"drain_timeout_s": 1}}
+    )
+    try:
+        with daemon.client() as client:
+            lone = client.submit("sleep", {"ms": 3000})
+            retryable = client.submit("sleep", {"ms": 3000}, max_retries=1)
+        daemon.wait_running(lone["id"])
+        daemon.wait_running(retryable["id"])
+    except BaseException:
+        daemon.kill()
+        raise
+    command = [*ctl_command(daemon.socket_path), "wait", retryable["id"], "--json"]
+    waiting = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ctl_env()
+    )
+    try:
+        daemon.stop(signal.SIGTERM)
+        again = daemon.restart()
+        try:
+            out, err = waiting.communicate(timeout=120)
+            with again.client() as client:
+                done = client.wait(retryable["id"], timeout_s=60)
+                lone_after = client.get(lone["id"])
+        finally:
+            again.stop()
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.communicate()
+    ctl_wait = subprocess.CompletedProcess(command, waiting.returncode, out, err)
+    yield OutlivedDrain(daemon, lone["id"], retryable["id"], lone_after, done, ctl_wait)
+
+
+@pytest.mark.xdist_group("outlived_drain")  # one worker, so the scenario runs once
+def test_a_job_outliving_the_drain_stays_interrupted(outlived_drain: OutlivedDrain) -> None:
     """drain_timeout_s 1 and a 3 s job: it is interrupted at the deadline, and its worker's
     late finish (at 3 s, while the workers stop) is dropped: after a restart it is still
     interrupted, and no job.succeeded was ever written for it."""
-    daemon = daemon_factory(
-        settings={"logging": {"level": "debug"}},
-        config={"scheduling": {"drain_timeout_s": 1}},
-    )
-    with daemon.client() as client:
-        job = client.submit("sleep", {"ms": 3000})
-    daemon.wait_running(job["id"])
-    daemon.stop(signal.SIGTERM)
-    assert job_events(daemon, "job.interrupted", job["id"])
-    assert not job_events(daemon, "job.succeeded", job["id"])
-    dropped = job_events(daemon, "job.finish_dropped", job["id"])
+    daemon, job_id = outlived_drain.first, outlived_drain.lone_id
+    assert job_events(daemon, "job.interrupted", job_id)
+    assert not job_events(daemon, "job.succeeded", job_id)
+    dropped = job_events(daemon, "job.finish_dropped", job_id)
     assert [d["reported"] for d in dropped] == ["succeeded"]
-    again = daemon.restart()
-    try:
-        with again.client() as client:
-            shown = client.get(job["id"])
-    finally:
-        again.stop()
-    assert shown["status"] == "interrupted"
+    assert outlived_drain.lone_after["status"] == "interrupted"
 
 
+@pytest.mark.xdist_group("outlived_drain")
 def test_a_retryable_job_outliving_the_drain_runs_again_after_the_restart(
-    daemon_factory: Callable[..., RunningDaemon],
+    outlived_drain: OutlivedDrain,
 ) -> None:
     """drain_timeout_s 1 and a 3 s job that allows one retry (a restart or an upgrade, not
     the job's fault): queued again with its attempt counted, never interrupted; the next
     start runs it to success, and its first attempt's late finish is dropped."""
-    daemon = daemon_factory(config={"scheduling": {"drain_timeout_s": 1}})
-    with daemon.client() as client:
-        job = client.submit("sleep", {"ms": 3000}, max_retries=1)
-    daemon.wait_running(job["id"])
-    daemon.stop(signal.SIGTERM)
-    assert job_events(daemon, "job.retry", job["id"])
-    assert not job_events(daemon, "job.interrupted", job["id"])
-    assert not job_events(daemon, "job.succeeded", job["id"])
-    again = daemon.restart()
-    try:
-        with again.client() as client:
-            done = client.wait(job["id"], timeout_s=60)
-    finally:
-        again.stop()
+    daemon, job_id = outlived_drain.first, outlived_drain.retryable_id
+    done = outlived_drain.retryable_done
+    assert job_events(daemon, "job.retry", job_id)
+    assert not job_events(daemon, "job.interrupted", job_id)
+    assert not job_events(daemon, "job.succeeded", job_id)
     assert (done["status"], done["attempts"]) == ("succeeded", 1), done
 
 
-def test_taogpuctl_wait_rides_through_a_restart(
-    daemon_factory: Callable[..., RunningDaemon],
-) -> None:
+@pytest.mark.xdist_group("outlived_drain")
+def test_taogpuctl_wait_rides_through_a_restart(outlived_drain: OutlivedDrain) -> None:
     """`taogpuctl wait` on a job queued again at the drain deadline: the daemon stops (its
     socket file goes) and starts again; the wait reconnects and exits 0 with the job's
     success, instead of exit 3 the moment the socket was gone."""
-    daemon = daemon_factory(config={"scheduling": {"drain_timeout_s": 1}})
-    with daemon.client() as client:
-        job = client.submit("sleep", {"ms": 3000}, max_retries=1)
-    daemon.wait_running(job["id"])
-    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path)]
-    waiting = subprocess.Popen(
-        [*command, "wait", job["id"], "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    daemon.stop(signal.SIGTERM)
-    again = daemon.restart()
-    try:
-        out, err = waiting.communicate(timeout=120)
-    finally:
-        again.stop()
-    assert waiting.returncode == 0, err
-    assert json.loads(out)["status"] == "succeeded"
+    waited = outlived_drain.ctl_wait
+    assert waited.returncode == 0, waited.stderr
+    assert json.loads(waited.stdout)["status"] == "succeeded"
 
 
 # -- one daemon per state directory ------------------------------------------------------
@@ -197,25 +245,50 @@ def test_a_busy_store_is_an_error_never_damage(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["jobs.sqlite3"]
 
 
-def test_outputs_are_not_pruned_against_a_fresh_store(
-    daemon_factory: Callable[..., RunningDaemon],
-) -> None:
-    """A damaged store is moved aside and a fresh one started: the kept outputs it cannot
-    account for stay on disk (housekeeping runs at start)."""
-    daemon = daemon_factory()
-    with daemon.client() as client:
-        kept = client.run("vector_add", {"size": 1000}, keep_outputs=True)
-    daemon.stop()
-    (daemon.state_dir / "jobs.sqlite3").write_bytes(b"not a database" * 100)
+class DamagedStore(NamedTuple):
+    """A daemon that kept an output, stopped; its store overwritten with text; started again."""
+
+    again: RunningDaemon  # the start on the damaged store (stopped): its trace
+    state_dir: Path
+    kept_id: str  # the job whose output was kept before the damage
+    ran: dict[str, Any]  # a job the fresh store ran
+
+
+@pytest.fixture(scope="module")
+def damaged_store(module_daemon_factory: Callable[..., RunningDaemon]) -> DamagedStore:
+    """The scenario two tests read."""
+    daemon = module_daemon_factory()
+    try:
+        with daemon.client() as client:
+            kept = client.run("vector_add", {"size": 1000}, keep_outputs=True)
+    finally:
+        daemon.stop()
+    (daemon.state_dir / "jobs.sqlite3").write_bytes(b"this is not a database" * 100)
     again = daemon.restart()
     try:
         again.wait_for_event(lambda e: e.get("event") == "daemon.ready")
         with again.client() as client:
-            client.health()
+            ran = client.run("noop")
     finally:
         again.stop()
-    assert again.events("store.damaged")
-    assert (daemon.state_dir / "outputs" / kept["id"] / "c.npy").exists()
+    return DamagedStore(again, daemon.state_dir, kept["id"], ran)
+
+
+@pytest.mark.xdist_group("damaged_store")  # one worker, so the scenario runs once
+def test_damaged_store_is_moved_aside(damaged_store: DamagedStore) -> None:
+    """A store that is not SQLite is kept aside, a fresh one starts, and the log says where."""
+    assert damaged_store.ran["status"] == "succeeded"
+    damaged = damaged_store.again.events("store.damaged")[0]
+    assert Path(damaged["moved_to"]).read_bytes().startswith(b"this is not a database")
+    assert "fresh store" in damaged["hint"]
+
+
+@pytest.mark.xdist_group("damaged_store")
+def test_outputs_are_not_pruned_against_a_fresh_store(damaged_store: DamagedStore) -> None:
+    """A damaged store is moved aside and a fresh one started: the kept outputs it cannot
+    account for stay on disk (housekeeping runs at start)."""
+    assert damaged_store.again.events("store.damaged")
+    assert (damaged_store.state_dir / "outputs" / damaged_store.kept_id / "c.npy").exists()
 
 
 # -- a failed start ----------------------------------------------------------------------
@@ -405,7 +478,10 @@ def test_a_full_disk_refuses_submits_and_loses_no_accepted_job(
             )
             assert client.status()["jobs_total"] == len(accepted)  # the refused are not counted
             filler.unlink()
-            time.sleep(STORE_RETRY_S + 0.5)  # the pending records are written meanwhile
+            wait_until(  # the store's retry (every WRITE_RETRY_S) writes what is pending
+                lambda: client.status()["store_write_failure"] is None,
+                "the pending records written once there is space",
+            )
             accepted += [client.submit("noop")["id"] for _ in range(5)]
             for job_id in accepted:
                 client.wait(job_id, timeout_s=30)
