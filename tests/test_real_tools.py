@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODELS, start_relay
+from conftest import MODELS
 from conftest import RELAY_KEY as KEY
 from test_relay import relay_lines
 
@@ -51,6 +50,17 @@ QUIET = {  # no update checks, telemetry or error reports: nothing leaves the ho
     "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     "NO_COLOR": "1",
 }
+
+
+@pytest.fixture
+def provider(shared_provider: FakeProvider) -> FakeProvider:
+    """One relay and provider for the tools' runs: each reads its own requests and lines."""
+    return shared_provider
+
+
+@pytest.fixture
+def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
+    return shared_relayd
 
 
 def tool_binary(
@@ -105,16 +115,15 @@ def codex_answers(seen: Seen) -> Reply:
 
 
 def test_codex_exec_through_the_relay(
-    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider, tmp_path: Path
+    relayd: RunningDaemon, provider: FakeProvider, tmp_path: Path
 ) -> None:
     """`relay env --tool codex --write` then `codex exec`: a streamed Responses turn."""
     codex = tool_binary("codex", CODEX_VERSION)
-    daemon = start_relay(daemon_factory, provider.base_url)
     provider.respond = codex_answers
     home = tmp_path / "home"
     codex_home = home / ".codex"
     env = clean_env(home, {"CODEX_HOME": str(codex_home)})
-    env |= relay_env(daemon, env, "--tool", "codex", "--write")
+    env |= relay_env(relayd, env, "--tool", "codex", "--write")
     done = subprocess.run(
         [str(codex), "exec", "--skip-git-repo-check", "Say pong."],
         cwd=home,
@@ -130,7 +139,7 @@ def test_codex_exec_through_the_relay(
     turns = [s for s in provider.seen if s.path.split("?")[0] == "/api/v1/responses"]
     assert turns and all(turn.auth_matches for turn in turns)
     assert turns[-1].body["model"] == MODELS["coding"] and turns[-1].body["stream"] is True
-    line = next(line for line in relay_lines(daemon) if line["path"] == "/v1/responses")
+    line = next(line for line in relay_lines(relayd) if line["path"] == "/v1/responses")
     assert line["tool"] == "codex" and line["status"] == 200 and line["hung_up"] is False
     assert line["tokens"] == {"input": 11, "output": 3, "total": 14}
     assert KEY not in said and KEY not in json.dumps(dict(env))
@@ -150,17 +159,16 @@ def claude_answers(seen: Seen) -> Reply:
 
 
 def test_claude_code_print_through_the_relay(
-    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider, tmp_path: Path
+    relayd: RunningDaemon, provider: FakeProvider, tmp_path: Path
 ) -> None:
     """`relay env --tool claude-code` then `claude -p`, with a stray ANTHROPIC_API_KEY in the
     shell too (Claude Code then sends both headers): a streamed Messages turn."""
     claude = tool_binary("claude", CLAUDE_CODE_VERSION)
-    daemon = start_relay(daemon_factory, provider.base_url)
     provider.respond = claude_answers
     home = tmp_path / "home"
     home.mkdir()
     env = clean_env(home, {"CLAUDE_CONFIG_DIR": str(home / ".claude")})
-    env |= relay_env(daemon, env, "--tool", "claude-code")
+    env |= relay_env(relayd, env, "--tool", "claude-code")
     env["ANTHROPIC_API_KEY"] = "sk-ant-a-stray-key-of-the-users-own"
     done = subprocess.run(
         [str(claude), "-p", "Say pong."],
@@ -183,7 +191,7 @@ def test_claude_code_print_through_the_relay(
     ]
     assert streamed and all(s.x_api_key_matches and not s.has_auth for s in streamed)
     assert all(s.headers.get("anthropic-version") for s in streamed)
-    lines = [line for line in relay_lines(daemon) if line["path"] == "/v1/messages"]
+    lines = [line for line in relay_lines(relayd) if line["path"] == "/v1/messages"]
     assert any(line["tool"] == "claude-code" and line["tokens"] for line in lines)
     assert all(line["status"] == 200 for line in lines)
     assert KEY not in said
@@ -200,7 +208,7 @@ def with_websockets(codex_home: Path) -> None:
 
 @pytest.mark.parametrize("provider_ws", [True, False], ids=["provider-ws", "provider-no-ws"])
 def test_codex_over_websocket_and_its_fallback(
-    daemon_factory: Callable[..., RunningDaemon],
+    relayd: RunningDaemon,
     provider: FakeProvider,
     tmp_path: Path,
     provider_ws: bool,
@@ -209,12 +217,11 @@ def test_codex_over_websocket_and_its_fallback(
     provider takes one; when the provider refuses, the relay's 426 sends Codex to HTTP after
     one try, not seven."""
     codex = tool_binary("codex", CODEX_VERSION)
-    daemon = start_relay(daemon_factory, provider.base_url)
     provider.respond = codex_answers
     provider.ws_refuse = None if provider_ws else 404
     home = tmp_path / "home"
     env = clean_env(home, {"CODEX_HOME": str(home / ".codex")})
-    env |= relay_env(daemon, env, "--tool", "codex", "--write")
+    env |= relay_env(relayd, env, "--tool", "codex", "--write")
     with_websockets(home / ".codex")
     done = subprocess.run(
         [str(codex), "exec", "--skip-git-repo-check", "Say pong."],
@@ -227,7 +234,7 @@ def test_codex_over_websocket_and_its_fallback(
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "w0 w1 w2" in done.stdout
-    lines = relay_lines(daemon)
+    lines = relay_lines(relayd)
     sockets = [line for line in lines if line["method"] == "WEBSOCKET"]
     posts = [line for line in lines if line["method"] == "POST" and line["path"] == "/v1/responses"]
     if provider_ws:
@@ -280,7 +287,7 @@ def run_openclaw(
     [("openclaw", "/api/v1/chat/completions"), ("openclaw-anthropic", "/api/v1/messages")],
 )
 def test_openclaw_agent_through_the_relay(
-    daemon_factory: Callable[..., RunningDaemon],
+    relayd: RunningDaemon,
     provider: FakeProvider,
     tmp_path: Path,
     tool: str,
@@ -292,9 +299,8 @@ def test_openclaw_agent_through_the_relay(
     home.mkdir()
     env = openclaw_env(home)
     openclaw = tool_binary("openclaw", OPENCLAW_VERSION, OPENCLAW_BIN, env)
-    daemon = start_relay(daemon_factory, provider.base_url)
     provider.respond = openclaw_answers
-    env |= relay_env(daemon, env, "--tool", tool, "--write")
+    env |= relay_env(relayd, env, "--tool", tool, "--write")
     checked = run_openclaw(openclaw, env, "config", "validate")
     assert checked.returncode == 0, (checked.stdout + checked.stderr)[-3000:]
     done = run_openclaw(
@@ -307,7 +313,7 @@ def test_openclaw_agent_through_the_relay(
     turns = [s for s in provider.seen if s.path.split("?")[0] == upstream]
     assert turns and all(s.auth_matches or s.x_api_key_matches for s in turns)
     assert turns[-1].body["model"] == MODELS["coding"] and turns[-1].body["stream"] is True
-    lines = [line for line in relay_lines(daemon) if line["path"] == upstream.removeprefix("/api")]
+    lines = [line for line in relay_lines(relayd) if line["path"] == upstream.removeprefix("/api")]
     assert lines and all(line["status"] == 200 for line in lines)
     assert lines[-1]["tool"] == "openclaw" and lines[-1]["tokens"]
     assert KEY not in said
