@@ -3,16 +3,21 @@ real local users through the socket (created here: CI runs as root; elsewhere th
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from taogpud.client import Client
+from taogpud.jobs.policy import REVOKE_GRACE_S
 from taogpud.programs import leases
-from taogpud.testing import wait_until
+from taogpud.testing import RunningDaemon, wait_until
 from tests.test_access_users import (
     User,
     as_user,
@@ -21,6 +26,7 @@ from tests.test_access_users import (
     users,  # noqa: F401  (a fixture)
     value,
 )
+from tests.test_daemon import raw_request
 
 
 def _start_sleeper(socket_path: Path) -> Callable[[], Any]:
@@ -104,6 +110,126 @@ def test_others_see_a_program_but_not_what_it_runs_and_may_not_touch_it(
     assert ended["status"] == "cancelled", ended
     process = leases.read_process(pid)  # gone, or a zombie that init has not reaped yet
     assert process is None or process.exited or process.start != ended["program"]["pid_start"]
+
+
+@contextlib.contextmanager
+def _living_as(user: User, action: Callable[[], Any]) -> Iterator[Any]:
+    """`action` run as `user` in a forked child, as as_user runs it; its value, while the
+    child lives on (a lease's starter that has gone quiet) until the block ends."""
+    answer_read, answer_write = os.pipe()
+    hold_read, hold_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(answer_read)
+        os.close(hold_write)
+        outcome: dict[str, Any]
+        try:
+            os.setgroups(list(user.groups))
+            os.setresgid(user.gid, user.gid, user.gid)
+            os.setresuid(user.uid, user.uid, user.uid)
+            outcome = {"value": action()}
+        except BaseException as exc:
+            outcome = {"raised": f"{type(exc).__name__}: {exc}"}
+        with os.fdopen(answer_write, "w") as out:
+            out.write(json.dumps(outcome))
+        os.read(hold_read, 1)  # end of file once the parent closes its end
+        os._exit(0)
+    os.close(answer_write)
+    os.close(hold_read)
+    try:
+        with os.fdopen(answer_read) as answer:
+            outcome = json.loads(answer.read() or '{"raised": "the helper died"}')
+        assert "raised" not in outcome, f"as {user.name}: {outcome['raised']}"
+        yield outcome["value"]
+    finally:
+        os.close(hold_write)
+        os.waitpid(pid, 0)
+
+
+def _granted_unstarted(socket_path: Path) -> Callable[[], Any]:
+    """As the user: a lease on both devices, granted, its program never started."""
+
+    def action() -> Any:
+        with Client(socket_path, timeout_s=30) as client:
+            job = client.submit_program(["true"], cwd="/", gpus=2)
+            if job["status"] == "queued":
+                job = client.lease(job["id"], after="queued", wait_s=60)["job"]
+            return {"id": job["id"], "status": job["status"]}
+
+    return action
+
+
+# Another user's reports for a program she does not own: a start, and an exit with and
+# without the start it carries (Programs.started, Programs.exited).
+FOREIGN_REPORTS = (
+    ("started", {"pid": "MINE"}),
+    ("exited", {"exit_code": 0, "pid": "MINE"}),
+    ("exited", {"exit_code": 0}),
+)
+
+
+def _foreign_reports(daemon: RunningDaemon, job_id: str) -> Callable[[], Any]:
+    def action() -> Any:
+        answers = []
+        for report, body in FOREIGN_REPORTS:
+            sent = {k: os.getpid() if v == "MINE" else v for k, v in body.items()}
+            path = f"/v1/programs/{job_id}/{report}"
+            answers.append(raw_request(daemon, "POST", path, json.dumps(sent).encode()))
+        return answers
+
+    return action
+
+
+def _revoked_then_reported_by_another(
+    people: dict[str, User], daemon: RunningDaemon
+) -> tuple[list[Any], str, bool]:
+    """alice's lease on both devices revoked (cancelled before its start) while her starter
+    lives; a program queued behind it; carol's reports for alice's lease. What carol was
+    answered, the queued program's phase after them, and whether that phase was read
+    within REVOKE_GRACE_S of the cancel (after which the devices go back anyway)."""
+    with (
+        _living_as(people["alice"], _granted_unstarted(daemon.socket_path)) as holder,
+        daemon.client() as client,
+    ):
+        assert holder["status"] == "running", holder
+        waiting = client.submit_program(["true"], cwd="/", gpus=1)
+        assert waiting["status"] == "queued", waiting
+        cancelled_at = time.monotonic()
+        assert client.cancel(holder["id"])["status"] == "cancelled"
+        answers = value(as_user(people["carol"], _foreign_reports(daemon, holder["id"])))
+        phase = client.lease(waiting["id"])["phase"]
+        in_time = time.monotonic() - cancelled_at < REVOKE_GRACE_S
+    # alice's starter has exited: it can start nothing there now, so the devices go back.
+    with daemon.client() as client:
+        assert client.lease(waiting["id"], after="queued", wait_s=60)["phase"] == "granted"
+    return answers, phase, in_time
+
+
+def test_another_users_report_for_a_revoked_lease_is_refused_and_frees_nothing(
+    users: dict[str, User],  # noqa: F811
+    shared_daemon: Callable[..., Any],  # noqa: F811
+) -> None:
+    """alice's lease revoked before its start: its devices stay held until her starter can
+    start nothing on them. carol's /started or /exited for it (a start, an exit with its
+    start, a bare exit) is refused 403 in the one error shape, and is not her starter's
+    answer: the devices stay held, the program queued behind waits; alice's starter's
+    exit then gives them back. (A fresh daemon again, at most twice, should the host be
+    too slow to read the queued phase within the grace: after it, the devices are back
+    whoever spoke.)"""
+    for _ in range(3):
+        answers, phase, in_time = _revoked_then_reported_by_another(users, shared_daemon())
+        if in_time:
+            break
+    assert in_time, "the queued program's phase was read past REVOKE_GRACE_S three times"
+    for (report, _), (status, answer) in zip(FOREIGN_REPORTS, answers, strict=True):
+        assert (status, set(answer), answer["code"]) == (
+            403,
+            {"code", "message", "hint"},
+            "forbidden",
+        ), (report, answer)
+        assert f"belongs to uid {users['alice'].uid}" in answer["message"], answer
+        assert answer["hint"], answer
+    assert phase == "queued"  # carol's word is not alice's starter's: nothing went back
 
 
 @pytest.mark.parametrize("reused", [False, True], ids=["same process", "reused pid"])
