@@ -29,6 +29,7 @@ from taogpud import wire
 from taogpud.arrayfiles import images
 from taogpud.client import ApiError, Client, DaemonUnreachable
 from taogpud.jobs.access import ADMIN_GROUP
+from taogpud.testing import RunningDaemon
 
 GROUP = "taogpu"
 USERS_LOCK = Path("/tmp/taogpud-test-users.lock")
@@ -128,6 +129,19 @@ def shared_daemon(daemon_factory: Callable[..., Any], daemon_home: Path) -> Iter
     yield daemon_factory
 
 
+@pytest.fixture(scope="module")
+def module_daemon(module_daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
+    """One daemon other users can reach, for the tests that use only arrays and jobs of
+    their own (by id) and change no setting: `shared_daemon`'s, started once."""
+    daemon = module_daemon_factory()
+    daemon.home.parent.chmod(0o711)
+    return daemon
+
+
+# The tests on module_daemon run on one worker, so that it starts once.
+SHARED = pytest.mark.xdist_group("access_users_module_daemon")
+
+
 def _client_call(socket_path: Path, call: Callable[[Client], Any]) -> Callable[[], Any]:
     def action() -> Any:
         with Client(socket_path, timeout_s=30) as client:
@@ -140,11 +154,12 @@ def _upload(client: Client) -> str:
     return str(client.upload_array(np.arange(8, dtype=np.float32))["id"])
 
 
+@SHARED
 def test_another_users_array_id_answers_as_an_unknown_id(
-    users: dict[str, User], shared_daemon: Callable[..., Any]
+    users: dict[str, User], module_daemon: RunningDaemon
 ) -> None:
     """carol naming alice's array id gets exactly what a made-up id gets; alice and root run."""
-    daemon = shared_daemon()
+    daemon = module_daemon
     sock = daemon.socket_path
     alice_id = value(as_user(users["alice"], _client_call(sock, _upload)))
     made_up = "a" + "0" * 16
@@ -164,12 +179,13 @@ def test_another_users_array_id_answers_as_an_unknown_id(
         assert root.run("reduce_sum", inputs={"x": alice_id})["status"] == "succeeded"
 
 
+@SHARED
 def test_another_users_job_shows_nothing_it_holds(
-    users: dict[str, User], shared_daemon: Callable[..., Any]
+    users: dict[str, User], module_daemon: RunningDaemon
 ) -> None:
     """carol sees alice's job exists, not its params, inputs, result or outputs; she may not
     cancel it or download its output; alice sees it whole."""
-    daemon = shared_daemon()
+    daemon = module_daemon
     sock = daemon.socket_path
 
     def alice_job(client: Client) -> Any:
@@ -202,11 +218,12 @@ def test_another_users_job_shows_nothing_it_holds(
     assert value(data) > 32
 
 
+@SHARED
 def test_a_user_outside_the_group_cannot_connect(
-    users: dict[str, User], shared_daemon: Callable[..., Any]
+    users: dict[str, User], module_daemon: RunningDaemon
 ) -> None:
     """mallory (not in taogpu) is refused by the socket's mode 0660 and told to join."""
-    daemon = shared_daemon()
+    daemon = module_daemon
 
     def try_health() -> Any:
         try:
@@ -342,11 +359,12 @@ def _images_of(state_dir: Path) -> Callable[[], list[Path]]:
     return lambda: sorted(images.SHM_DIR.glob(pattern))
 
 
+@SHARED
 def test_a_member_of_the_admin_group_may_use_and_see_anyones(
-    users: dict[str, User], shared_daemon: Callable[..., Any]
+    users: dict[str, User], module_daemon: RunningDaemon
 ) -> None:
     """A user in taogpu-admin runs on alice's array and sees her job whole."""
-    daemon = shared_daemon()
+    daemon = module_daemon
     sock = daemon.socket_path
 
     def alice_job(client: Client) -> Any:

@@ -32,11 +32,16 @@ def limited(inprocess_factory: Callable[..., InProcessDaemon]) -> InProcessDaemo
     return inprocess_factory(config=LIMITED)
 
 
-@pytest.fixture
-def limited_process(daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
-    """`limited` as a process of its own: its memory and descriptors counted, a second user
-    connecting."""
-    return daemon_factory(config=LIMITED)
+@pytest.fixture(scope="module")
+def limited_process(module_daemon_factory: Callable[..., RunningDaemon]) -> RunningDaemon:
+    """`limited` as a process of its own: its memory, descriptors and limits read, a second
+    user connecting. Its tests share it (their connections end with them); only one makes
+    it refuse a connection, and reads the refusals' log line."""
+    return module_daemon_factory(config=LIMITED)
+
+
+# The tests on limited_process run on one worker, so that it starts once.
+SHARED = pytest.mark.xdist_group("limits_process")
 
 
 def connect(daemon: DaemonHandle) -> socket.socket:
@@ -113,6 +118,7 @@ def test_an_oversized_head_is_431_and_closed(
     assert words in body["message"]
 
 
+@SHARED
 def test_an_endless_header_is_cut_at_the_limit(limited_process: RunningDaemon) -> None:
     """A header that streams on (1 MiB of it) is answered 431 once 64 KiB have come, and the
     daemon stays lean and serves on."""
@@ -153,12 +159,14 @@ def test_a_head_within_its_time_keeps_the_connection(limited: InProcessDaemon) -
 # -- connections ---------------------------------------------------------------------------
 
 
+@SHARED
 def test_connections_per_uid_are_capped_while_another_uid_is_served(
     limited_process: RunningDaemon,
 ) -> None:
     """root holds its PER_UID connections; more are answered 503 and closed at once, logged
     once (rate-limited) with the uid; another uid is still served; the fds come back."""
     other = _other_uid()
+    traced = limited_process.trace_from_now()  # this test's lines (the daemon is shared)
     baseline = open_fds(limited_process)
     with _connections(limited_process, PER_UID) as held:
         assert all(ask_health(sock) == 200 for sock in held)
@@ -169,7 +177,7 @@ def test_connections_per_uid_are_capped_while_another_uid_is_served(
         assert _health_as(limited_process, other) == 200
         assert all(ask_health(sock) == 200 for sock in held)  # the held ones still work
     assert wait_for_fds(limited_process, baseline) <= baseline
-    refusals = limited_process.events("door.connection_refused")
+    refusals = traced.events("door.connection_refused")
     assert [(e["uid"], e["count"], e["level"]) for e in refusals] == [(0, 1, "warning")]
     with _connections(limited_process, PER_UID) as again:  # freed: the uid has its room back
         assert all(ask_health(sock) == 200 for sock in again)
@@ -186,9 +194,10 @@ def test_connections_in_all_are_capped(inprocess_factory: Callable[..., InProces
         assert ask_health(sock) == 200
 
 
-def test_the_open_file_limit_is_raised_to_the_hard_limit(daemon: RunningDaemon) -> None:
+@SHARED
+def test_the_open_file_limit_is_raised_to_the_hard_limit(limited_process: RunningDaemon) -> None:
     """Every connection is a file descriptor: the daemon's soft limit is its hard limit."""
-    limits = Path(f"/proc/{daemon.proc.pid}/limits").read_text().splitlines()
+    limits = Path(f"/proc/{limited_process.proc.pid}/limits").read_text().splitlines()
     (line,) = [line for line in limits if line.startswith("Max open files")]
     soft, hard = line.split()[3:5]
     assert soft == hard
