@@ -115,11 +115,17 @@ class SharedInProcess:
     def __init__(self, home: Path) -> None:
         self.home = home
         self.daemon: InProcessDaemon | None = None
+        self.config: dict[str, Any] | None = None  # the running one's overrides
         self.started = 0  # each start gets a state directory of its own
 
-    def get(self) -> InProcessDaemon:
+    def get(self, config: dict[str, Any] | None = None) -> InProcessDaemon:
+        """The shared daemon, with these config overrides over the CPU pair (a module's
+        sharers give the same: a call with others stops it and starts one with those)."""
+        if self.daemon is not None and config != self.config:
+            self.stop()
         if self.daemon is None:
-            self.daemon = start_in_process(self.home / f"m{self.started}")
+            self.daemon = start_in_process(self.home / f"m{self.started}", None, config)
+            self.config = config
             self.started += 1
         return self.daemon
 

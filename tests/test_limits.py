@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import SharedInProcess
 
 from taogpud.testing import DaemonHandle, InProcessDaemon, RunningDaemon
 
@@ -27,8 +28,16 @@ LIMITED = {"server": {**LIMITS["server"], "head_timeout_s": HEAD_TIMEOUT_S}}
 
 
 @pytest.fixture
-def limited(inprocess_factory: Callable[..., InProcessDaemon]) -> InProcessDaemon:
-    """A daemon with small caps and a short head timeout."""
+def limited(shared_inprocess: SharedInProcess) -> InProcessDaemon:
+    """A daemon with small caps and a short head timeout, in-process, that its tests share:
+    each holds connections of its own and ends them, and reads its own trace lines."""
+    return shared_inprocess.get(LIMITED).trace_from_now()
+
+
+@pytest.fixture
+def limited_alone(inprocess_factory: Callable[..., InProcessDaemon]) -> InProcessDaemon:
+    """`limited` for a test that reads a line the daemon says once in NOISE_EVERY_S (a
+    daemon of its own: another test's line would hold it back)."""
     return inprocess_factory(config=LIMITED)
 
 
@@ -40,8 +49,10 @@ def limited_process(module_daemon_factory: Callable[..., RunningDaemon]) -> Runn
     return module_daemon_factory(config=LIMITED)
 
 
-# The tests on limited_process run on one worker, so that it starts once.
+# The tests on limited_process, and those on limited, each run on one worker, so that each
+# daemon starts once.
 SHARED = pytest.mark.xdist_group("limits_process")
+SHARED_IN_PROCESS = pytest.mark.xdist_group("limits_in_process")
 
 
 def connect(daemon: DaemonHandle) -> socket.socket:
@@ -97,6 +108,7 @@ def wait_for_fds(daemon: RunningDaemon, count: int, timeout_s: float = 10.0) -> 
 # -- heads ---------------------------------------------------------------------------------
 
 
+@SHARED_IN_PROCESS
 @pytest.mark.parametrize(
     ("headers", "words"),
     [
@@ -135,18 +147,7 @@ def test_an_endless_header_is_cut_at_the_limit(limited_process: RunningDaemon) -
         assert ask_health(sock) == 200
 
 
-@pytest.mark.parametrize("sent", [b"", b"GET /v1/health HTTP/1.1\r\nhost: x\r\n"])
-def test_a_head_that_never_ends_is_closed(limited: InProcessDaemon, sent: bytes) -> None:
-    """Nothing, or a head without its end: the connection closes after server.head_timeout_s."""
-    with connect(limited) as sock:
-        sock.sendall(sent)
-        started = time.monotonic()
-        assert read_all(sock) == b""
-        waited = time.monotonic() - started
-    assert HEAD_TIMEOUT_S * 0.8 <= waited < HEAD_TIMEOUT_S + 5
-    limited.wait_for_event(lambda e: e.get("event") == "door.head_timeout")
-
-
+@SHARED_IN_PROCESS
 def test_a_head_within_its_time_keeps_the_connection(limited: InProcessDaemon) -> None:
     """Requests on one connection, each head complete in time: the connection serves on
     past head_timeout_s (the timer counts one head, not the connection's life)."""
@@ -154,6 +155,18 @@ def test_a_head_within_its_time_keeps_the_connection(limited: InProcessDaemon) -
         for _ in range(3):
             assert ask_health(sock) == 200
             time.sleep(HEAD_TIMEOUT_S * 0.6)
+
+
+@pytest.mark.parametrize("sent", [b"", b"GET /v1/health HTTP/1.1\r\nhost: x\r\n"])
+def test_a_head_that_never_ends_is_closed(limited_alone: InProcessDaemon, sent: bytes) -> None:
+    """Nothing, or a head without its end: the connection closes after server.head_timeout_s."""
+    with connect(limited_alone) as sock:
+        sock.sendall(sent)
+        started = time.monotonic()
+        assert read_all(sock) == b""
+        waited = time.monotonic() - started
+    assert HEAD_TIMEOUT_S * 0.8 <= waited < HEAD_TIMEOUT_S + 5
+    limited_alone.wait_for_event(lambda e: e.get("event") == "door.head_timeout")
 
 
 # -- connections ---------------------------------------------------------------------------
