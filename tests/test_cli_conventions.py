@@ -100,47 +100,31 @@ def test_params_errors_speak_json_not_python() -> None:
 # --- against a real daemon -----------------------------------------------------------------
 
 
-def test_bad_priority_and_status_in_flags_words(inprocess_ctl: Ctl) -> None:
+def test_bad_priority_and_status_in_flags_words(module_inprocess_ctl: Ctl) -> None:
     """Through the daemon: --priority 5000 and --status bogus come back in the flags' words,
     with no API location (`body.`, `query.`), pydantic phrase or API code in the line."""
-    priority = assert_one_error_line(inprocess_ctl("submit", "noop", "--priority", "5000"), 2)
+    priority = assert_one_error_line(
+        module_inprocess_ctl("submit", "noop", "--priority", "5000"), 2
+    )
     assert priority == "taogpuctl: --priority must be at most 1000 (given 5000)"
-    status = assert_one_error_line(inprocess_ctl("list", "--status", "bogus"), 2)
+    status = assert_one_error_line(module_inprocess_ctl("list", "--status", "bogus"), 2)
     assert status.startswith("taogpuctl: --status must be one of queued, running, ")
     assert status.endswith("(given bogus)")
-    param = assert_one_error_line(inprocess_ctl("submit", "vector_add", "--param", "size=true"), 2)
+    param = assert_one_error_line(
+        module_inprocess_ctl("submit", "vector_add", "--param", "size=true"), 2
+    )
     assert "--size must be an integer, not a boolean (given true)" in param
     for line in (priority, status, param):
         assert not {"body.", "query.", "Input should", "True", "[invalid"} & set(line.split())
         assert "body." not in line and "Input should" not in line and "(given True)" not in line
 
 
-def test_tasks_show_no_python_none(inprocess_ctl: Ctl) -> None:
+def test_tasks_show_no_python_none(module_inprocess_ctl: Ctl) -> None:
     """`tasks` prints params without a default as `(optional)`, never `=None`."""
-    result = inprocess_ctl("tasks")
+    result = module_inprocess_ctl("tasks")
     assert result.returncode == 0, result.stderr
     assert "=None" not in result.stdout
     assert "size:integer=1000000" in result.stdout
-
-
-def test_job_id_prefixes(inprocess_daemon: InProcessDaemon) -> None:
-    """A unique prefix finds the job (show, wait, result, cancel); one shared by two jobs is
-    an error listing both; an unknown one stays the daemon's 'no job' (exit 2)."""
-    ctl = inprocess_daemon.ctl
-    with inprocess_daemon.client() as client:  # 17 ids: two of them share a first character
-        ids = [client.submit("noop", {}, wait_s=5)["id"] for _ in range(17)]
-    pairs = [(a, b) for a in ids for b in ids if a < b]
-    first, second = max(pairs, key=lambda pair: shared_length(*pair))  # the closest two
-    common = shared_length(first, second)
-    shown = ctl("show", second[: common + 1], "--json")
-    assert shown.returncode == 0, shown.stderr
-    assert json_out(shown)["id"] == second
-    assert ctl("wait", first[: common + 1]).returncode == 0
-    assert ctl("result", first[: common + 1]).returncode == 0
-    ambiguous = assert_one_error_line(ctl("show", first[:common]), 2)
-    assert f"job id prefix {first[:common]} is ambiguous" in ambiguous
-    assert first in ambiguous and second in ambiguous
-    assert "job_not_found" in assert_one_error_line(ctl("show", "fffff"), 2)
 
 
 def shared_length(a: str, b: str) -> int:
@@ -166,35 +150,21 @@ def test_short_ids_are_six_or_as_long_as_unique() -> None:
     }
 
 
-def test_list_shows_the_short_ids_that_find_the_jobs(inprocess_daemon: InProcessDaemon) -> None:
-    """`taogpuctl list` shows each id in its short form (6 characters, more only where two
-    shown ids share them), and that form is what `show` finds the job by."""
-    with inprocess_daemon.client() as client:
-        ids = {client.submit("noop", {}, wait_s=5)["id"] for _ in range(5)}
-    listed = inprocess_daemon.ctl("list")
-    assert listed.returncode == 0, listed.stderr
-    shown = [line.split()[0] for line in listed.stdout.splitlines()[1:]]
-    assert sorted(shown) == sorted(short_ids(sorted(ids)).values())
-    assert all(len(short) >= 6 for short in shown)
-    found = json_out(inprocess_daemon.ctl("show", shown[0], "--json"))["id"]
-    assert found in ids and found.startswith(shown[0])
-
-
-def test_wait_still_running_is_124_and_failed_is_1(inprocess_ctl: Ctl) -> None:
+def test_wait_still_running_is_124_and_failed_is_1(module_inprocess_ctl: Ctl) -> None:
     """`wait --timeout` with the job still running: 124 (as timeout(1)); a job that failed: 1."""
-    running = inprocess_ctl("submit", "sleep", "--param", "ms=30000").stdout.strip()
-    still = inprocess_ctl("wait", running, "--timeout", "0.2")
+    running = module_inprocess_ctl("submit", "sleep", "--param", "ms=30000").stdout.strip()
+    still = module_inprocess_ctl("wait", running, "--timeout", "0.2")
     assert still.returncode == 124, still.stderr
     assert f"job {running} is still running" in still.stderr
-    assert inprocess_ctl("cancel", running).returncode == 0
-    cancelled = inprocess_ctl("wait", running, "--timeout", "30")
+    assert module_inprocess_ctl("cancel", running).returncode == 0
+    cancelled = module_inprocess_ctl("wait", running, "--timeout", "30")
     assert cancelled.returncode == 1
 
 
-def test_show_times_carry_a_zone_and_rounded_ms(inprocess_ctl: Ctl) -> None:
+def test_show_times_carry_a_zone_and_rounded_ms(module_inprocess_ctl: Ctl) -> None:
     """`show`: `created_at: YYYY-MM-DD HH:MM:SS.mmm ZONE`; timings to 0.01 ms."""
-    job_id = inprocess_ctl("submit", "noop", "--wait", "--json")
-    shown = inprocess_ctl("show", json_out(job_id)["id"], env={"TZ": "UTC"})
+    job_id = module_inprocess_ctl("submit", "noop", "--wait", "--json")
+    shown = module_inprocess_ctl("show", json_out(job_id)["id"], env={"TZ": "UTC"})
     lines = dict(line.split(": ", 1) for line in shown.stdout.splitlines())
     date, clock, zone = lines["created_at"].split()
     assert (len(date), len(clock), zone) == (10, 12, "UTC")
@@ -246,3 +216,41 @@ def test_every_error_names_its_file_by_path(tmp_path: Path) -> None:
     assert any(line.startswith(f"{settings}: gpu.deviceID: ") for line in problems), problems
     assert any(line.startswith(f"{config}: line 1") for line in problems), problems
     assert all(line.startswith(str(tmp_path)) for line in problems), problems
+
+
+# --- last, each on a daemon of its own (starting one stops the module's shared one): they
+# read every job id the daemon holds
+
+
+def test_job_id_prefixes(inprocess_daemon: InProcessDaemon) -> None:
+    """A unique prefix finds the job (show, wait, result, cancel); one shared by two jobs is
+    an error listing both; an unknown one stays the daemon's 'no job' (exit 2)."""
+    ctl = inprocess_daemon.ctl
+    with inprocess_daemon.client() as client:  # 17 ids: two of them share a first character
+        ids = [client.submit("noop", {}, wait_s=5)["id"] for _ in range(17)]
+    pairs = [(a, b) for a in ids for b in ids if a < b]
+    first, second = max(pairs, key=lambda pair: shared_length(*pair))  # the closest two
+    common = shared_length(first, second)
+    shown = ctl("show", second[: common + 1], "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json_out(shown)["id"] == second
+    assert ctl("wait", first[: common + 1]).returncode == 0
+    assert ctl("result", first[: common + 1]).returncode == 0
+    ambiguous = assert_one_error_line(ctl("show", first[:common]), 2)
+    assert f"job id prefix {first[:common]} is ambiguous" in ambiguous
+    assert first in ambiguous and second in ambiguous
+    assert "job_not_found" in assert_one_error_line(ctl("show", "fffff"), 2)
+
+
+def test_list_shows_the_short_ids_that_find_the_jobs(inprocess_daemon: InProcessDaemon) -> None:
+    """`taogpuctl list` shows each id in its short form (6 characters, more only where two
+    shown ids share them), and that form is what `show` finds the job by."""
+    with inprocess_daemon.client() as client:
+        ids = {client.submit("noop", {}, wait_s=5)["id"] for _ in range(5)}
+    listed = inprocess_daemon.ctl("list")
+    assert listed.returncode == 0, listed.stderr
+    shown = [line.split()[0] for line in listed.stdout.splitlines()[1:]]
+    assert sorted(shown) == sorted(short_ids(sorted(ids)).values())
+    assert all(len(short) >= 6 for short in shown)
+    found = json_out(inprocess_daemon.ctl("show", shown[0], "--json"))["id"]
+    assert found in ids and found.startswith(shown[0])

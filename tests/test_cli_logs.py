@@ -1,5 +1,6 @@
 """Trace and job events through the API (GET /v1/trace, GET /v1/jobs/{id}/events), and the
-commands that read them: `trace --grep`, `logs ID [-f]`, `status --watch`."""
+commands that read them: `trace --grep`, `logs ID [-f]`, `status --watch`. Each test reads its
+own jobs' lines, on the module's one in-process daemon where no other uid or file is needed."""
 
 from __future__ import annotations
 
@@ -20,12 +21,17 @@ from tests.test_cli import assert_one_error_line, json_out
 NOBODY = 65534  # the uid the other-user check acts as
 
 
-def test_trace_grep_backend_lists_the_jobs_lines(inprocess_ctl: Ctl) -> None:
+def cli_command(daemon: Any) -> list[str]:
+    """taogpuctl aimed at `daemon`, to run as a process of its own (to be sent a Ctrl-C)."""
+    return [sys.executable, "-m", "taogpud.cli", "--socket", str(daemon.socket_path)]
+
+
+def test_trace_grep_backend_lists_the_jobs_lines(module_inprocess_ctl: Ctl) -> None:
     """`trace --grep backend`: JSON lines, each holding "backend", the finished job among them."""
-    job_id = json_out(inprocess_ctl("submit", "vector_add", "--size", "1000", "--wait", "--json"))[
-        "id"
-    ]
-    result = inprocess_ctl("trace", "--grep", "backend")
+    job_id = json_out(
+        module_inprocess_ctl("submit", "vector_add", "--size", "1000", "--wait", "--json")
+    )["id"]
+    result = module_inprocess_ctl("trace", "--grep", "backend")
     assert result.returncode == 0, result.stderr
     events = [json.loads(line) for line in result.stdout.splitlines()]
     assert events and all("backend" in line for line in result.stdout.splitlines())
@@ -34,13 +40,13 @@ def test_trace_grep_backend_lists_the_jobs_lines(inprocess_ctl: Ctl) -> None:
 
 
 def test_logs_follow_prints_lines_as_they_happen_and_ends_with_the_job(
-    inprocess_daemon: Any,
+    module_inprocess_daemon: Any,
 ) -> None:
     """`logs ID -f` of a 1.5 s sleep: the running line arrives while it runs; the command ends
     (exit 0) after the job's last line."""
-    with inprocess_daemon.client() as client:
+    with module_inprocess_daemon.client() as client:
         job_id = client.submit("sleep", {"ms": 1500})["id"]
-    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(inprocess_daemon.socket_path)]
+    command = cli_command(module_inprocess_daemon)
     started = time.monotonic()
     with subprocess.Popen(
         [*command, "logs", job_id, "-f"], stdout=subprocess.PIPE, text=True
@@ -56,30 +62,34 @@ def test_logs_follow_prints_lines_as_they_happen_and_ends_with_the_job(
     assert proc.returncode == 0
 
 
-def test_logs_of_a_finished_job_and_unknown_ids(inprocess_ctl: Ctl) -> None:
+def test_logs_of_a_finished_job_and_unknown_ids(module_inprocess_ctl: Ctl) -> None:
     """`logs ID` of a finished job prints its lines and ends; an unknown id is exit 2."""
-    job_id = json_out(inprocess_ctl("submit", "noop", "--wait", "--json"))["id"]
-    result = inprocess_ctl("logs", job_id, "--json")
+    job_id = json_out(module_inprocess_ctl("submit", "noop", "--wait", "--json"))["id"]
+    result = module_inprocess_ctl("logs", job_id, "--json")
     assert result.returncode == 0, result.stderr
     events = [json.loads(line)["event"] for line in result.stdout.splitlines()]
     assert events[-1] == "job.succeeded"
-    assert assert_one_error_line(inprocess_ctl("logs", "ffffffffffffffffff"), 2)
+    assert assert_one_error_line(module_inprocess_ctl("logs", "ffffffffffffffffff"), 2)
 
 
-def test_events_endpoint_answers_ndjson_and_the_error_shape(inprocess_daemon: Any) -> None:
+def test_events_endpoint_answers_ndjson_and_the_error_shape(module_inprocess_daemon: Any) -> None:
     """GET /v1/jobs/{id}/events: one JSON object per line; unknown job → job_not_found."""
-    with inprocess_daemon.client() as client:
+    with module_inprocess_daemon.client() as client:
         job_id = client.run("noop")["id"]
-    events = list(stream_lines(str(inprocess_daemon.socket_path), f"/v1/jobs/{job_id}/events"))
+    events = list(
+        stream_lines(str(module_inprocess_daemon.socket_path), f"/v1/jobs/{job_id}/events")
+    )
     assert {event["job_id"] for event in events} == {job_id}
     with pytest.raises(Exception, match="no job") as caught:
-        list(stream_lines(str(inprocess_daemon.socket_path), "/v1/jobs/nope/events"))
+        list(stream_lines(str(module_inprocess_daemon.socket_path), "/v1/jobs/nope/events"))
     assert getattr(caught.value, "code", None) == "job_not_found"
 
 
-def test_trace_follow_stops_on_ctrl_c(inprocess_daemon: Any) -> None:
+def test_trace_follow_stops_on_ctrl_c(module_inprocess_daemon: Any) -> None:
     """`trace -f` prints new lines as they come; Ctrl-C ends it with 130 and no traceback."""
-    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(inprocess_daemon.socket_path)]
+    command = cli_command(module_inprocess_daemon)
+    with module_inprocess_daemon.client() as client:
+        client.run("noop")  # a job.succeeded line for the backlog
     with subprocess.Popen(
         [*command, "trace", "-f", "--grep", "job.succeeded", "--limit", "1"],
         stdout=subprocess.PIPE,
@@ -87,9 +97,9 @@ def test_trace_follow_stops_on_ctrl_c(inprocess_daemon: Any) -> None:
         text=True,
     ) as proc:
         assert proc.stdout is not None
-        time.sleep(1.0)
-        with inprocess_daemon.client() as client:
-            job_id = client.run("noop")["id"]
+        assert "job.succeeded" in proc.stdout.readline()  # the backlog's last: it reads on
+        with module_inprocess_daemon.client() as client:
+            job_id = client.run("noop")["id"]  # after the backlog: only a follow shows it
         line = ""
         while job_id not in line:
             line = proc.stdout.readline()
@@ -99,9 +109,9 @@ def test_trace_follow_stops_on_ctrl_c(inprocess_daemon: Any) -> None:
     assert "Traceback" not in err
 
 
-def test_status_watch_redraws_until_ctrl_c(inprocess_daemon: Any) -> None:
+def test_status_watch_redraws_until_ctrl_c(module_inprocess_daemon: Any) -> None:
     """`status --watch --interval 0.2` redraws the status; Ctrl-C ends it cleanly."""
-    command = [sys.executable, "-m", "taogpud.cli", "--socket", str(inprocess_daemon.socket_path)]
+    command = cli_command(module_inprocess_daemon)
     with subprocess.Popen(
         [*command, "status", "--watch", "--interval", "0.2"],
         stdout=subprocess.PIPE,

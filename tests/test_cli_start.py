@@ -3,6 +3,8 @@
 The time itself is the bench's (bench/cli_start.py, a median of 10): a timed assertion here
 would measure how busy the CI host is. What a test can hold is the cause of a slow start: the
 heavy libraries a status call has no use for, and typer building every command's parameters.
+The tests that ask a daemon share the module's one (`module_daemon`): they only read status,
+and `exec -- true` runs a job of its own.
 """
 
 from __future__ import annotations
@@ -48,13 +50,13 @@ def modules_after(*args: str) -> dict[str, object]:
     return dict(orjson.loads(done.stderr.strip().splitlines()[-1]))
 
 
-def test_status_imports_none_of_the_heavy_libraries(daemon: RunningDaemon) -> None:
-    found = modules_after("--socket", str(daemon.socket_path), "status")
+def test_status_imports_none_of_the_heavy_libraries(module_daemon: RunningDaemon) -> None:
+    found = modules_after("--socket", str(module_daemon.socket_path), "status")
     assert found == {"code": 0, "heavy": []}
 
 
-def test_status_json_imports_none_of_them_either(daemon: RunningDaemon) -> None:
-    found = modules_after("--socket", str(daemon.socket_path), "status", "--json")
+def test_status_json_imports_none_of_them_either(module_daemon: RunningDaemon) -> None:
+    found = modules_after("--socket", str(module_daemon.socket_path), "status", "--json")
     assert found == {"code": 0, "heavy": []}
 
 
@@ -113,16 +115,16 @@ def outcome(done: subprocess.CompletedProcess[str]) -> tuple[int, str, str]:
     return done.returncode, done.stdout, done.stderr
 
 
-def test_status_imports_no_typer(daemon: RunningDaemon) -> None:
+def test_status_imports_no_typer(module_daemon: RunningDaemon) -> None:
     """`status` is answered without typer (or its vendored click) imported at all."""
     probe = 'HEAVY = ("typer", "click")\n' + PROBE
-    done = python(("-c", probe), "--socket", str(daemon.socket_path), "status")
+    done = python(("-c", probe), "--socket", str(module_daemon.socket_path), "status")
     assert orjson.loads(done.stderr.strip().splitlines()[-1]) == {"code": 0, "heavy": []}
 
 
-def test_the_hot_path_prints_what_the_typer_command_prints(daemon: RunningDaemon) -> None:
+def test_the_hot_path_prints_what_the_typer_command_prints(module_daemon: RunningDaemon) -> None:
     """Text and --json, over --socket and --socket=: the same stdout, stderr and exit code."""
-    socket_path = str(daemon.socket_path)
+    socket_path = str(module_daemon.socket_path)
     for args in (
         ["--socket", socket_path, "status"],
         [f"--socket={socket_path}", "status", "--json"],
@@ -184,11 +186,11 @@ sys.stderr.write(json.dumps({"code": code, "found": sorted(found)}) + "\\n")
 """
 
 
-def test_status_as_text_needs_no_orjson_nor_dataclasses(daemon: RunningDaemon) -> None:
+def test_status_as_text_needs_no_orjson_nor_dataclasses(module_daemon: RunningDaemon) -> None:
     """Into a pipe, `status` decodes with the standard library's json: orjson, and the
     dataclasses, inspect, datetime and uuid it imports, are no cost of it (--json prints with
     orjson, as every command does)."""
-    done = python(("-c", LEAN_PROBE), "--socket", str(daemon.socket_path), "status")
+    done = python(("-c", LEAN_PROBE), "--socket", str(module_daemon.socket_path), "status")
     assert json.loads(done.stderr.strip().splitlines()[-1]) == {"code": 0, "found": []}
 
 
@@ -212,8 +214,8 @@ def test_exec_in_its_plain_shape_is_the_hot_paths_and_the_rest_typers() -> None:
             hot.parse_exec(list(words))
 
 
-def test_exec_imports_no_typer(daemon: RunningDaemon) -> None:
+def test_exec_imports_no_typer(module_daemon: RunningDaemon) -> None:
     """`exec -- true` runs and reports without typer (or click) imported."""
     probe = 'HEAVY = ("typer", "click")\n' + PROBE
-    done = python(("-c", probe), "--socket", str(daemon.socket_path), "exec", "--", "true")
+    done = python(("-c", probe), "--socket", str(module_daemon.socket_path), "exec", "--", "true")
     assert orjson.loads(done.stderr.strip().splitlines()[-1]) == {"code": 0, "heavy": []}

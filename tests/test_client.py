@@ -230,34 +230,34 @@ def test_the_client_finishes_a_job_where_the_daemon_does() -> None:
         assert is_finished({"status": state.value}) is state.finished, state
 
 
-# --- against a real daemon -----------------------------------------------------------------
+# --- against a real daemon: the module's one, each test reading its own jobs --------------
 
 
-def test_run_returns_the_finished_record_with_where_it_ran(daemon: Any) -> None:
+def test_run_returns_the_finished_record_with_where_it_ran(module_daemon: Any) -> None:
     """run() of a small vector_add answers succeeded, backend cpu, a cpu:N device, timings."""
-    with daemon.client() as client:
+    with module_daemon.client() as client:
         job = client.run("vector_add", {"size": 1000})
     assert (job["status"], job["backend"], job["error"]) == ("succeeded", "cpu", None)
     assert job["device"].startswith("cpu:")
     assert job["run_ms"] is not None
 
 
-def test_uploaded_arrays_come_back_added(daemon: Any) -> None:
+def test_uploaded_arrays_come_back_added(module_daemon: Any) -> None:
     """upload_array(ndarray), run with inputs and keep_outputs, download_output: c == a + b."""
     a = np.arange(500, dtype=np.float32)
     b = np.full(500, 0.5, dtype=np.float32)
-    with daemon.client() as client:
+    with module_daemon.client() as client:
         inputs = {"a": client.upload_array(a)["id"], "b": client.upload_array(b)["id"]}
         job = client.run("vector_add", inputs=inputs, keep_outputs=True)
         c = np.load(io.BytesIO(client.download_output(job["id"], "c")))
     np.testing.assert_array_equal(c, a + b)
 
 
-def test_a_large_upload_arrives_whole(daemon: Any) -> None:
+def test_a_large_upload_arrives_whole(module_daemon: Any) -> None:
     """A 12 MiB upload, streamed from the request piece by piece (far past uvicorn's 64 KiB
     buffer), comes back byte for byte through a job."""
     a = np.random.default_rng(3).random(3 * 2**20, dtype=np.float32)
-    with daemon.client() as client:
+    with module_daemon.client() as client:
         inputs = {
             "a": client.upload_array(a)["id"],
             "b": client.upload_array(np.zeros_like(a))["id"],
@@ -267,10 +267,10 @@ def test_a_large_upload_arrives_whole(daemon: Any) -> None:
     np.testing.assert_array_equal(c, a)
 
 
-def test_wait_calls_on_update_until_finished(daemon: Any) -> None:
+def test_wait_calls_on_update_until_finished(module_daemon: Any) -> None:
     """wait() on a 1.5 s sleep reports at least twice and returns the finished record."""
     updates: list[dict[str, Any]] = []
-    with daemon.client() as client:
+    with module_daemon.client() as client:
         job_id = client.submit("sleep", {"ms": 1500})["id"]
         job = client.wait(job_id, on_update=updates.append)
     assert job["status"] == "succeeded"
@@ -278,18 +278,18 @@ def test_wait_calls_on_update_until_finished(daemon: Any) -> None:
     assert updates[-1]["status"] == "succeeded"
 
 
-def test_wait_with_timeout_returns_the_unfinished_record(daemon: Any) -> None:
+def test_wait_with_timeout_returns_the_unfinished_record(module_daemon: Any) -> None:
     """wait(timeout_s=0.2) on a long sleep returns it still running; cancel then ends it."""
-    with daemon.client() as client:
+    with module_daemon.client() as client:
         job_id = client.submit("sleep", {"ms": 60000})["id"]
         assert client.wait(job_id, timeout_s=0.2)["status"] in {"queued", "running"}
         client.cancel(job_id)
         assert client.wait(job_id, timeout_s=30)["status"] == "cancelled"
 
 
-def test_unknown_job_and_task_are_api_errors(daemon: Any) -> None:
+def test_unknown_job_and_task_are_api_errors(module_daemon: Any) -> None:
     """get() of an unknown id is job_not_found 404; submit() of an unknown task, unknown_task."""
-    with daemon.client() as client:
+    with module_daemon.client() as client:
         with pytest.raises(ApiError) as missing:
             client.get("0000000000000000")
         with pytest.raises(ApiError) as unknown:
@@ -299,15 +299,18 @@ def test_unknown_job_and_task_are_api_errors(daemon: Any) -> None:
     assert "no_such_task" in unknown.value.message
 
 
-def test_list_jobs_filters_by_status(daemon: Any) -> None:
+def test_list_jobs_filters_by_status(module_daemon: Any) -> None:
     """list_jobs(status="succeeded") holds a finished noop and nothing in another state."""
-    with daemon.client() as client:
+    with module_daemon.client() as client:
         done = client.run("noop")
         listed = client.list_jobs(status="succeeded", limit=10)
         health = client.health()
     assert done["id"] in {job["id"] for job in listed}
     assert {job["status"] for job in listed} == {"succeeded"}
     assert health["ok"] is True
+
+
+# --- stops its daemon: one of its own
 
 
 def test_daemon_gone_under_a_kept_alive_client(daemon: Any) -> None:

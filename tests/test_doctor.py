@@ -135,13 +135,13 @@ def test_api_ping_classifies_a_dead_channel(
     assert json.loads(result.stdout)["status"] == "refused"
 
 
-def test_api_ping_usage_and_unreachable(tmp_path: Path, daemon: RunningDaemon) -> None:
+def test_api_ping_usage_and_unreachable(tmp_path: Path, module_daemon: RunningDaemon) -> None:
     """No daemon → exit 3; an unknown --model → exit 2; the route answers invalid_request."""
     gone = ctl("api", "ping", socket_path=tmp_path / "nothing.sock")
     assert gone.returncode == 3 and gone.stderr.startswith("taogpuctl: no daemon socket")
-    bad = ctl("api", "ping", "--model", "fastest", socket_path=daemon.socket_path)
+    bad = ctl("api", "ping", "--model", "fastest", socket_path=module_daemon.socket_path)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    with daemon.client() as client, pytest.raises(ApiError) as raised:
+    with module_daemon.client() as client, pytest.raises(ApiError) as raised:
         client.channel_ping("fastest")
     assert raised.value.code == "invalid_request" and raised.value.http_status in (400, 422)
     assert "query.model" in raised.value.message
@@ -276,15 +276,15 @@ def test_doctor_without_a_daemon_still_reports(tmp_path: Path) -> None:
     assert human.returncode == 1 and human.stdout.splitlines()[0].startswith("✗ daemon ")
 
 
-def test_doctor_route_through_the_client(daemon: RunningDaemon) -> None:
+def test_doctor_route_through_the_client(module_daemon: RunningDaemon) -> None:
     """GET /v1/doctor without ping or probe: a DoctorView with the daemon-side checks only."""
-    with daemon.client() as client:
+    with module_daemon.client() as client:
         report = client.doctor(ping=False, probe=False)
     names = [check["name"] for check in report["checks"]]
     assert names == [n for n in ORDER if n not in {"daemon", "relay", "shell_env", "config_files"}]
     checks = checks_of(report)
     assert checks["api_channel"]["status"] == "skip" and checks["probe_job"]["status"] == "skip"
-    assert report["daemon"]["pid"] == daemon.proc.pid
+    assert report["daemon"]["pid"] == module_daemon.proc.pid
 
 
 GPU_PROBLEM = probe_cuda([0])

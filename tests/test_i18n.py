@@ -101,30 +101,30 @@ def test_the_catalog_check_catches_a_placeholder_that_would_crash() -> None:
 
 
 def test_the_main_flows_speak_chinese_under_a_chinese_locale(
-    daemon: RunningDaemon, tmp_path: Path
+    module_daemon: RunningDaemon, tmp_path: Path
 ) -> None:
     """submit, show --evidence, status, a refused submit and doctor, under LANG=zh_CN.UTF-8:
     the zh-CN text, with the guide's `device=… backend=…` grep left as it is."""
-    submitted = daemon.ctl("submit", "vector_add", "--size", "1000", "--wait", env=ZH)
+    submitted = module_daemon.ctl("submit", "vector_add", "--size", "1000", "--wait", env=ZH)
     assert submitted.returncode == 0, submitted.stderr
     assert "成功 task=vector_add device=cpu:" in submitted.stdout
     assert " backend=cpu fallback=false" in submitted.stdout
     job_id = submitted.stdout.split()[1]
 
-    evidence = daemon.ctl("show", job_id, "--evidence", env=ZH)
+    evidence = module_daemon.ctl("show", job_id, "--evidence", env=ZH)
     assert "没有 NVML 证据：该作业在 cpu 上运行，不是 CUDA GPU" in evidence.stdout
 
-    status = daemon.ctl("status", env=ZH)
+    status = module_daemon.ctl("status", env=ZH)
     assert status.returncode == 0, status.stderr
     assert "后端 cpu" in status.stdout and "兜底 否" in status.stdout
     assert any(line.startswith("设备") for line in status.stdout.splitlines())  # table heading
 
-    refused = daemon.ctl("submit", "vector_ad", env=ZH)
+    refused = module_daemon.ctl("submit", "vector_ad", env=ZH)
     assert refused.returncode == 2
     assert "没有名为 'vector_ad' 的任务；是否想写 'vector_add'？ [unknown_task]" in refused.stderr
     assert "（提示：已有任务：" in refused.stderr
 
-    doctor = daemon.ctl("doctor", "--no-ping", env=ZH)
+    doctor = module_daemon.ctl("doctor", "--no-ping", env=ZH)
     assert "doctor：" in doctor.stdout and "项通过" in doctor.stdout
     assert "不是 WSL（原生 Linux 内核）" in doctor.stdout  # a check's detail, from the daemon
     assert "gpu.backend 为 cpu：不使用 cuda_arch" in doctor.stdout
@@ -182,11 +182,11 @@ def _read_all(fd: int) -> str:
 
 
 def test_json_and_the_trace_are_the_same_bytes_in_every_locale(
-    daemon: RunningDaemon,
+    module_daemon: RunningDaemon,
 ) -> None:
     """--json answers and error bodies are English byte for byte under zh-CN; the trace of
     what a zh-CN user did holds no Chinese."""
-    job_id = json.loads(daemon.ctl("submit", "noop", "--wait", "--json").stdout)["id"]
+    job_id = json.loads(module_daemon.ctl("submit", "noop", "--wait", "--json").stdout)["id"]
     cases = (
         ("show", job_id, "--json"),
         ("tasks", "--json"),
@@ -194,12 +194,12 @@ def test_json_and_the_trace_are_the_same_bytes_in_every_locale(
         ("doctor", "--no-ping", "--no-probe", "--json"),
     )
     for args in cases:
-        english, chinese = daemon.ctl(*args, env=EN), daemon.ctl(*args, env=ZH)
+        english, chinese = module_daemon.ctl(*args, env=EN), module_daemon.ctl(*args, env=ZH)
         assert english.stdout == chinese.stdout, args
         assert english.returncode == chinese.returncode
-    chinese_job = daemon.ctl("submit", "noop", "--wait", "--json", env=ZH)
+    chinese_job = module_daemon.ctl("submit", "noop", "--wait", "--json", env=ZH)
     chinese_id = json.loads(chinese_job.stdout)["id"]
-    trace = daemon.stdout_text()
+    trace = module_daemon.stdout_text()
     assert chinese_id in trace
     assert not any("\u4e00" <= char <= "\u9fff" for char in trace)
 
