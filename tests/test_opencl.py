@@ -21,7 +21,7 @@ import pytest
 
 from taogpud.backends.opencl import probe as opencl_probe
 from taogpud.client import ApiError, Client
-from taogpud.testing import RunningDaemon
+from taogpud.testing import RunningDaemon, running
 
 pytestmark = pytest.mark.xdist_group("opencl")  # one worker: the daemons share the PoCL cache
 
@@ -57,6 +57,18 @@ def pocl_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("pocl-cache")
 
 
+def pocl_env(pocl_cache: Path) -> dict[str, str]:
+    return {**TWO_DEVICES, "POCL_CACHE_DIR": str(pocl_cache)}
+
+
+@pytest.fixture(scope="module")
+def opencl_daemon(pocl_cache: Path) -> Iterator[RunningDaemon]:
+    """One daemon on the default pair (both devices, half their memory each) for the tests
+    that read only their own jobs; they carry `process` themselves (no fixture here says so)."""
+    with running(opencl_settings(), opencl_config(), pocl_env(pocl_cache)) as daemon:
+        yield daemon
+
+
 @pytest.fixture
 def start_opencl(
     daemon_factory: Callable[..., RunningDaemon], pocl_cache: Path
@@ -67,7 +79,7 @@ def start_opencl(
         env: dict[str, str] | None = None,
         wait_ready: bool = True,
     ) -> RunningDaemon:
-        full_env = {**TWO_DEVICES, "POCL_CACHE_DIR": str(pocl_cache), **(env or {})}
+        full_env = {**pocl_env(pocl_cache), **(env or {})}
         return daemon_factory(
             settings or opencl_settings(), config or opencl_config(), full_env, wait_ready
         )
@@ -97,10 +109,11 @@ def output(client: Client, job: dict[str, Any], name: str) -> np.ndarray[Any, An
 
 
 @requires_opencl
-def test_every_kernel_equals_numpy(start_opencl: Callable[..., RunningDaemon]) -> None:
+@pytest.mark.process
+def test_every_kernel_equals_numpy(opencl_daemon: RunningDaemon) -> None:
     """vector_add, saxpy and sort give NumPy's exact answer on uploaded data, matmul and
     reduce_sum NumPy's to float32 rounding; each job says backend=opencl, on a CPU device."""
-    daemon = start_opencl()
+    daemon = opencl_daemon
     rng = np.random.default_rng(7)
     a, b = rng.standard_normal(100_003, dtype=np.float32), rng.random(100_003, dtype=np.float32)
     left, right = rng.random((67, 45), dtype=np.float32), rng.random((45, 33), dtype=np.float32)
@@ -132,22 +145,24 @@ def test_every_kernel_equals_numpy(start_opencl: Callable[..., RunningDaemon]) -
 
 
 @requires_opencl
-def test_float64_and_generated_inputs(start_opencl: Callable[..., RunningDaemon]) -> None:
-    """float64 runs in double precision on the device; generated inputs give finite answers,
-    the same for the same seed; a sort with NaNs puts them last, as NumPy does."""
-    daemon = start_opencl(config=opencl_config(devices=0))
+@pytest.mark.process
+def test_float64_and_generated_inputs(opencl_daemon: RunningDaemon) -> None:
+    """float64 runs in double precision on the device (each job on opencl:0); generated inputs
+    give finite answers, the same for the same seed; a sort with NaNs puts them last, as NumPy
+    does."""
+    daemon = opencl_daemon
     x = np.array([3.5, np.nan, -1.0, -0.0, np.inf, 2.0, np.nan, -np.inf], dtype=np.float64)
     with daemon.client() as client:
         ordered = run_ok(
             client, "sort", {"dtype": "float64"}, inputs={"x": client.upload_array(x)["id"]},
-            keep_outputs=True,
+            keep_outputs=True, device=0,
         )  # fmt: skip
         got = output(client, ordered, "sorted")
         assert got.dtype == np.float64
         np.testing.assert_array_equal(got, np.sort(x))
         assert ordered["result"]["nan_count"] == 2 and ordered["result"]["is_sorted"] is True
-        first = run_ok(client, "saxpy", {"size": 5000, "dtype": "float64", "seed": 3})
-        again = run_ok(client, "saxpy", {"size": 5000, "dtype": "float64", "seed": 3})
+        first = run_ok(client, "saxpy", {"size": 5000, "dtype": "float64", "seed": 3}, device=0)
+        again = run_ok(client, "saxpy", {"size": 5000, "dtype": "float64", "seed": 3}, device=0)
         assert first["result"]["checksum"] == again["result"]["checksum"]
         assert 0 < first["result"]["checksum"] < 3 * 5000
 
