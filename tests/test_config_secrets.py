@@ -113,7 +113,7 @@ def test_a_running_daemon_shows_none_of_them(
     daemon = daemon_factory(
         settings,
         {"api": {"base_url": url}, "relay": {"enabled": True}},
-        env={"TAOGPUD_CONFIG__RELOAD__QUIET_S": "0.5", "TAOTOKEN_API_KEY": TYPED[::-1] + "k"},
+        env={"TAOGPUD_CONFIG__RELOAD__QUIET_S": "0.1", "TAOTOKEN_API_KEY": TYPED[::-1] + "k"},
     )
     with daemon.client() as client:
         shown = [client.config(), client.relay_status()]

@@ -470,16 +470,16 @@ def test_the_key_never_appears(daemon_home: Path) -> None:
     assert SECRET not in daemon.log_path.read_text() + daemon.stderr()
 
 
-def test_second_daemon_on_the_same_socket_refuses(daemon: RunningDaemon) -> None:
+def test_second_daemon_on_the_same_socket_refuses(module_daemon: RunningDaemon) -> None:
     """A second taogpud on a live socket exits 75 (may pass later) saying another one serves
     there."""
     result = subprocess.run(  # its own state dir: never the host's /var/lib/taogpud
-        daemon_command(daemon.home, state_name="other-state"),
+        daemon_command(module_daemon.home, state_name="other-state"),
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 75
     assert "already serving" in result.stderr
-    with daemon.client() as client:
+    with module_daemon.client() as client:
         assert client.health()["ok"]
 
 
