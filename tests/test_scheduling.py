@@ -30,6 +30,67 @@ def wait_all(daemon: DaemonHandle, ids: list[str]) -> list[dict[str, Any]]:
         return [client.wait(job_id, timeout_s=60) for job_id in ids]
 
 
+# --- on the module's one daemon: each test's jobs are its own (its own affinity keys too) ---
+
+
+def test_affinity_key_sticks_to_its_first_device(module_inprocess_daemon: InProcessDaemon) -> None:
+    """Jobs with one affinity key stay on the device the key first landed on."""
+    with module_inprocess_daemon.client() as client:
+        first_a = client.run("noop", affinity="A")["device"]
+        first_b = client.run("noop", affinity="B")["device"]
+        later = [(client.run("noop", affinity=key)["device"], key) for key in "ABAB" * 2]
+    assert first_a != first_b
+    assert all(device == (first_a if key == "A" else first_b) for device, key in later)
+
+
+def test_pinned_device(module_inprocess_daemon: InProcessDaemon) -> None:
+    """--device 1 runs on cpu:1; an unknown device is refused with the list of devices."""
+    with module_inprocess_daemon.client() as client:
+        assert client.run("noop", device=1)["device"] == "cpu:1"
+        with pytest.raises(ApiError) as refused:
+            client.submit("noop", device=7)
+    assert refused.value.code == "invalid_request"
+    assert "devices: 0, 1" in refused.value.hint
+
+
+def test_a_requested_device_wins_over_the_affinity_key(
+    module_inprocess_daemon: InProcessDaemon,
+) -> None:
+    """A job that names a device runs there, even when its affinity key landed elsewhere."""
+    with module_inprocess_daemon.client() as client:
+        first = client.run("noop", affinity="K")["device_index"]
+        other = 1 - first
+        moved = client.run("noop", affinity="K", device=other)
+        again = client.run("noop", affinity="K")
+    assert moved["device_index"] == other
+    assert again["device_index"] == first  # the key stays where it first landed
+
+
+def test_cancel_running_job_stops_it(module_inprocess_daemon: InProcessDaemon) -> None:
+    """A running sleep of 60 s is cancelled at once; its slot is free for the next job."""
+    with module_inprocess_daemon.client() as client:
+        job = client.submit("sleep", {"ms": 60_000}, device=0)
+        module_inprocess_daemon.wait_running(job["id"])
+        cancelled = client.cancel(job["id"])
+        after = client.run("noop", device=0)
+    assert cancelled["status"] == "cancelled"
+    assert cancelled["run_ms"] < 60_000
+    assert after["status"] == "succeeded"
+
+
+def test_timeout_ends_a_long_job(module_inprocess_daemon: InProcessDaemon) -> None:
+    """A job past its timeout_s ends timed_out with a clear error."""
+    with module_inprocess_daemon.client() as client:
+        job = client.run("sleep", {"ms": 60_000}, timeout_s=0.3)
+    assert job["status"] == "timed_out"
+    assert job["error"]["code"] == "timed_out"
+    assert "0.3" in job["error"]["message"]
+
+
+# --- on a daemon of their own: a config of their own, or the daemon's whole state read ------
+# (round robin from its first device, every job.succeeded line, the most running at once)
+
+
 def test_cap_of_three_holds_for_twenty_sleep_jobs(
     inprocess_factory: Callable[..., InProcessDaemon],
 ) -> None:
@@ -72,16 +133,6 @@ def test_least_loaded_reuses_the_idle_first_device(
     assert other["device"] == "cpu:1"
 
 
-def test_affinity_key_sticks_to_its_first_device(inprocess_daemon: InProcessDaemon) -> None:
-    """Jobs with one affinity key stay on the device the key first landed on."""
-    with inprocess_daemon.client() as client:
-        first_a = client.run("noop", affinity="A")["device"]
-        first_b = client.run("noop", affinity="B")["device"]
-        later = [(client.run("noop", affinity=key)["device"], key) for key in "ABAB" * 2]
-    assert first_a != first_b
-    assert all(device == (first_a if key == "A" else first_b) for device, key in later)
-
-
 def test_affinity_waits_for_its_device_rather_than_moving(
     inprocess_factory: Callable[..., InProcessDaemon],
 ) -> None:
@@ -93,27 +144,6 @@ def test_affinity_waits_for_its_device_rather_than_moving(
         first = client.wait(first["id"])
     assert second["device"] == first["device"]
     assert second["queue_ms"] > 100
-
-
-def test_pinned_device(inprocess_daemon: InProcessDaemon) -> None:
-    """--device 1 runs on cpu:1; an unknown device is refused with the list of devices."""
-    with inprocess_daemon.client() as client:
-        assert client.run("noop", device=1)["device"] == "cpu:1"
-        with pytest.raises(ApiError) as refused:
-            client.submit("noop", device=7)
-    assert refused.value.code == "invalid_request"
-    assert "devices: 0, 1" in refused.value.hint
-
-
-def test_a_requested_device_wins_over_the_affinity_key(inprocess_daemon: InProcessDaemon) -> None:
-    """A job that names a device runs there, even when its affinity key landed elsewhere."""
-    with inprocess_daemon.client() as client:
-        first = client.run("noop", affinity="K")["device_index"]
-        other = 1 - first
-        moved = client.run("noop", affinity="K", device=other)
-        again = client.run("noop", affinity="K")
-    assert moved["device_index"] == other
-    assert again["device_index"] == first  # the key stays where it first landed
 
 
 def test_priority_runs_first(inprocess_factory: Callable[..., InProcessDaemon]) -> None:
@@ -141,27 +171,6 @@ def test_cancel_queued_job_never_runs(inprocess_factory: Callable[..., InProcess
     assert cancelled["status"] == "cancelled"
     assert cancelled["error"]["code"] == "cancelled"
     assert queued["id"] not in [e["job_id"] for e in daemon.events("job.running")]
-
-
-def test_cancel_running_job_stops_it(inprocess_daemon: InProcessDaemon) -> None:
-    """A running sleep of 60 s is cancelled at once; its slot is free for the next job."""
-    with inprocess_daemon.client() as client:
-        job = client.submit("sleep", {"ms": 60_000}, device=0)
-        inprocess_daemon.wait_running(job["id"])
-        cancelled = client.cancel(job["id"])
-        after = client.run("noop", device=0)
-    assert cancelled["status"] == "cancelled"
-    assert cancelled["run_ms"] < 60_000
-    assert after["status"] == "succeeded"
-
-
-def test_timeout_ends_a_long_job(inprocess_daemon: InProcessDaemon) -> None:
-    """A job past its timeout_s ends timed_out with a clear error."""
-    with inprocess_daemon.client() as client:
-        job = client.run("sleep", {"ms": 60_000}, timeout_s=0.3)
-    assert job["status"] == "timed_out"
-    assert job["error"]["code"] == "timed_out"
-    assert "0.3" in job["error"]["message"]
 
 
 def test_full_queue_answers_queue_full(inprocess_factory: Callable[..., InProcessDaemon]) -> None:
