@@ -11,48 +11,52 @@ from taogpud.testing import Ctl
 from tests.test_cli import assert_one_error_line, json_out
 
 
-def test_guide_run_with_its_own_flags(inprocess_ctl: Ctl, inprocess_daemon: Any) -> None:
+def test_guide_run_with_its_own_flags(
+    module_inprocess_ctl: Ctl, module_inprocess_daemon: Any
+) -> None:
     """`run --config "$OPENCLAW_CONFIG" --task vector_add --size 1000000` with the daemon's own
     config.toml: exit 0, `device=cpu:N backend=cpu` on the line, no warning."""
-    config = str(inprocess_daemon.home / "config.toml")
-    result = inprocess_ctl("run", "--config", config, "--task", "vector_add", "--size", "1000000")
+    config = str(module_inprocess_daemon.home / "config.toml")
+    result = module_inprocess_ctl(
+        "run", "--config", config, "--task", "vector_add", "--size", "1000000"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     line = next(line for line in result.stdout.splitlines() if line.startswith("job "))
     assert " succeeded task=vector_add device=cpu:" in line
     assert " backend=cpu " in line
     assert "WARNING" not in result.stderr
-    as_json = json_out(inprocess_ctl("run", "--task", "noop", "--json"))
+    as_json = json_out(module_inprocess_ctl("run", "--task", "noop", "--json"))
     assert as_json["status"] == "succeeded"
 
 
 def test_guide_run_warns_when_the_daemon_reads_other_files(
-    inprocess_ctl: Ctl, tmp_path: Any
+    module_inprocess_ctl: Ctl, tmp_path: Any
 ) -> None:
     """`run --config OTHER`: the job runs, and a warning says the daemon used its own file."""
     other = tmp_path / "config.toml"
     other.write_text("[runtime]\n")
-    result = inprocess_ctl("run", "--config", str(other), "--task", "noop")
+    result = module_inprocess_ctl("run", "--config", str(other), "--task", "noop")
     assert result.returncode == 0, result.stderr
     assert f"not {other}: this job says nothing about {other}" in result.stderr
 
 
 @pytest.mark.parametrize("flag", ["--config", "--settings"])
 def test_guide_run_with_a_file_that_is_not_there_is_a_usage_error(
-    inprocess_ctl: Ctl, flag: str
+    module_inprocess_ctl: Ctl, flag: str
 ) -> None:
     """`run --config /nonexistent.toml` (a mistyped $OPENCLAW_CONFIG): exit 2 naming the path,
     and no job run, so the guide's check cannot pass on a file nobody read (it warned and
     exited 0)."""
-    result = inprocess_ctl("run", flag, "/nonexistent.toml", "--task", "noop")
+    result = module_inprocess_ctl("run", flag, "/nonexistent.toml", "--task", "noop")
     line = assert_one_error_line(result, 2)
     assert "/nonexistent.toml" in line and "no such file" in line
     assert "job " not in result.stdout
 
 
-def test_show_evidence_on_cpu_says_there_is_none(inprocess_ctl: Ctl) -> None:
+def test_show_evidence_on_cpu_says_there_is_none(module_inprocess_ctl: Ctl) -> None:
     """`show ID --evidence` of a CPU job: the device and backend, and why there is no NVML."""
-    job_id = json_out(inprocess_ctl("submit", "noop", "--wait", "--json"))["id"]
-    result = inprocess_ctl("show", job_id, "--evidence")
+    job_id = json_out(module_inprocess_ctl("submit", "noop", "--wait", "--json"))["id"]
+    result = module_inprocess_ctl("show", job_id, "--evidence")
     assert result.returncode == 0, result.stderr
     assert f"job {job_id} device=cpu:" in result.stdout
     assert "no NVML evidence: the job ran on cpu" in result.stdout
