@@ -30,7 +30,8 @@ from taogpud.client import Client
 from taogpud.testing import RunningDaemon
 from taogpud.testing.fake_provider import FakeProvider, fake_provider
 
-pytestmark = _needs_root  # real users: root and useradd (CI runs as root)
+# real users (root and useradd: CI runs as root); one worker, so that module_quickd starts once
+pytestmark = [_needs_root, pytest.mark.xdist_group("doors")]
 KEY = "sk-doors-" + "0123456789abcdef" * 2
 PER_UID, WITHOUT_UID, IN_ALL = 12, 6, 200
 FLOOD_EXTRA = 30  # connections past the cap each flood opens

@@ -37,6 +37,10 @@ TOOLS = {"gpu_status", "run_task", "run_program", "job", "job_logs", "cancel_job
 Scenario = Callable[[ClientSession], Awaitable[Any]]
 
 
+# Its tests run on one worker (--dist loadgroup), so that its shared daemon starts once.
+pytestmark = pytest.mark.xdist_group("mcp")
+
+
 @pytest.fixture
 def daemon(module_daemon: RunningDaemon) -> RunningDaemon:
     """One daemon for the module, its trace begun at each test's start: the tests here run

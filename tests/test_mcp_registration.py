@@ -27,6 +27,9 @@ from test_real_tools import CLAUDE_CODE_VERSION, CODEX_VERSION, tool_binary
 from taogpud.agents.registration import SERVER_NAME, claude_code_lines, server_entry
 from taogpud.testing import RunningDaemon, ctl_env
 
+# Its tests run on one worker (--dist loadgroup), so that its shared relay starts once.
+pytestmark = pytest.mark.xdist_group("mcp_registration")
+
 
 @pytest.fixture
 def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:

@@ -35,6 +35,10 @@ from taogpud.testing.fake_provider import (
 _CLIENTS: list[openai.OpenAI | anthropic.Anthropic] = []
 
 
+# Its tests run on one worker (--dist loadgroup), so that its shared relay starts once.
+pytestmark = pytest.mark.xdist_group("relay")
+
+
 @pytest.fixture
 def provider(shared_provider: FakeProvider) -> FakeProvider:
     """The tests here that take `relayd` read only their own answers and trace lines: one

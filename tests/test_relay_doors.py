@@ -25,6 +25,10 @@ FLOOD = 300
 MARK = "doors-flood-marker"
 
 
+# Its tests run on one worker (--dist loadgroup), so that its shared relay starts once.
+pytestmark = pytest.mark.xdist_group("relay_doors")
+
+
 @pytest.fixture
 def provider(shared_provider: FakeProvider) -> FakeProvider:
     """The tests here that take `relayd` read only their own answers and trace lines: one

@@ -18,6 +18,10 @@ UTF8 = "naïve ✓ 東京".encode()
 LATIN1 = "café".encode("latin-1")  # 0xE9 alone: not UTF-8
 
 
+# Its tests run on one worker (--dist loadgroup), so that its shared relay starts once.
+pytestmark = pytest.mark.xdist_group("relay_headers")
+
+
 @pytest.fixture
 def provider(shared_provider: FakeProvider) -> FakeProvider:
     """The tests here read only their own answers: one relay and provider for them all."""

@@ -40,6 +40,10 @@ def relay_provider_settings() -> dict[str, Any]:
     return {"maxRetries": 0}
 
 
+# Its tests run on one worker (--dist loadgroup), so that its shared relay starts once.
+pytestmark = pytest.mark.xdist_group("relay_key")
+
+
 @pytest.fixture
 def provider(shared_provider: FakeProvider) -> FakeProvider:
     """The tests here read only their own answers: one relay and provider for them all."""

@@ -36,6 +36,10 @@ OUTSIDE = [
 UNDER = ["/v1/models", "/v1/models/a%20b", "/v1/models/a..b", "/v1/files/..."]
 
 
+# Its tests run on one worker (--dist loadgroup), so that its shared relay starts once.
+pytestmark = pytest.mark.xdist_group("relay_paths")
+
+
 @pytest.fixture
 def provider(shared_provider: FakeProvider) -> FakeProvider:
     """The tests here read only their own answers: one relay and provider for them all."""

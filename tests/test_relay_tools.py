@@ -38,6 +38,10 @@ def _close_clients() -> Iterator[None]:
         _CLIENTS.pop().close()
 
 
+# Its tests run on one worker (--dist loadgroup), so that its shared relay starts once.
+pytestmark = pytest.mark.xdist_group("relay_tools")
+
+
 @pytest.fixture
 def provider(shared_provider: FakeProvider) -> FakeProvider:
     """The tests here that take `relayd` read only their own answers and trace lines: one
