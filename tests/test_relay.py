@@ -461,13 +461,22 @@ def ctl(daemon: RunningDaemon, home: Any, *args: str) -> subprocess.CompletedPro
     return daemon.ctl(*args, env={"XDG_CONFIG_HOME": str(home)}, timeout_s=60)
 
 
+SONNET = "claude-sonnet-4"  # what the alias `default` stands for
+
+
+def sonnet_served(status: dict[str, Any]) -> int:
+    """The requests for SONNET answered 200 that `relay status` counts, by anyone."""
+    rows = status["use"]
+    return sum(row["requests"] for row in rows if (row["model"], row["status"]) == (SONNET, 200))
+
+
 @pytest.mark.slow
 def test_taogpuctl_relay_token_env_status_and_doctor(
-    daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider, tmp_path: Any
+    relayd: RunningDaemon, provider: FakeProvider, tmp_path: Any
 ) -> None:
     """`relay token` keeps the token 0600; `relay env` prints lines an SDK works with;
     `relay status` shows the use; `doctor` passes the relay check end to end."""
-    relayd = start_relay(daemon_factory, provider.base_url)  # its use: this test's alone
+    before = sonnet_served(unix_get(relayd, "GET", "/v1/relay/status").json())  # shared relay
     saved = ctl(relayd, tmp_path, "relay", "token")
     assert saved.returncode == 0, saved.stderr
     (path,) = (tmp_path / "taogpud").glob("relay-token@*")
@@ -481,7 +490,7 @@ def test_taogpuctl_relay_token_env_status_and_doctor(
     entry = json.loads(claw.split("\n", 1)[1])["models"]["providers"]["taogpud"]
     assert entry["api"] == "openai-completions" and entry["apiKey"] == env["OPENAI_API_KEY"]
     status = json.loads(ctl(relayd, tmp_path, "relay", "status", "--json").stdout)
-    assert status["enabled"] and status["use"][0]["model"] == "claude-sonnet-4"
+    assert status["enabled"] and sonnet_served(status) == before + 1
     doctor = json.loads(ctl(relayd, tmp_path, "doctor", "--json").stdout)
     relay_check = next(c for c in doctor["checks"] if c["name"] == "relay")
     assert relay_check["status"] == "pass", relay_check
