@@ -177,7 +177,7 @@ def test_websocket_sessions_give_their_place_back_and_outlive_the_body_clock(
 
     tight = {
         "TAOGPUD_CONFIG__SERVER__MAX_CONNECTIONS_WITHOUT_UID": "2",
-        "TAOGPUD_CONFIG__SERVER__BODY_TIMEOUT_S": "1",
+        "TAOGPUD_CONFIG__SERVER__BODY_TIMEOUT_S": "0.5",  # no request here has a body
     }
     daemon = start_relay(daemon_factory, provider.base_url, env=tight)
     token, base = token_of(daemon)
@@ -187,7 +187,7 @@ def test_websocket_sessions_give_their_place_back_and_outlive_the_body_clock(
         headers = {"authorization": f"Bearer {token}"}
         with connect(url, additional_headers=headers, open_timeout=30) as ws:
             if session == 0:
-                time.sleep(2)  # past body_timeout_s: the session must still be there
+                time.sleep(1)  # past body_timeout_s: the session must still be there
             ws.send(create)
             events = [json.loads(ws.recv(timeout=30))]
             while events[-1]["type"] != "response.completed":
