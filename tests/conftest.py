@@ -221,6 +221,13 @@ def _host_state_dir_untouched() -> Iterator[None]:
         pytest.fail(f"a daemon used {HOST_STATE_DIR} ({holder}): start daemons with --state-dir")
 
 
+@pytest.fixture(scope="session")
+def pocl_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The POCL_CACHE_DIR of every OpenCL daemon of a session (test_opencl, test_shm_opencl,
+    in one xdist group): a kernel is built cold once, then read from here."""
+    return tmp_path_factory.mktemp("pocl-cache")
+
+
 def fill(folder: Path) -> Path:
     """A file that takes every free byte of `folder`'s file system (until ENOSPC)."""
     filler = folder / "filler"

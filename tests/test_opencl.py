@@ -52,11 +52,6 @@ def opencl_config(devices: Any = (0, 1), platform_index: int = 0) -> dict[str, A
     }
 
 
-@pytest.fixture(scope="session")
-def pocl_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("pocl-cache")
-
-
 def pocl_env(pocl_cache: Path) -> dict[str, str]:
     return {**TWO_DEVICES, "POCL_CACHE_DIR": str(pocl_cache)}
 

@@ -17,16 +17,14 @@ from taogpud.client import DaemonUnreachable
 from taogpud.testing import RunningDaemon
 from tests.test_opencl import opencl_config, opencl_settings, requires_opencl
 
+pytestmark = pytest.mark.xdist_group("opencl")  # test_opencl's worker: its PoCL cache is warm
 WARM_TIMEOUT_S = 300  # PoCL builds every kernel at warm-up: minutes on a busy 2-core host
 
 
 @pytest.fixture
-def opencl_daemon(
-    daemon_factory: Callable[..., RunningDaemon], tmp_path_factory: pytest.TempPathFactory
-) -> RunningDaemon:
-    """One PoCL device, warm."""
-    cache: Path = tmp_path_factory.mktemp("pocl-cache")
-    env = {"POCL_DEVICES": "pthread", "POCL_CACHE_DIR": str(cache)}
+def opencl_daemon(daemon_factory: Callable[..., RunningDaemon], pocl_cache: Path) -> RunningDaemon:
+    """One PoCL device, warm (its kernels built once a session, in the session's cache)."""
+    env = {"POCL_DEVICES": "pthread", "POCL_CACHE_DIR": str(pocl_cache)}
     daemon = daemon_factory(opencl_settings(), opencl_config((0,)), env, False)
     deadline = time.monotonic() + WARM_TIMEOUT_S
     while time.monotonic() < deadline and daemon.proc.poll() is None:
