@@ -21,7 +21,7 @@ import pytest
 
 from taogpud.backends.opencl import probe as opencl_probe
 from taogpud.client import ApiError, Client
-from taogpud.testing import RunningDaemon, running
+from taogpud.testing import RunningDaemon, new_home, remove_home, start_daemon, wait_for_ready
 
 pytestmark = pytest.mark.xdist_group("opencl")  # one worker: the daemons share the PoCL cache
 
@@ -31,6 +31,7 @@ requires_opencl = pytest.mark.skipif(
 )
 
 TWO_DEVICES = {"POCL_DEVICES": "pthread pthread"}
+COLD_READY_S = 300  # the session's first daemon builds every kernel: a minute at load 8 here
 
 
 def opencl_settings(fraction: float = 0.5, fallback: bool = False) -> dict[str, Any]:
@@ -59,9 +60,18 @@ def pocl_env(pocl_cache: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def opencl_daemon(pocl_cache: Path) -> Iterator[RunningDaemon]:
     """One daemon on the default pair (both devices, half their memory each) for the tests
-    that read only their own jobs; they carry `process` themselves (no fixture here says so)."""
-    with running(opencl_settings(), opencl_config(), pocl_env(pocl_cache)) as daemon:
-        yield daemon
+    that read only their own jobs; they carry `process` themselves (no fixture here says so).
+    The first of the session: its kernels may be built cold, so it has longer to get ready."""
+    home = new_home()
+    try:
+        daemon = start_daemon(home, opencl_settings(), opencl_config(), pocl_env(pocl_cache), False)
+        try:
+            wait_for_ready(daemon, COLD_READY_S)
+            yield daemon
+        finally:
+            daemon.stop()
+    finally:
+        remove_home(home)
 
 
 @pytest.fixture
