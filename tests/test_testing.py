@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -321,3 +322,16 @@ def test_tests_import_the_harness_one_way() -> None:
         "import taogpud.testing\n"
     )
     assert len(harness_imports_elsewhere(other_ways)) == 5
+
+
+def test_a_modules_shared_in_process_daemon_gives_way_to_a_test_of_its_own(
+    shared_inprocess: Any, inprocess_factory: Callable[..., InProcessDaemon]
+) -> None:
+    """tests/conftest.py's module_inprocess_daemon: the same daemon to each sharer; a test
+    that starts one of its own stops the shared one first (one runs at a time), and the next
+    sharer starts another."""
+    first = shared_inprocess.get()
+    assert shared_inprocess.get() is first and first.healthy()
+    own = inprocess_factory()
+    assert own.healthy() and not first.healthy()
+    assert shared_inprocess.daemon is None  # the next get() starts a new one
