@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -418,45 +418,6 @@ def test_killed_worker_fails_its_job_and_is_replaced(inprocess_daemon: InProcess
     assert workers[0]["restarts"] == 1
 
 
-def test_sigterm_lets_running_jobs_finish(daemon: RunningDaemon) -> None:
-    """SIGTERM: the 4 running jobs finish, the daemon exits 0 and removes its socket."""
-    with daemon.client() as client:
-        running = [client.submit("sleep", {"ms": 500})["id"] for _ in range(4)]
-    daemon.wait_running(running[-1])
-    assert daemon.stop(signal.SIGTERM) == 0
-    finished = {
-        e["job_id"]: e["event"]
-        for e in daemon.events()
-        if e.get("event", "").startswith("job.") and e.get("job_id")
-    }
-    assert [finished[job_id] for job_id in running] == ["job.succeeded"] * 4
-    assert daemon.events("daemon.stopped")
-    assert not daemon.socket_path.exists()
-
-
-def test_jobs_queued_at_sigterm_run_after_the_restart(
-    daemon_factory: Callable[..., RunningDaemon],
-) -> None:
-    """SIGTERM lets the running job finish; the queued ones stay queued and run after a restart."""
-    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 1}})
-    with daemon.client() as client:
-        running = client.submit("sleep", {"ms": 400})["id"]
-        queued = [client.submit("noop")["id"] for _ in range(3)]
-    assert daemon.stop(signal.SIGTERM) == 0
-    states = {e["job_id"]: e["event"] for e in daemon.events() if e.get("job_id")}
-    assert states[running] == "job.succeeded"
-    assert [states[j] for j in queued] == ["job.queued"] * 3
-    again = daemon.restart()
-    try:
-        with again.client() as client:
-            finished = [client.wait(job_id, timeout_s=30) for job_id in queued]
-            first = client.get(running)
-    finally:
-        again.stop()
-    assert [job["status"] for job in finished] == ["succeeded"] * 3
-    assert first["status"] == "succeeded"  # finished jobs stay readable after the restart
-
-
 def test_the_key_never_appears(daemon_home: Path) -> None:
     """The API key from the environment shows in no log line and no API response."""
     daemon = start_daemon(daemon_home / "key", None, None, env={"TAOTOKEN_API_KEY": SECRET})
@@ -606,23 +567,95 @@ def test_a_submit_over_64_kib_runs(module_daemon: RunningDaemon) -> None:
     assert (status, job["status"]) == (201, "succeeded")
 
 
-def test_a_submit_waiting_at_sigterm_is_answered_with_its_job_as_it_is(
-    daemon_factory: Callable[..., RunningDaemon],
-) -> None:
-    """SIGTERM while a client waits on a queued job: the running one finishes, then the
-    waiter gets its job, still queued (it runs after a restart), not a dropped connection."""
-    daemon = daemon_factory(config={"scheduling": {"max_concurrent_tasks": 1}})
+# -- SIGTERM: one scenario that three tests read ---------------------------------------------
+
+
+class Drained(NamedTuple):
+    """Four jobs running (the cap is 4) and four queued, one of them by a submit still
+    waiting on it, at SIGTERM; then a restart, until the queued ones ended."""
+
+    daemon: RunningDaemon  # the run that drained (stopped): its trace
+    exit_code: int
+    socket_left: bool  # whether its socket file was there once it had exited
+    running: list[str]  # the four 1.5 s jobs
+    queued: list[str]  # three submitted without waiting
+    waiter: tuple[int, dict[str, Any]]  # the waiting submit's answer: status, job
+    waiter_closed: bytes  # what came on its connection after the answer
+    after_restart: list[dict[str, Any]]  # the queued jobs, waited for after the restart
+    first_after_restart: dict[str, Any]  # the first running job, read after the restart
+
+
+@pytest.fixture(scope="module")
+def drained(module_daemon_factory: Callable[..., RunningDaemon]) -> Drained:
+    """The scenario (1.5 s jobs: what happens between their start and SIGTERM takes far less)."""
+    daemon = module_daemon_factory(config={"scheduling": {"max_concurrent_tasks": 4}})
     with daemon.client() as client:
-        running = client.submit("sleep", {"ms": 400})["id"]
+        running = [client.submit("sleep", {"ms": 1500})["id"] for _ in range(4)]
+        daemon.wait_running(running[-1])
+        queued = [client.submit("noop")["id"] for _ in range(3)]
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(30)
         sock.connect(str(daemon.socket_path))
         sock.sendall(_submit_bytes(b'{"task": "noop"}'))
-        daemon.wait_for_event(lambda e: e.get("event") == "job.queued" and e["task"] == "noop")
+        daemon.wait_for_event(
+            lambda e: (
+                e.get("event") == "job.queued" and e["task"] == "noop" and e["job_id"] not in queued
+            )
+        )
         daemon.proc.send_signal(signal.SIGTERM)
         ((status, job),) = _responses(sock, 1)
-        assert sock.recv(100) == b""  # then closed: the daemon is stopping
-    assert daemon.proc.wait(30) == 0
+        closed = sock.recv(100)  # the daemon is stopping
+    exit_code = daemon.proc.wait(30)
+    socket_left = daemon.socket_path.exists()
+    again = daemon.restart()
+    try:
+        with again.client() as client:
+            after = [dict(client.wait(job_id, timeout_s=30)) for job_id in queued]
+            first = dict(client.get(running[0]))
+    finally:
+        again.stop()
+    waiter = (status, job)
+    return Drained(daemon, exit_code, socket_left, running, queued, waiter, closed, after, first)
+
+
+def last_states(daemon: RunningDaemon, prefix: str = "") -> dict[str, str]:
+    """Each job's last event in the daemon's trace (of those whose name starts `prefix`)."""
+    return {
+        e["job_id"]: e["event"]
+        for e in daemon.events()
+        if e.get("event", "").startswith(prefix) and e.get("job_id")
+    }
+
+
+@pytest.mark.xdist_group("drained")  # one worker, so the scenario runs once
+def test_sigterm_lets_running_jobs_finish(drained: Drained) -> None:
+    """SIGTERM: the 4 running jobs finish, the daemon exits 0 and removes its socket."""
+    states = last_states(drained.daemon, "job.")
+    assert drained.exit_code == 0
+    assert [states[job_id] for job_id in drained.running] == ["job.succeeded"] * 4
+    assert drained.daemon.events("daemon.stopped")
+    assert not drained.socket_left
+
+
+@pytest.mark.xdist_group("drained")
+def test_jobs_queued_at_sigterm_run_after_the_restart(drained: Drained) -> None:
+    """SIGTERM lets the running jobs finish; the queued ones stay queued and run after a
+    restart."""
+    states = last_states(drained.daemon)
+    assert drained.exit_code == 0
+    assert [states[j] for j in drained.running] == ["job.succeeded"] * 4
+    assert [states[j] for j in drained.queued] == ["job.queued"] * 3
+    assert [job["status"] for job in drained.after_restart] == ["succeeded"] * 3
+    assert drained.first_after_restart["status"] == "succeeded"  # finished jobs stay readable
+
+
+@pytest.mark.xdist_group("drained")
+def test_a_submit_waiting_at_sigterm_is_answered_with_its_job_as_it_is(drained: Drained) -> None:
+    """SIGTERM while a client waits on a queued job: the running ones finish, then the
+    waiter gets its job, still queued (it runs after a restart), not a dropped connection."""
+    status, job = drained.waiter
     assert (status, job["status"]) == (201, "queued")
-    states = {e["job_id"]: e["event"] for e in daemon.events() if e.get("job_id")}
-    assert states[running] == "job.succeeded"
+    assert drained.waiter_closed == b""  # then closed: the daemon is stopping
+    assert drained.exit_code == 0
+    states = last_states(drained.daemon)
+    assert [states[j] for j in drained.running] == ["job.succeeded"] * 4
