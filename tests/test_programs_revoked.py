@@ -7,6 +7,7 @@ The in-process daemon on the CPU pair (two devices, two slots each). This proces
 starter that never starts its program (a client of the raw API that asks for a lease and
 does nothing with it), or a ProgramRun holding a grant the daemon has since revoked: its
 start comes after the revoke, as a starter's that was slow (SIGSTOPped, swapped out) does.
+The tests share the module's in-process daemon (`shared`), each leaving it as it found it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ def forever(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def shared(module_inprocess_daemon: InProcessDaemon) -> Iterator[InProcessDaemon]:
+    """The module's daemon, left as the test found it: what its leases still hold afterwards
+    (this process asked for them and started nothing) is cancelled and answered for, as a
+    starter that never started its program answers; so every device is free again."""
+    yield module_inprocess_daemon
+    with module_inprocess_daemon.client() as client:
+        for job in client.list_jobs():
+            if not _ended(job):
+                client.cancel(job["id"])
+            if job["task"] == "program" and job["program"]["pid"] is None:
+                client.program_exited(job["id"], exit_code=None, not_started="none started")
+
+
+@pytest.fixture
 def program() -> Iterator[subprocess.Popen[bytes]]:
     """A process of this one's, to report as a program's (it is this process's descendant)."""
     process = subprocess.Popen(["sleep", "600"])
@@ -64,6 +79,10 @@ def _when_granted(client: Client, job: Any) -> dict[str, Any]:
     return dict(job)
 
 
+def _ended(job: Any) -> bool:
+    return job["status"] not in ("queued", "running")
+
+
 def _phase(client: Client, job_id: str) -> str:
     return str(client.lease(job_id)["phase"])
 
@@ -85,13 +104,13 @@ def _refused_as_revoked(status: int, answer: Any, job_id: str) -> None:
 
 @pytest.mark.usefixtures("forever")
 def test_a_cancel_ends_a_lease_never_started_and_its_devices_wait_for_its_starter(
-    inprocess_daemon: InProcessDaemon, program: subprocess.Popen[bytes]
+    shared: InProcessDaemon, program: subprocess.Popen[bytes]
 ) -> None:
     """Cancelled while its starter (this process) lives and has started nothing: the job ends
     `cancelled` in the cancel's own answer. The program queued behind it is not placed
     while that starter could still start on those devices; its start, reported after, is
     refused (409 lease_revoked), and then the queued program gets them."""
-    with inprocess_daemon.client() as client:
+    with shared.client() as client:
         holder, waiting = _hold_both(client)
         cancelled = client.cancel(holder["id"])
         assert cancelled["status"] == "cancelled", cancelled
@@ -100,19 +119,19 @@ def test_a_cancel_ends_a_lease_never_started_and_its_devices_wait_for_its_starte
         assert _phase(client, waiting["id"]) == "queued"  # the starter has not answered
         body = json.dumps({"pid": program.pid}).encode()
         path = f"/v1/programs/{holder['id']}/started"
-        _refused_as_revoked(*raw_request(inprocess_daemon, "POST", path, body), holder["id"])
+        _refused_as_revoked(*raw_request(shared, "POST", path, body), holder["id"])
         assert _granted(client, waiting["id"]) == "granted"
         assert client.get(holder["id"])["program"]["pid"] is None  # never taken as started
 
 
 @pytest.mark.usefixtures("forever")
 def test_a_timeout_ends_a_lease_never_started_and_a_late_exit_with_a_pid_is_refused(
-    inprocess_daemon: InProcessDaemon, program: subprocess.Popen[bytes]
+    shared: InProcessDaemon, program: subprocess.Popen[bytes]
 ) -> None:
     """Its timeout passes while its starter lives and has started nothing: the job ends
     `timed_out`. A start reported with its exit after that (one request for a short
     program) is refused too, and answers for the starter: the devices go back."""
-    with inprocess_daemon.client() as client:
+    with shared.client() as client:
         holder, waiting = _hold_both(client, timeout_s=0.5)
         ended = client.wait(holder["id"], timeout_s=WAIT_S)
         assert ended["status"] == "timed_out", ended
@@ -123,18 +142,18 @@ def test_a_timeout_ends_a_lease_never_started_and_a_late_exit_with_a_pid_is_refu
         assert _phase(client, waiting["id"]) == "queued"
         body = json.dumps({"exit_code": 0, "pid": program.pid}).encode()
         path = f"/v1/programs/{holder['id']}/exited"
-        _refused_as_revoked(*raw_request(inprocess_daemon, "POST", path, body), holder["id"])
+        _refused_as_revoked(*raw_request(shared, "POST", path, body), holder["id"])
         assert _granted(client, waiting["id"]) == "granted"
         assert client.get(holder["id"])["status"] == "timed_out"  # ended once
 
 
 def test_a_revoked_leases_devices_come_back_after_the_grace(
-    inprocess_daemon: InProcessDaemon, monkeypatch: pytest.MonkeyPatch
+    shared: InProcessDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A starter that never answers (hung, SIGSTOPped) and lives on holds nothing past the
     grace: the program queued behind is placed then."""
     monkeypatch.setattr(programs, "REVOKE_GRACE_S", 0.2)
-    with inprocess_daemon.client() as client:
+    with shared.client() as client:
         holder, waiting = _hold_both(client)
         assert client.cancel(holder["id"])["status"] == "cancelled"
         assert _granted(client, waiting["id"]) == "granted"
@@ -151,14 +170,14 @@ time.sleep(600)
 
 @pytest.mark.usefixtures("forever")
 def test_a_revoked_leases_devices_come_back_when_its_starter_exits(
-    inprocess_daemon: InProcessDaemon,
+    shared: InProcessDaemon,
 ) -> None:
     """The lease's client, another process, is alive when its lease is cancelled; the queued
     program is placed once it exits (it can start nothing any more)."""
-    silent = ClientProcess(inprocess_daemon.socket_path, SILENT_CLIENT)
+    silent = ClientProcess(shared.socket_path, SILENT_CLIENT)
     try:
-        with inprocess_daemon.client() as client:
-            (holder,) = client.list_jobs()
+        with shared.client() as client:
+            (holder,) = [j for j in client.list_jobs() if not _ended(j)]  # the silent one's
             holder = _when_granted(client, holder)
             waiting = client.submit_program(["true"], cwd="/", gpus=1)
             assert client.cancel(holder["id"])["status"] == "cancelled"
@@ -173,14 +192,14 @@ def test_a_revoked_leases_devices_come_back_when_its_starter_exits(
 
 @pytest.mark.parametrize("at_once", [False, True], ids=["started", "exited-with-pid"])
 def test_a_starter_whose_start_is_refused_kills_the_program_and_ends_with_the_job(
-    inprocess_daemon: InProcessDaemon, at_once: bool
+    shared: InProcessDaemon, at_once: bool
 ) -> None:
     """ProgramRun holding a grant revoked since (cancelled before it started the program):
     it starts the program, its report is refused, and it kills the program's process group
     (SIGKILL), reaps it and returns the job as it ended. Either report: /started (a long
     program), or /exited with the pid (one over at once)."""
     argv, within = (["true"], 600.0) if at_once else (["sleep", "600"], 0.0)
-    with inprocess_daemon.client() as client:
+    with shared.client() as client:
         run = ProgramRun(client, argv, cwd="/", gpus=2, report_within_s=within)
         job = _when_granted(client, run.submit())
         assert client.cancel(job["id"])["status"] == "cancelled"
@@ -217,19 +236,19 @@ with Client(sys.argv[1]) as client:
 
 
 def test_a_detached_supervisor_kills_a_program_whose_start_was_refused(
-    inprocess_daemon: InProcessDaemon,
+    shared: InProcessDaemon,
 ) -> None:
     """The supervisor `exec --detach` leaves (a subreaper shipping the output) takes the same
     path: its program killed and reaped, its own exit status the job's (1, cancelled)."""
     supervisor = subprocess.Popen(
-        [sys.executable, "-c", SUPERVISOR, str(inprocess_daemon.socket_path)],
+        [sys.executable, "-c", SUPERVISOR, str(shared.socket_path)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env=same_code_env(os.environ),
     )  # fmt: skip
     assert supervisor.stdin is not None and supervisor.stdout is not None
     try:
         job_id = supervisor.stdout.readline().strip()
-        with inprocess_daemon.client() as client:
+        with shared.client() as client:
             assert client.cancel(job_id)["status"] == "cancelled"
         supervisor.stdin.write("go\n")
         supervisor.stdin.flush()

@@ -160,15 +160,22 @@ def test_heartbeat_sends_watchdog_only_while_healthy(
     monkeypatch.setenv("WATCHDOG_USEC", "200000")  # ticks every 50 ms
     notifier = systemd.Notifier()
     health = iter([True, True, False, False, True])
-    status = iter(["a", "a", "b", "b", "b"])
-
-    async def healthy(timeout_s: float) -> bool:
-        assert timeout_s == pytest.approx(0.05)
-        return next(health)
+    status = iter(["a", "a", "b", "b", "b"])  # then "b" again: nothing new to send
 
     async def five_ticks() -> None:
-        task = asyncio.create_task(systemd.heartbeat(notifier, lambda: next(status), healthy))
-        await asyncio.sleep(0.22)
+        sixth_tick = asyncio.Event()  # five ticks told, however late a loaded host ran them
+
+        async def healthy(timeout_s: float) -> bool:
+            assert timeout_s == pytest.approx(0.05)
+            answer = next(health, None)
+            if answer is None:
+                sixth_tick.set()
+                await asyncio.Event().wait()  # until cancelled
+            return bool(answer)
+
+        beats = systemd.heartbeat(notifier, lambda: next(status, "b"), healthy)
+        task = asyncio.create_task(beats)
+        await sixth_tick.wait()
         task.cancel()
 
     asyncio.run(five_ticks())
@@ -212,15 +219,17 @@ def test_daemon_withholds_watchdog_while_a_worker_does_not_answer(
     notify_socket.wait_for(lambda m: m == {"WATCHDOG": "1"}, timeout_s=10)
     warm = daemon.events("worker.warm")[0]
     worker_pid = warm["pid"]
+    since_the_stop = daemon.trace_from_now()
     os.kill(worker_pid, signal.SIGSTOP)
     try:
-        time.sleep(0.6)  # a ping in flight when it stopped may still have been answered
+        # A ping in flight when it stopped may still have been answered, its WATCHDOG=1
+        # sent: once a tick has found the worker silent, any such one was sent before.
+        unresponsive = since_the_stop.wait_for_event(
+            lambda e: e.get("event") == "daemon.workers_unresponsive", timeout_s=5
+        )
         notify_socket.drain()
         time.sleep(1.5)
         assert {"WATCHDOG": "1"} not in notify_socket.messages()
-        unresponsive = daemon.wait_for_event(
-            lambda e: e.get("event") == "daemon.workers_unresponsive", timeout_s=5
-        )
     finally:
         os.kill(worker_pid, signal.SIGCONT)
     assert unresponsive["devices"] == [warm["device"]]
