@@ -236,10 +236,12 @@ def test_cap_raised_and_lowered_under_a_stream_of_jobs(
     feeder.start()
     try:
         with daemon.client() as client:
-            time.sleep(0.5)
+            wait_until(lambda: client.status()["running"] == 2, "the stream at the cap of 2")
             write_config(daemon, {"scheduling": {"max_concurrent_tasks": 4}})
             wait_generation(client, 2)
-            time.sleep(0.8)
+            wait_until(
+                lambda: 4 in running_counts_after(daemon, 2), "four running under the cap of 4"
+            )
             write_config(daemon, {"scheduling": {"max_concurrent_tasks": 1}})
             wait_generation(client, 3)
             time.sleep(0.8)
