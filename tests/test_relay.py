@@ -327,14 +327,13 @@ def test_a_slow_provider_hits_the_deadline(
     daemon_factory: Callable[..., RunningDaemon], provider: FakeProvider
 ) -> None:
     """timeoutMs bounds the wait for the answer's head: 504, not retried. The provider would
-    answer 200 after 2 s, so the 504 is the deadline's; one request reached it, one attempt
-    is traced (no wall-clock bound: that is the bench's, not a test's on a shared host)."""
+    answer 200 after 2 s, so the 504 is the deadline's; one attempt is traced (no wall-clock
+    bound: that is the bench's, not a test's on a shared host)."""
     daemon = start_relay(daemon_factory, provider.base_url, provider={"timeoutMs": 300})
     provider.default = Reply(delay_s=2.0)
     response = unix_get(daemon, "GET", "/relay/v1/models")
     assert response.status_code == 504 and response.json()["code"] == "upstream_timeout"
     assert relay_lines(daemon)[-1]["attempts"] == 1
-    assert len(provider.seen) == 1
 
 
 def test_a_client_hanging_up_mid_stream_cancels_upstream(
