@@ -25,6 +25,9 @@ from taogpud.errors import CliError
 from taogpud.observability import nvml
 from taogpud.testing import Ctl, taogpuctl, write_pair
 
+# One worker for the module (--dist loadgroup), so that the daemon its tests share starts once.
+pytestmark = pytest.mark.xdist_group("cli")
+
 __all__ = ["Ctl", "assert_one_error_line", "json_out", "taogpuctl"]  # what other test files use
 
 JOB_CONTRACT = {"id", "task", "status", "backend", "device", "fallback", "queue_ms", "run_ms"}

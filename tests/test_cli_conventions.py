@@ -18,6 +18,9 @@ from taogpud.jobs.records import new_job_id
 from taogpud.testing import Ctl, InProcessDaemon, taogpuctl
 from tests.test_cli import assert_one_error_line, json_out
 
+# One worker for the module (--dist loadgroup), so that the daemon its tests share starts once.
+pytestmark = pytest.mark.xdist_group("cli_conventions")
+
 
 def test_version_on_both_programs() -> None:
     """`taogpuctl --version` and `taogpud --version` print the package version, exit 0."""

@@ -10,6 +10,9 @@ from taogpud.cli.guide import emit_evidence
 from taogpud.testing import Ctl
 from tests.test_cli import assert_one_error_line, json_out
 
+# One worker for the module (--dist loadgroup), so that the daemon its tests share starts once.
+pytestmark = pytest.mark.xdist_group("cli_guide")
+
 
 def test_guide_run_with_its_own_flags(
     module_inprocess_ctl: Ctl, module_inprocess_daemon: Any

@@ -18,6 +18,9 @@ from taogpud.client.stream import stream_lines
 from taogpud.testing import Ctl
 from tests.test_cli import assert_one_error_line, json_out
 
+# One worker for the module (--dist loadgroup), so that the daemon its tests share starts once.
+pytestmark = pytest.mark.xdist_group("cli_logs")
+
 NOBODY = 65534  # the uid the other-user check acts as
 
 

@@ -22,6 +22,9 @@ from taogpud.cli import app as cli
 from taogpud.cli import hot
 from taogpud.testing import RunningDaemon
 
+# One worker for the module (--dist loadgroup), so that the daemon its tests share starts once.
+pytestmark = pytest.mark.xdist_group("cli_start")
+
 # pydantic(-settings) came with the config loader (through the relay's commands), rich with the
 # output module, structlog with the doctor: none of them is status's, into a pipe.
 HEAVY = ("pydantic", "pydantic_settings", "rich", "structlog", "httpx", "fastapi", "numpy")

@@ -26,6 +26,9 @@ from taogpud.client import ApiError, Client, DaemonUnreachable, is_finished
 from taogpud.client.transport import MockTransport, Response
 from taogpud.jobs.records import JobState
 
+# One worker for the module (--dist loadgroup), so that the daemon its tests share starts once.
+pytestmark = pytest.mark.xdist_group("client")
+
 Reply = tuple[int, str, bytes]  # status, content type, body
 
 

@@ -24,6 +24,9 @@ from taogpud.doctor import ORDER
 from taogpud.testing import RunningDaemon, taogpuctl
 from taogpud.testing.fake_provider import FakeProvider, fake_provider
 
+# One worker for the module (--dist loadgroup), so that the daemon its tests share starts once.
+pytestmark = pytest.mark.xdist_group("doctor")
+
 KEY = f"sk-taogpud-doctor-{secrets.token_hex(12)}"
 STATUSES = {"pass", "warn", "fail", "skip"}
 # cuda configured, allowed to fall back: on this GPU-less host it starts on CPU workers

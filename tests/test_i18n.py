@@ -24,6 +24,9 @@ from taogpud.i18n import Text, accepted_language, catalog_for, user_language
 from taogpud.testing import RunningDaemon, running, same_code_env, taogpuctl, write_pair
 from taogpud.testing.fake_provider import FakeProvider
 
+# One worker for the module (--dist loadgroup), so that the daemon its tests share starts once.
+pytestmark = pytest.mark.xdist_group("i18n")
+
 ZH = {"LANG": "zh_CN.UTF-8"}
 EN = {"LANG": "C.UTF-8"}
 

@@ -17,6 +17,9 @@ from traces import most_running
 from taogpud.client import ApiError
 from taogpud.testing import DaemonHandle, InProcessDaemon
 
+# One worker for the module (--dist loadgroup), so that the daemon its tests share starts once.
+pytestmark = pytest.mark.xdist_group("scheduling")
+
 
 def submit_all(
     daemon: DaemonHandle, count: int, task: str, params: dict[str, Any], **kw: Any

@@ -26,6 +26,9 @@ from taogpud.client import ApiError, Client
 from taogpud.memfd import protocol
 from taogpud.testing import ClientProcess, DaemonHandle, InProcessDaemon, RunningDaemon
 
+# One worker for the module (--dist loadgroup), so that the daemon its tests share starts once.
+pytestmark = pytest.mark.xdist_group("shm_path")
+
 SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 FROZEN = SIZE_SEALS | fcntl.F_SEAL_WRITE
 
