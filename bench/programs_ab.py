@@ -1,6 +1,6 @@
 """Issue 37's throughput goal, two source trees alternated in one run, task-spooler beside.
 
-    python -m bench.programs_ab BASE NEW [--rounds 4] [--seconds 4] [--out FILE]
+    python -m bench.programs_ab BASE NEW [--rounds 4] [--seconds 4] [--as-packaged] [--out FILE]
 
 Each round measures the base tree, the new one and `tsp -f` (the order reversed each other
 round, so that each meets the same stretches of a shared host): 8 submitter processes run
@@ -15,6 +15,14 @@ ran or waited to run all the window long was what bounded the rate. The submitte
 CPU and their children's (`true`; for tsp, the `tsp` clients and the `true` each runs)
 complete the program's CPU. On a shared host only the numbers of one run compare: the
 medians over the rounds are the result.
+
+`--as-packaged` (root) lays the processes out in CPU control groups as a host running the
+package does: the server (the daemon and its workers; task-spooler's server alike) in a group
+of its own, as systemd runs taogpud.service under system.slice, and the submitters with their
+children in another, as a user's session runs under user.slice. systemd gives both slices the
+same weight, so under contention the service gets up to half the CPU however many processes
+the users run; without the option every process of the bench competes in one group, one
+process's share each, as a daemon started by hand gets.
 """
 
 from __future__ import annotations
@@ -38,6 +46,10 @@ HERE = Path(__file__).resolve().parent.parent
 SUBMITTERS = 8
 PROC = Path("/proc")
 SETTLE_S = 2.0  # the submitters start together this long after they are spawned
+# --as-packaged: the two CPU groups (cgroup v2 with its cpu controller, else v1's cpu
+# hierarchy), equal weights as systemd's system.slice and user.slice have by default.
+CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu"))
+SERVICE_GROUP, USERS_GROUP = "tgd-bench-service", "tgd-bench-users"
 CONFIG = {"backend": {"cuda": {"stream_count": 4}}}  # CPU slots: 2 devices × 4
 # One submitter: `true` back to back from START to END (time.time()); prints how many ended,
 # its own CPU seconds over them (user + system) and its children's (`true`, `tsp`: waited for).
@@ -67,7 +79,8 @@ Numbers = dict[str, Any]
 
 def submit_for(way: str, seconds: float, env: dict[str, str], server: int | None) -> Numbers:
     """SUBMITTERS processes of `way` (a socket path, or "tsp") for `seconds`; `server`: the
-    pid of the process that serves them (None: a warm-up, not measured)."""
+    pid of the process that serves them (None: a warm-up, not measured). Laid out as
+    packaged (the groups exist), the submitters join the users' group before they start."""
     start = time.time() + SETTLE_S
     end = start + seconds
     command = [sys.executable, "-c", SUBMITTER, way, str(start), str(end)]
@@ -75,6 +88,8 @@ def submit_for(way: str, seconds: float, env: dict[str, str], server: int | None
         subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
         for _ in range(SUBMITTERS)
     ]
+    for submitter in submitters:
+        join_group(USERS_GROUP, submitter.pid)
     time.sleep(max(0.0, start - time.time()))
     ran_before, waited_before = scheduled_s(server) if server else (0.0, 0.0)
     time.sleep(max(0.0, end - time.time()))
@@ -97,6 +112,8 @@ def one_tree(seconds: float) -> Numbers:
     from bench.daemon_under_test import running
 
     with running(config=CONFIG) as daemon:
+        for pid in [daemon.proc.pid, *descendants(daemon.proc.pid)]:  # its workers too
+            join_group(SERVICE_GROUP, pid)
         env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
         submit_for(str(daemon.socket_path), 0.5, env, None)  # warm: bytecode, the first leases
         return submit_for(str(daemon.socket_path), seconds, env, daemon.proc.pid)
@@ -129,6 +146,56 @@ def scheduled_s(pid: int) -> tuple[float, float]:
                 fields = (task / "schedstat").read_text().split()
                 ran, waited = ran + int(fields[0]), waited + int(fields[1])
     return ran / 1e9, waited / 1e9
+
+
+def cpu_group_root() -> Path | None:
+    """Where CPU groups are made here: cgroup v2 with its cpu controller, or v1's cpu."""
+    unified = CGROUP_ROOTS[0] / "cgroup.controllers"
+    if unified.exists() and "cpu" in unified.read_text().split():
+        return CGROUP_ROOTS[0]
+    return CGROUP_ROOTS[1] if (CGROUP_ROOTS[1] / "cpu.shares").exists() else None
+
+
+@contextmanager
+def packaged_groups() -> Iterator[None]:
+    """The service's group and the users' (equal weights: the defaults), removed after."""
+    root = cpu_group_root()
+    if root is None or os.geteuid() != 0:
+        sys.exit("--as-packaged needs root and a cpu cgroup controller (v2 or v1's cpu)")
+    if root == CGROUP_ROOTS[0]:  # v2: children of the root get the cpu controller
+        (root / "cgroup.subtree_control").write_text("+cpu")
+    groups = [root / name for name in (SERVICE_GROUP, USERS_GROUP)]
+    for group in groups:
+        group.mkdir(exist_ok=True)
+    try:
+        yield
+    finally:
+        for group in groups:
+            with contextlib.suppress(OSError):  # still busy: a process that outlived the run
+                group.rmdir()
+
+
+def join_group(name: str, pid: int) -> None:
+    """Move `pid` into the group `name` where the run made it (--as-packaged); else nothing."""
+    root = cpu_group_root()
+    if root is not None and (root / name).is_dir():
+        with contextlib.suppress(ProcessLookupError):
+            (root / name / "cgroup.procs").write_text(str(pid))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living descendant of `pid` (its children's children too)."""
+    children: dict[int, list[int]] = {}
+    for entry in PROC.iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _tsp_server(socket_path: str) -> int:
@@ -165,10 +232,11 @@ SHARES = (  # the second table's columns: (heading, key, format)
 )
 
 
-def report(rows: list[Numbers], started: str) -> str:
+def report(rows: list[Numbers], started: str, as_packaged: bool) -> str:
     """Programs/s by round, then where a program's CPU went (medians over the rounds)."""
+    layout = " --as-packaged" if as_packaged else ""
     lines = [
-        f"`python -m bench.programs_ab`, started {started}: 8 submitters of `true`, "
+        f"`python -m bench.programs_ab{layout}`, started {started}: 8 submitters of `true`, "
         "programs/s (the server's ms of CPU a program; the share of the window it ran or "
         "waited to run: near 100%, the server bounded the rate).",
         "",
@@ -216,6 +284,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--as-packaged", action="store_true", help="the service's CPU group")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -224,7 +293,9 @@ def main() -> None:
     base, new = (tree.resolve() for tree in args.trees)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows: list[Numbers] = []
-    with task_spooler() as (tsp_env, tsp_server):
+    layout = packaged_groups() if args.as_packaged else contextlib.nullcontext()
+    with layout, task_spooler() as (tsp_env, tsp_server):
+        join_group(SERVICE_GROUP, tsp_server)  # as the daemon's: a server's group of its own
         ways = {
             "base": lambda: measure_tree(base, args.seconds),
             "new": lambda: measure_tree(new, args.seconds),
@@ -236,7 +307,7 @@ def main() -> None:
                 load = os.getloadavg()[0]
                 rows.append({"round": number, "way": way, "load": load, **ways[way]()})
                 print(json.dumps(rows[-1]), flush=True)
-    text = report(rows, started)
+    text = report(rows, started, args.as_packaged)
     print(text)
     if args.out is not None:
         args.out.write_text(text)
