@@ -546,13 +546,17 @@ def test_a_dead_or_full_stdout_never_keeps_sigterm_from_stopping_it(
 # -- a config written in two steps -------------------------------------------------------
 
 
+QUIET_S = 1.0  # the watched reload's quiet period in the two-step test
+
+
 def test_a_config_written_in_two_steps_is_applied_whole(
     daemon_factory: Callable[..., RunningDaemon],
 ) -> None:
     """config.toml rewritten in place in two writes 0.25 s apart, the first of which parses
     (no [scheduling] table yet: the defaults 8 and 1000): only the whole file is applied."""
     scheduling = {"max_concurrent_tasks": 3, "queue_limit": 40}
-    daemon = daemon_factory(config={"scheduling": scheduling})
+    quiet = {"TAOGPUD_CONFIG__RELOAD__QUIET_S": str(QUIET_S)}  # 4× the writes' gap
+    daemon = daemon_factory(config={"scheduling": scheduling}, env=quiet)
     whole = to_toml(
         deep_merge(CPU_CONFIG, {"scheduling": {**scheduling, "strategy": "least_loaded"}})
     )
@@ -566,7 +570,7 @@ def test_a_config_written_in_two_steps_is_applied_whole(
         deadline = time.monotonic() + 20
         while client.config_status()["generation"] < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(1.5)  # a later reload, if any, is seen too
+        time.sleep(QUIET_S + 1.5)  # a later reload (one quiet period after a change) too
         status = client.status()
         generation = client.config_status()["generation"]
     applied = [c for e in daemon.events("config.reloaded") for c in e["changes"]]
