@@ -367,7 +367,22 @@ def test_a_detached_program_logs_to_the_daemon_and_wait_returns_its_status(
     )  # fmt: skip
     assert detached.returncode == 0, detached.stderr
     job_id = detached.stdout.strip()
-    wait_until((work / "started").exists, "the detached program started", 60)
+    try:
+        wait_until((work / "started").exists, "the detached program started", 60)
+        out = _its_first_lines(daemon, job_id)
+    finally:  # the program loops until released: a failed check must not leave it running
+        (work / "release").touch()
+    waited = daemon.ctl("wait", job_id)
+    assert waited.returncode == 5, waited.stderr
+    assert daemon.ctl("logs", job_id, "-f").stdout.splitlines() == [out, "err", "bye"]
+    with daemon.client() as client:
+        job = client.get(job_id)
+    assert job["status"] == "failed" and job["program"]["log_bytes"] == len(f"{out}\nerr\nbye\n")
+
+
+def _its_first_lines(daemon: RunningDaemon, job_id: str) -> str:
+    """The detached talk.sh's log before its release: its lease's device, then stderr's
+    line; the first line, which names the device, is returned."""
 
     def logged() -> str:
         return daemon.ctl("logs", job_id).stdout
@@ -377,13 +392,7 @@ def test_a_detached_program_logs_to_the_daemon_and_wait_returns_its_status(
         out = f"out {client.get(job_id)['device']}"  # its lease's device: either, both free
     assert out in ("out cpu:0", "out cpu:1")
     assert logged().splitlines() == [out, "err"]
-    (work / "release").touch()
-    waited = daemon.ctl("wait", job_id)
-    assert waited.returncode == 5, waited.stderr
-    assert daemon.ctl("logs", job_id, "-f").stdout.splitlines() == [out, "err", "bye"]
-    with daemon.client() as client:
-        job = client.get(job_id)
-    assert job["status"] == "failed" and job["program"]["log_bytes"] == len(f"{out}\nerr\nbye\n")
+    return out
 
 
 def test_a_detached_programs_log_is_bounded_and_cancel_stops_it(
