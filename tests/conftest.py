@@ -308,7 +308,23 @@ def relayd(
 
 
 # A module whose relay tests change nothing another of them reads shares one relay daemon and
-# one provider: it overrides `relayd` and `provider` with `shared_relayd` and `shared_provider`.
+# one provider: `provider, relayd = relay_shared_by_the_module()` at its top overrides both.
+
+
+def relay_shared_by_the_module() -> tuple[Any, Any]:
+    """`provider` and `relayd` fixtures that hand each test the module's one provider and relay
+    (`shared_provider`, `shared_relayd`): assigned to those names in a module, they override
+    the fixtures of a provider and relay a test."""
+
+    @pytest.fixture(name="provider")
+    def module_provider_as_new(shared_provider: FakeProvider) -> FakeProvider:
+        return shared_provider
+
+    @pytest.fixture(name="relayd")
+    def module_relayd_as_new(shared_relayd: RunningDaemon) -> RunningDaemon:
+        return shared_relayd
+
+    return module_provider_as_new, module_relayd_as_new
 
 
 @pytest.fixture(scope="module")

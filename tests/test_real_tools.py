@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MODELS
+from conftest import MODELS, relay_shared_by_the_module
 from conftest import RELAY_KEY as KEY
 from test_relay import relay_lines
 
@@ -52,15 +52,8 @@ QUIET = {  # no update checks, telemetry or error reports: nothing leaves the ho
 }
 
 
-@pytest.fixture
-def provider(shared_provider: FakeProvider) -> FakeProvider:
-    """One relay and provider for the tools' runs: each reads its own requests and lines."""
-    return shared_provider
-
-
-@pytest.fixture
-def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
-    return shared_relayd
+# One relay and provider for the tools' runs: each reads its own requests and lines.
+provider, relayd = relay_shared_by_the_module()
 
 
 def tool_binary(

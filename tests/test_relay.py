@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 from conftest import RELAY_KEY as KEY
-from conftest import start_relay, token_of, unix_get
+from conftest import relay_shared_by_the_module, start_relay, token_of, unix_get
 
 from taogpud.testing import RunningDaemon, wait_until
 from taogpud.testing.fake_provider import (
@@ -39,16 +39,9 @@ _CLIENTS: list[openai.OpenAI | anthropic.Anthropic] = []
 pytestmark = pytest.mark.xdist_group("relay")
 
 
-@pytest.fixture
-def provider(shared_provider: FakeProvider) -> FakeProvider:
-    """The tests here that take `relayd` read only their own answers and trace lines: one
-    relay and provider for them all; a test that needs settings of its own starts a relay."""
-    return shared_provider
-
-
-@pytest.fixture
-def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
-    return shared_relayd
+# The tests here that take `relayd` read only their own answers and trace lines: one relay and
+# provider for them all; a test that needs settings of its own starts a relay.
+provider, relayd = relay_shared_by_the_module()
 
 
 @pytest.fixture(autouse=True)

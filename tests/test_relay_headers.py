@@ -10,6 +10,7 @@ import http.client
 import json
 
 import pytest
+from conftest import relay_shared_by_the_module
 
 from taogpud.testing import RunningDaemon
 from taogpud.testing.fake_provider import FakeProvider, Reply
@@ -22,15 +23,8 @@ LATIN1 = "café".encode("latin-1")  # 0xE9 alone: not UTF-8
 pytestmark = pytest.mark.xdist_group("relay_headers")
 
 
-@pytest.fixture
-def provider(shared_provider: FakeProvider) -> FakeProvider:
-    """The tests here read only their own answers: one relay and provider for them all."""
-    return shared_provider
-
-
-@pytest.fixture
-def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
-    return shared_relayd
+# The tests here read only their own answers: one relay and provider for them all.
+provider, relayd = relay_shared_by_the_module()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 from conftest import RELAY_KEY as KEY
-from conftest import token_of
+from conftest import relay_shared_by_the_module, token_of
 from pydantic import SecretStr
 
 from taogpud.provider.channel import Scrubber
@@ -44,15 +44,8 @@ def relay_provider_settings() -> dict[str, Any]:
 pytestmark = pytest.mark.xdist_group("relay_key")
 
 
-@pytest.fixture
-def provider(shared_provider: FakeProvider) -> FakeProvider:
-    """The tests here read only their own answers: one relay and provider for them all."""
-    return shared_provider
-
-
-@pytest.fixture
-def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
-    return shared_relayd
+# The tests here read only their own answers: one relay and provider for them all.
+provider, relayd = relay_shared_by_the_module()
 
 
 @pytest.fixture

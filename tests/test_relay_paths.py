@@ -13,6 +13,7 @@ import socket
 from collections.abc import Callable
 
 import pytest
+from conftest import relay_shared_by_the_module
 
 from taogpud.testing import RunningDaemon
 from taogpud.testing.fake_provider import FakeProvider
@@ -40,15 +41,8 @@ UNDER = ["/v1/models", "/v1/models/a%20b", "/v1/models/a..b", "/v1/files/..."]
 pytestmark = pytest.mark.xdist_group("relay_paths")
 
 
-@pytest.fixture
-def provider(shared_provider: FakeProvider) -> FakeProvider:
-    """The tests here read only their own answers: one relay and provider for them all."""
-    return shared_provider
-
-
-@pytest.fixture
-def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
-    return shared_relayd
+# The tests here read only their own answers: one relay and provider for them all.
+provider, relayd = relay_shared_by_the_module()
 
 
 class UnixConnection(http.client.HTTPConnection):

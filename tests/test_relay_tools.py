@@ -17,7 +17,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import MODELS, start_relay, token_of, unix_get
+from conftest import MODELS, relay_shared_by_the_module, start_relay, token_of, unix_get
 from prometheus_client.parser import text_string_to_metric_families
 from test_relay import _CLIENTS, anthropic_tcp, assert_no_key, kept, relay_lines
 
@@ -42,16 +42,9 @@ def _close_clients() -> Iterator[None]:
 pytestmark = pytest.mark.xdist_group("relay_tools")
 
 
-@pytest.fixture
-def provider(shared_provider: FakeProvider) -> FakeProvider:
-    """The tests here that take `relayd` read only their own answers and trace lines: one
-    relay and provider for them all; a test that needs settings of its own starts a relay."""
-    return shared_provider
-
-
-@pytest.fixture
-def relayd(shared_relayd: RunningDaemon) -> RunningDaemon:
-    return shared_relayd
+# The tests here that take `relayd` read only their own answers and trace lines: one relay and
+# provider for them all; a test that needs settings of its own starts a relay.
+provider, relayd = relay_shared_by_the_module()
 
 
 def ctl(daemon: RunningDaemon, home: Path, *args: str) -> Any:
