@@ -110,6 +110,7 @@ def submit_for(way: str, seconds: float, env: dict[str, str], server: int | None
 def one_tree(seconds: float) -> Numbers:
     """This process's tree: its daemon, its client, 8 submitters."""
     from bench.daemon_under_test import running
+    from bench.procs import descendants
 
     with running(config=CONFIG) as daemon:
         for pid in [daemon.proc.pid, *descendants(daemon.proc.pid)]:  # its workers too
@@ -181,21 +182,6 @@ def join_group(name: str, pid: int) -> None:
     if root is not None and (root / name).is_dir():
         with contextlib.suppress(ProcessLookupError):
             (root / name / "cgroup.procs").write_text(str(pid))
-
-
-def descendants(pid: int) -> list[int]:
-    """Every living descendant of `pid` (its children's children too)."""
-    children: dict[int, list[int]] = {}
-    for entry in PROC.iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _tsp_server(socket_path: str) -> int:
