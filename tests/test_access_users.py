@@ -89,6 +89,14 @@ def make_users() -> dict[str, User]:
         }
 
 
+def become(user: User) -> None:
+    """This process (a forked child) turns into `user`: groups, then gid, then uid, each of
+    the three ids (real, effective, saved), so that nothing can be taken back."""
+    os.setgroups(list(user.groups))
+    os.setresgid(user.gid, user.gid, user.gid)
+    os.setresuid(user.uid, user.uid, user.uid)
+
+
 def as_user(user: User, action: Callable[[], Any]) -> Any:
     """Run `action` in a forked child that is `user` (groups, gid, uid: all three ids of
     each); its value comes back as JSON, an ApiError as {"api_error": ...}."""
@@ -98,9 +106,7 @@ def as_user(user: User, action: Callable[[], Any]) -> Any:
         os.close(read_end)
         outcome: dict[str, Any]
         try:
-            os.setgroups(list(user.groups))
-            os.setresgid(user.gid, user.gid, user.gid)
-            os.setresuid(user.uid, user.uid, user.uid)
+            become(user)
             outcome = {"value": action()}
         except ApiError as exc:
             outcome = {"api_error": [exc.http_status, exc.code, exc.message]}
@@ -279,9 +285,7 @@ def _connect_as(user: User, socket_path: Path) -> socket.socket:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         try:
-            os.setgroups(list(user.groups))
-            os.setresgid(user.gid, user.gid, user.gid)
-            os.setresuid(user.uid, user.uid, user.uid)
+            become(user)
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             conn.connect(str(socket_path))
             socket.send_fds(theirs, [b"c"], [conn.fileno()])

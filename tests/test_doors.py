@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_access_users import User, as_user, make_users, value
+from test_access_users import User, as_user, become, make_users, value
 from test_access_users import pytestmark as _needs_root
 
 from taogpud.client import Client
@@ -246,9 +246,7 @@ def flood(door: dict[str, Any], user: User, count: int) -> Iterator[list[str]]:
         os.close(release_write)
         codes: list[str] = []
         try:
-            os.setgroups(list(user.groups))
-            os.setresgid(user.gid, user.gid, user.gid)
-            os.setresuid(user.uid, user.uid, user.uid)
+            become(user)
             held = [connect(door) for _ in range(count)]
             codes = [probe(door, sock) for sock in held]
         except BaseException as exc:

@@ -21,6 +21,7 @@ from taogpud.testing import RunningDaemon, wait_until
 from tests.test_access_users import (
     User,
     as_user,
+    become,
     pytestmark,  # noqa: F401  (skips without root and useradd)
     shared_daemon,  # noqa: F401  (a fixture)
     users,  # noqa: F401  (a fixture)
@@ -124,9 +125,7 @@ def _living_as(user: User, action: Callable[[], Any]) -> Iterator[Any]:
         os.close(hold_write)
         outcome: dict[str, Any]
         try:
-            os.setgroups(list(user.groups))
-            os.setresgid(user.gid, user.gid, user.gid)
-            os.setresuid(user.uid, user.uid, user.uid)
+            become(user)
             outcome = {"value": action()}
         except BaseException as exc:
             outcome = {"raised": f"{type(exc).__name__}: {exc}"}
