@@ -14,26 +14,21 @@ program asks for one slot (`--share`, 1 MiB): a whole device each would run 2 at
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from bench.daemon_under_test import running
+from bench.programs_ab import CONFIG, SUBMITTERS, task_spooler
 from taogpud.client import Client
 from taogpud.client.program import ProgramRun
 from taogpud.testing import ctl_command, ctl_env
 
-CONFIG = {"backend": {"cuda": {"stream_count": 4}}}  # CPU slots: 2 devices × 4
 LEASE = {"share": True, "mem_bytes": 1 << 20}
 PROGRAMS = {"true": ["true"], "python3 -c pass": ["python3", "-c", "pass"]}
-SUBMITTERS = 8
 
 
 def ways(socket_path: Path, tsp_env: dict[str, str]) -> dict[str, Callable[[list[str]], None]]:
@@ -92,21 +87,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--throughput-s", type=float, default=5.0)
     args = parser.parse_args()
-    if shutil.which("tsp") is None:
-        sys.exit("task-spooler is missing: apt-get install task-spooler (its binary is tsp)")
-    tsp_dir = Path(tempfile.mkdtemp(prefix="tgd-tsp-"))
-    tsp_env = {**os.environ, "TS_SOCKET": str(tsp_dir / "socket"), "TMPDIR": str(tsp_dir)}
-    subprocess.run(["tsp", "-S", str(SUBMITTERS)], env=tsp_env, check=True)
-    try:
-        with running(config=CONFIG) as daemon:
-            run = ways(daemon.socket_path, tsp_env)
-            for way in run.values():  # warm-up: page cache, bytecode, the daemon's first lease
-                way(["true"])
-            times = latencies(args.rounds, run)
-            rates = _rates(daemon.socket_path, tsp_env, args.throughput_s)
-    finally:
-        subprocess.run(["tsp", "-K"], env=tsp_env, check=False)
-        shutil.rmtree(tsp_dir, ignore_errors=True)
+    with task_spooler() as (tsp_env, _), running(config=CONFIG) as daemon:
+        run = ways(daemon.socket_path, tsp_env)
+        for way in run.values():  # warm-up: page cache, bytecode, the daemon's first lease
+            way(["true"])
+        times = latencies(args.rounds, run)
+        rates = _rates(daemon.socket_path, tsp_env, args.throughput_s)
     _report(times, rates, args.rounds)
 
 
