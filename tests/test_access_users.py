@@ -97,6 +97,18 @@ def become(user: User) -> None:
     os.setresuid(user.uid, user.uid, user.uid)
 
 
+def outcome_as(user: User, action: Callable[[], Any]) -> dict[str, Any]:
+    """In a forked child: become `user`, then run `action`. Its value as {"value": ...}, an
+    ApiError as {"api_error": [status, code, message]}, anything else raised as {"raised": ...}."""
+    try:
+        become(user)
+        return {"value": action()}
+    except ApiError as exc:
+        return {"api_error": [exc.http_status, exc.code, exc.message]}
+    except BaseException as exc:
+        return {"raised": f"{type(exc).__name__}: {exc}"}
+
+
 def as_user(user: User, action: Callable[[], Any]) -> Any:
     """Run `action` in a forked child that is `user` (groups, gid, uid: all three ids of
     each); its value comes back as JSON, an ApiError as {"api_error": ...}."""
@@ -104,16 +116,8 @@ def as_user(user: User, action: Callable[[], Any]) -> Any:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         os.close(read_end)
-        outcome: dict[str, Any]
-        try:
-            become(user)
-            outcome = {"value": action()}
-        except ApiError as exc:
-            outcome = {"api_error": [exc.http_status, exc.code, exc.message]}
-        except BaseException as exc:
-            outcome = {"raised": f"{type(exc).__name__}: {exc}"}
         with os.fdopen(write_end, "w") as out:
-            out.write(json.dumps(outcome))
+            out.write(json.dumps(outcome_as(user, action)))
         os._exit(0)
     os.close(write_end)
     with os.fdopen(read_end) as answer:

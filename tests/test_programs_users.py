@@ -21,7 +21,7 @@ from taogpud.testing import RunningDaemon, wait_until
 from tests.test_access_users import (
     User,
     as_user,
-    become,
+    outcome_as,
     pytestmark,  # noqa: F401  (skips without root and useradd)
     shared_daemon,  # noqa: F401  (a fixture)
     users,  # noqa: F401  (a fixture)
@@ -123,14 +123,8 @@ def _living_as(user: User, action: Callable[[], Any]) -> Iterator[Any]:
     if pid == 0:  # pragma: no cover - the child
         os.close(answer_read)
         os.close(hold_write)
-        outcome: dict[str, Any]
-        try:
-            become(user)
-            outcome = {"value": action()}
-        except BaseException as exc:
-            outcome = {"raised": f"{type(exc).__name__}: {exc}"}
         with os.fdopen(answer_write, "w") as out:
-            out.write(json.dumps(outcome))
+            out.write(json.dumps(outcome_as(user, action)))
         os.read(hold_read, 1)  # end of file once the parent closes its end
         os._exit(0)
     os.close(answer_write)
@@ -139,7 +133,7 @@ def _living_as(user: User, action: Callable[[], Any]) -> Iterator[Any]:
         with os.fdopen(answer_read) as answer:
             outcome = json.loads(answer.read() or '{"raised": "the helper died"}')
         assert "raised" not in outcome, f"as {user.name}: {outcome['raised']}"
-        yield outcome["value"]
+        yield value(outcome)
     finally:
         os.close(hold_write)
         os.waitpid(pid, 0)
